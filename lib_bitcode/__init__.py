@@ -1,0 +1,1 @@
+"""See the package docstring of mori_compiler for the layering rules."""

@@ -1,0 +1,55 @@
+"""Compile options: one validated, frozen dataclass that is also the cache key's input."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+from .errors import MoriCompilerError
+from .targets import DEFAULT_TARGET, GPUTarget, get_target
+
+CODE_OBJECT_VERSIONS = (5, 6)
+OPT_LEVELS = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How to compile one kernel module.
+
+    ``bitcode``: device bitcode files to link *instead of* the project's own device library (e.g.
+    MORI's ``libmori_shmem_device.bc``). ``device_library``: link the project's library when no
+    ``bitcode`` is given (turn off to check that a module needs no device functions).
+    ``code_object_version`` applies to AMDGPU targets (5 or 6, default 6 = ELF ABI version 4).
+    """
+
+    target: str = DEFAULT_TARGET
+    code_object_version: int = 6
+    opt_level: int = 3
+    bitcode: tuple[str, ...] = ()
+    device_library: bool = True
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self):
+        get_target(self.target)  # raises with the allowed names
+        if self.code_object_version not in CODE_OBJECT_VERSIONS:
+            raise MoriCompilerError(
+                f"code object version {self.code_object_version} is not supported; allowed: 5, 6"
+            )
+        if self.opt_level not in OPT_LEVELS:
+            raise MoriCompilerError(f"optimization level {self.opt_level} is not supported; allowed: 0, 1, 2, 3")
+        if isinstance(self.bitcode, (str, os.PathLike)):
+            object.__setattr__(self, "bitcode", (str(self.bitcode),))
+        object.__setattr__(self, "bitcode", tuple(str(b) for b in self.bitcode))
+        for path in self.bitcode:
+            if not os.path.isfile(path):
+                raise MoriCompilerError(f"device bitcode file not found: {path}")
+
+    @property
+    def gpu_target(self) -> GPUTarget:
+        return get_target(self.target)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("extra")
+        d["bitcode"] = list(self.bitcode)
+        return d

@@ -1,0 +1,203 @@
+"""The compile pipeline as an ordered list of named stages.
+
+    mori → abi → rocdl | nvvm → llvm-ir → link → opt → isa → object → hsaco     (AMDGPU)
+    mori → abi → nvvm → llvm-ir → link → opt → ptx                             (NVIDIA)
+
+The MLIR stages are pass-pipeline strings; together they print as one ``builtin.module(...)`` string that
+``mori-opt -p`` accepts verbatim, so any failure can be replayed. The LLVM-level stages (llvmlite link and
+codegen, ld.lld) are not MLIR passes but are named and printable the same way. Only the driver knows
+where to stop (``stop_after``); stages never look at it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from . import __version__
+from ._mlir import ir
+from .dialects import registry
+from .errors import MoriCompilerError
+from .options import CompileOptions
+from .pass_pipeline import build_pass_manager
+from .passes import codegen, device_link
+from .passes.to_llvm_ir import gpu_module_to_llvm_ir
+from .targets import GPUTarget
+
+MLIR_STAGES = ("abi", "rocdl", "nvvm")
+
+
+def mlir_stage_pipelines(options: CompileOptions) -> list[tuple[str, str]]:
+    """(stage, pass-pipeline fragment) for every MLIR stage of ``options``' target."""
+    t = options.gpu_target
+    stages = [("abi", "mori-shmem-to-abi")]
+    if t.is_amdgpu:
+        stages.append((
+            "rocdl",
+            f"gpu.module(convert-scf-to-cf,convert-gpu-to-rocdl{{chipset={t.name} index-bitwidth=64}}),"
+            f"rocdl-attach-target{{chip={t.name} abi={options.code_object_version * 100}"
+            f" wave64={'true' if t.wave_size == 64 else 'false'}}},reconcile-unrealized-casts",
+        ))  # fmt: skip
+    else:
+        stages.append((
+            "nvvm",
+            "gpu.module(convert-scf-to-cf,convert-gpu-to-nvvm{index-bitwidth=64}),"
+            f"nvvm-attach-target{{chip={t.name} features={t.features}}},reconcile-unrealized-casts",
+        ))  # fmt: skip
+    return stages
+
+
+def mlir_pipeline_string(options: CompileOptions) -> str:
+    return "builtin.module(" + ",".join(p for _, p in mlir_stage_pipelines(options)) + ")"
+
+
+def stage_names(target: GPUTarget) -> list[str]:
+    lowering = "rocdl" if target.is_amdgpu else "nvvm"
+    tail = ["isa", "object", "hsaco"] if target.is_amdgpu else ["ptx"]
+    return ["mori", "abi", lowering, "llvm-ir", "link", "opt", *tail]
+
+
+def describe_pipeline(options: CompileOptions, bitcode_paths: list[str] | None = None) -> str:
+    """One line per stage; the MLIR part is also given as a single replayable pipeline string."""
+    t = options.gpu_target
+    libs = ", ".join(bitcode_paths) if bitcode_paths is not None else "(device bitcode)"
+    lines = [f"mori: verify the input against the project dialects (IRDL constraints)"]
+    lines += [f"{name}: {frag}" for name, frag in mlir_stage_pipelines(options)]
+    lines += [
+        f"llvm-ir: translate the gpu.module to LLVM IR ({t.triple})",
+        f"link: llvmlite link {libs}; internalize all but kernels and state globals; check symbols",
+        f"opt: LLVM O{options.opt_level} for {t.cpu}",
+    ]
+    if t.is_amdgpu:
+        lines += [
+            f"isa: AMDGPU assembly for {t.cpu} (code object v{options.code_object_version})",
+            "object: ELF relocatable object",
+            "hsaco: ld.lld -shared; reject undefined symbols; read AMDHSA metadata",
+        ]
+    else:
+        lines += [f"ptx: PTX for {t.cpu} ({t.features.lstrip('+')})"]
+    lines.append(f"mlir pipeline: {mlir_pipeline_string(options)}")
+    return "\n".join(lines)
+
+
+@dataclass
+class CompileResult:
+    """Everything a compile produced; fields are filled up to the stage where it stopped."""
+
+    options: CompileOptions
+    stopped_after: str
+    mlir: str | None = None
+    llvm_ir: str | None = None
+    linked_llvm_ir: str | None = None
+    assembly: str | None = None
+    binary: bytes | None = None  # hsaco (AMDGPU) or PTX text bytes (NVIDIA)
+    kernels: tuple[str, ...] = ()
+    bitcode: tuple[str, ...] = ()
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def device_bitcode(options: CompileOptions) -> list[str]:
+    if options.bitcode:
+        return list(options.bitcode)
+    if not options.device_library:
+        return []
+    from .lib_bitcode.library import library_path
+
+    return [str(library_path(options.gpu_target))]
+
+
+def _check_stage(name: str, target: GPUTarget) -> None:
+    names = stage_names(target)
+    if name not in names:
+        raise MoriCompilerError(f"unknown stage '{name}' for target {target.name}; stages: {', '.join(names)}")
+
+
+def compile_source(
+    source: str,
+    options: CompileOptions | None = None,
+    *,
+    filename: str = "-",
+    stop_after: str | None = None,
+    want_assembly: bool = False,
+) -> CompileResult:
+    """Compile MLIR text holding one gpu.module through the pipeline (up to ``stop_after``)."""
+    options = options or CompileOptions()
+    target = options.gpu_target
+    final = stage_names(target)[-1]
+    stop_after = stop_after or final
+    _check_stage(stop_after, target)
+    result = CompileResult(options, stop_after)
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> bool:
+        nonlocal clock
+        now = time.perf_counter()
+        result.timings[stage] = now - clock
+        clock = now
+        return stage == stop_after
+
+    ctx = ir.Context()
+    module = registry.parse_source(source, ctx, filename)
+    if lap("mori"):
+        result.mlir = str(module)
+        return result
+    for stage, fragment in mlir_stage_pipelines(options):
+        pm = build_pass_manager(f"builtin.module({fragment})", ctx)
+        try:
+            pm.run(module.operation)
+        except ir.MLIRError as exc:
+            err = registry.diagnostics_message(exc, filename)
+            raise MoriCompilerError(
+                f"stage '{stage}' failed: {err.message}\n  replay: mori-opt -p '{mlir_pipeline_string(options)}' "
+                f"{filename} --mlir-print-ir-after-all",
+                err.location,
+            ) from None
+        if lap(stage):
+            result.mlir = str(module)
+            return result
+
+    device = gpu_module_to_llvm_ir(module)
+    result.llvm_ir, result.kernels = device.llvm_ir, device.kernels
+    if not device.kernels:
+        raise MoriCompilerError(f"gpu.module @{device.name} has no kernel (gpu.func ... kernel)")
+    if lap("llvm-ir"):
+        return result
+
+    result.bitcode = tuple(device_bitcode(options))
+    llvm_module = device_link.link_device_code(
+        device.llvm_ir, device.kernels, target, result.bitcode, code_object_version=options.code_object_version
+    )
+    if lap("link"):
+        result.linked_llvm_ir = str(llvm_module)
+        return result
+
+    device_link.optimize(llvm_module, target, options.opt_level)
+    device_link.check_resolved(llvm_module, f"gpu.module @{device.name}")
+    result.linked_llvm_ir = str(llvm_module)
+    if lap("opt"):
+        return result
+
+    if target.is_nvptx:
+        ptx = codegen.emit_assembly(llvm_module, target, options.opt_level)
+        result.assembly, result.binary = ptx, ptx.encode()
+        lap("ptx")
+        return result
+
+    if want_assembly or stop_after == "isa":
+        result.assembly = codegen.emit_assembly(llvm_module, target, options.opt_level)
+    if lap("isa"):
+        return result
+    obj = codegen.emit_object(llvm_module, target, options.opt_level)
+    if lap("object"):
+        result.binary = obj
+        return result
+    hsaco = codegen.link_code_object(obj)
+    from .codeobject import check_no_undefined_symbols
+
+    check_no_undefined_symbols(hsaco, f"code object of gpu.module @{device.name}")
+    result.binary = hsaco
+    lap("hsaco")
+    return result
+
+
+COMPILER_ID = f"mori_compiler {__version__}"

@@ -1,0 +1,58 @@
+"""Stage ``llvm-ir``: translate the lowered ``gpu.module`` to LLVM IR text.
+
+Input: a builtin.module holding exactly one gpu.module whose body is in the LLVM dialect (after the
+rocdl/nvvm stage). Output: LLVM IR text of that gpu.module plus the names of its kernels.
+
+MLIR translates only builtin modules, so the gpu.module body is re-homed into a fresh builtin.module
+first (toolchain.md §5 item 8). Kernels are the llvm.funcs marked ``rocdl.kernel`` or ``nvvm.kernel``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mori_compiler._mlir import ir, translate_module_to_llvm_ir
+from mori_compiler.errors import MoriCompilerError
+
+KERNEL_MARKERS = ("rocdl.kernel", "nvvm.kernel")
+
+
+@dataclass(frozen=True)
+class DeviceModuleIR:
+    name: str
+    llvm_ir: str
+    kernels: tuple[str, ...]
+
+
+def find_gpu_module(module: ir.Module) -> ir.Operation:
+    gpu_modules = [op for op in module.body.operations if op.name == "gpu.module"]
+    if len(gpu_modules) != 1:
+        raise MoriCompilerError(
+            f"expected exactly one gpu.module in the input, found {len(gpu_modules)}; "
+            "kernels are compiled one gpu.module at a time"
+        )
+    return gpu_modules[0].operation
+
+
+def kernel_names(gpu_module: ir.Operation) -> tuple[str, ...]:
+    names = []
+    for op in gpu_module.regions[0].blocks[0].operations:
+        if op.name in ("llvm.func", "gpu.func") and any(m in op.attributes for m in KERNEL_MARKERS + ("gpu.kernel",)):
+            names.append(op.attributes["sym_name"].value)
+    return tuple(names)
+
+
+def gpu_module_to_llvm_ir(module: ir.Module) -> DeviceModuleIR:
+    gpu_module = find_gpu_module(module)
+    body = gpu_module.regions[0].blocks[0]
+    leftovers = sorted({op.name for op in body.operations if not op.name.startswith("llvm.")})
+    if leftovers:
+        raise MoriCompilerError(
+            "the gpu.module still holds non-LLVM ops after lowering: " + ", ".join(leftovers)
+        )
+    with module.context, ir.Location.unknown():
+        host = ir.Module.create()
+        for op in body.operations:
+            host.body.append(op.clone())
+        text = translate_module_to_llvm_ir(host.operation)
+    return DeviceModuleIR(gpu_module.attributes["sym_name"].value, text, kernel_names(gpu_module))
