@@ -81,7 +81,7 @@ def _read_operation(op_name: str, body: ir.Block) -> OpSpec:
     results: tuple[Field, ...] = ()
     attributes: dict[str, Constraint] = {}
     for op in body.operations:
-        name = op.name
+        name = op.operation.name
         if name == "irdl.is":
             constraints[op.results[0]] = Constraint((str(op.attributes["expected"]),))
         elif name == "irdl.any":

@@ -295,6 +295,7 @@ def string_attributes(op: ir.Operation) -> dict[str, str]:
 
 def abi_symbol(op: ir.Operation) -> str:
     """The device ABI function ``op`` lowers to, from its OpInfo template and attributes."""
+    op = op.operation
     info = OP_INFO[op.name]
     fields = string_attributes(op)
     fields["targets"] = ("", "_pe", "_pe_qp")[len(op.operands)] if info.symbol.endswith("{targets}") else ""
@@ -303,6 +304,7 @@ def abi_symbol(op: ir.Operation) -> str:
 
 def extra_verify(op: ir.Operation) -> list[str]:
     """Rules across fields that IRDL cannot state; messages name the op and the field."""
+    op = op.operation
     name = op.name
     attrs = string_attributes(op)
     errors: list[str] = []

@@ -68,7 +68,7 @@ def load_bitcode(path: str, target: GPUTarget):
     try:
         lib = llvm.parse_bitcode(data)
     except RuntimeError as exc:
-        raise MoriCompilerError(f"{path} is not a valid LLVM bitcode file ({str(exc).strip()})") from None
+        raise MoriCompilerError(f"{path} is not a valid LLVM bitcode file ({' '.join(str(exc).split())})") from None
     _check_bitcode_target(path, lib, target)
     return lib
 

@@ -51,7 +51,7 @@ def llvm_function_type(fn: AbiFunction) -> ir.TypeAttr:
 
 def _symbol_table(op: ir.Operation) -> ir.Operation:
     parent = op.parent
-    while parent is not None and parent.name not in _SYMBOL_TABLES:
+    while parent is not None and parent.operation.name not in _SYMBOL_TABLES:
         parent = parent.parent
     if parent is None:
         raise MoriCompilerError(f"'{op.name}' is not inside a builtin.module or gpu.module")

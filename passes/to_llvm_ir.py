@@ -25,7 +25,7 @@ class DeviceModuleIR:
 
 
 def find_gpu_module(module: ir.Module) -> ir.Operation:
-    gpu_modules = [op for op in module.body.operations if op.name == "gpu.module"]
+    gpu_modules = [op for op in module.body.operations if op.operation.name == "gpu.module"]
     if len(gpu_modules) != 1:
         raise MoriCompilerError(
             f"expected exactly one gpu.module in the input, found {len(gpu_modules)}; "
@@ -37,7 +37,7 @@ def find_gpu_module(module: ir.Module) -> ir.Operation:
 def kernel_names(gpu_module: ir.Operation) -> tuple[str, ...]:
     names = []
     for op in gpu_module.regions[0].blocks[0].operations:
-        if op.name in ("llvm.func", "gpu.func") and any(m in op.attributes for m in KERNEL_MARKERS + ("gpu.kernel",)):
+        if op.operation.name in ("llvm.func", "gpu.func") and any(m in op.attributes for m in KERNEL_MARKERS + ("gpu.kernel",)):
             names.append(op.attributes["sym_name"].value)
     return tuple(names)
 
@@ -45,7 +45,7 @@ def kernel_names(gpu_module: ir.Operation) -> tuple[str, ...]:
 def gpu_module_to_llvm_ir(module: ir.Module) -> DeviceModuleIR:
     gpu_module = find_gpu_module(module)
     body = gpu_module.regions[0].blocks[0]
-    leftovers = sorted({op.name for op in body.operations if not op.name.startswith("llvm.")})
+    leftovers = sorted({n for n in (op.operation.name for op in body.operations) if not n.startswith("llvm.")})
     if leftovers:
         raise MoriCompilerError(
             "the gpu.module still holds non-LLVM ops after lowering: " + ", ".join(leftovers)

@@ -1,0 +1,83 @@
+"""What both CLIs share: exit codes and turning errors into one-line messages (never a traceback)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+from mori_compiler.errors import MoriCompilerError
+
+EXIT_OK, EXIT_USER_ERROR, EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def report(exc: MoriCompilerError, stream=None) -> None:
+    stream = stream or sys.stderr
+    first, *rest = str(exc).split("\n")
+    print(f"error: {first}", file=stream)
+    for line in rest:
+        print(line if line.startswith("  ") else f"error: {line}", file=stream)
+
+
+def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    try:
+        return main(argv)
+    except MoriCompilerError as exc:
+        report(exc)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:  # a compiler bug: say so in one line; the traceback only on request
+        if os.environ.get("MORI_COMPILER_TRACEBACK"):
+            raise
+        print(f"error: internal compiler error: {type(exc).__name__}: {exc} "
+              "(set MORI_COMPILER_TRACEBACK=1 for the traceback, and please report it)", file=sys.stderr)  # fmt: skip
+        return EXIT_INTERNAL_ERROR
+
+
+def read_input(path: str) -> tuple[str, str]:
+    """(text, display name) of a file or of stdin ("-")."""
+    if path == "-":
+        return sys.stdin.read(), "<stdin>"
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(), path
+    except FileNotFoundError:
+        raise MoriCompilerError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise MoriCompilerError(f"{path} is a directory, not an input file") from None
+    except UnicodeDecodeError:
+        raise MoriCompilerError(f"{path} is not a UTF-8 text file") from None
+    except OSError as exc:
+        raise MoriCompilerError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def write_output(path: str | None, data: str | bytes) -> None:
+    if path in (None, "-"):
+        if isinstance(data, bytes):
+            sys.stdout.buffer.write(data)
+        else:
+            sys.stdout.write(data)
+        sys.stdout.flush()
+        return
+    try:
+        mode = "wb" if isinstance(data, bytes) else "w"
+        with open(path, mode) as f:
+            f.write(data)
+    except OSError as exc:
+        raise MoriCompilerError(f"cannot write {path}: {exc.strerror}") from None
+
+
+class ArgumentError(MoriCompilerError):
+    pass
+
+
+def error_on_bad_args(parser) -> None:
+    """Make argparse report usage errors as our errors (exit 1, one line) instead of exit 2."""
+
+    def error(message):
+        raise ArgumentError(f"{message} (see {parser.prog} --help)")
+
+    parser.error = error
