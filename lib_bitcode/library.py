@@ -1,7 +1,8 @@
 """Build the project's device library (its own implementation of MORI's device ABI) per target.
 
 Sources are LLVM IR text written by the project (``sources/``): a target prelude with the thread,
-barrier and memory-ordering primitives, then the target-neutral ABI functions. ``library_path(target)``
+barrier and memory-ordering primitives, the target-neutral building blocks (``shmem_core.ll``), and the
+98 exported ABI functions generated from the ABI table (``wrappers.py``). ``library_path(target)``
 assembles them with llvmlite into ``libmori_shmem_device.bc`` at first use and caches the file under
 ``<cache>/lib/<target>-<hash>/``, where the hash covers the source text, the target and the llvmlite
 version. A build writes to a temporary file and renames it into place, so no reader ever sees a
@@ -34,8 +35,11 @@ def _prelude_name(target: GPUTarget) -> str:
 
 def library_ir(target: GPUTarget) -> str:
     """The library's LLVM IR text for ``target`` (triple set; data layout left to the linker)."""
+    from .wrappers import generate_wrappers
+
     parts = [f'target triple = "{target.triple}"\n', _source(_prelude_name(target))]
     parts += [_source(name) for name in COMMON_SOURCES]
+    parts.append(generate_wrappers())
     return "\n".join(parts)
 
 

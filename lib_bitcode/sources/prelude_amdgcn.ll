@@ -1,10 +1,10 @@
-; Target primitives for AMDGPU (gfx942, gfx950, gfx1250). The common library sources call only these
-; helpers for thread geometry, barriers and memory ordering, so every ordering decision per target is
-; in one place. All are internal and always inlined.
+; Target primitives for AMDGPU (gfx942, gfx950 wave64; gfx1250 wave32). The common sources
+; (shmem_core.ll) call only these helpers for thread geometry, barriers and memory ordering, so every
+; ordering decision per target is in one place. All are internal and always inlined.
 ;
 ; Scopes: syncscope "" is LLVM's system scope on AMDGPU; the backend emits the cache write-back /
-; invalidate and wait instructions the memory model needs (e.g. buffer_wbl2 sc0 sc1 + s_waitcnt before a
-; system-scope release on gfx942).
+; invalidate and wait instructions the memory model needs (on gfx942: buffer_wbl2 sc0 sc1 + s_waitcnt
+; before a system-scope release; sc0 sc1 on system-scope loads and atomics).
 
 @mori_compiler_shmem_state = addrspace(1) externally_initialized global [64 x i8] zeroinitializer, align 8
 
@@ -13,6 +13,12 @@ declare i32 @llvm.amdgcn.workgroup.id.z()
 declare ptr addrspace(4) @llvm.amdgcn.dispatch.ptr()
 declare void @llvm.amdgcn.s.barrier()
 declare void @llvm.amdgcn.s.sleep(i32)
+declare i32 @llvm.amdgcn.mbcnt.lo(i32, i32)
+declare i32 @llvm.amdgcn.mbcnt.hi(i32, i32)
+declare i32 @llvm.amdgcn.wavefrontsize()
+declare i64 @llvm.amdgcn.ballot.i64(i1)
+declare void @llvm.amdgcn.wave.barrier()
+declare void @llvm.trap()
 
 define internal i32 @__mc_tid() alwaysinline {
   %t = call i32 @llvm.amdgcn.workitem.id.x()
@@ -33,6 +39,33 @@ define internal i32 @__mc_block_z() alwaysinline {
   ret i32 %z
 }
 
+define internal i32 @__mc_warp_size() alwaysinline {
+  %w = call i32 @llvm.amdgcn.wavefrontsize()
+  ret i32 %w
+}
+
+; mbcnt counts the set mask bits below this lane: with an all-ones mask that is the lane id
+; (the hi half adds nothing in wave32).
+define internal i32 @__mc_lane_id() alwaysinline {
+  %lo = call i32 @llvm.amdgcn.mbcnt.lo(i32 -1, i32 0)
+  %id = call i32 @llvm.amdgcn.mbcnt.hi(i32 -1, i32 %lo)
+  ret i32 %id
+}
+
+define internal i64 @__mc_active_mask() alwaysinline convergent {
+  %m = call i64 @llvm.amdgcn.ballot.i64(i1 true)
+  ret i64 %m
+}
+
+; The lanes of a wave execute in lock step; the wave barrier only keeps the compiler from moving
+; memory operations across it. Cross-lane visibility comes from the caller's release fences.
+define internal void @__mc_warp_sync(i64 %mask) alwaysinline convergent {
+  fence syncscope("wavefront") release
+  call void @llvm.amdgcn.wave.barrier()
+  fence syncscope("wavefront") acquire
+  ret void
+}
+
 ; __syncthreads(): s_barrier does not wait for outstanding memory operations, the fences around it do.
 define internal void @__mc_block_barrier() alwaysinline convergent {
   fence syncscope("workgroup") release
@@ -47,9 +80,42 @@ define internal void @__mc_backoff() alwaysinline {
   ret void
 }
 
+define internal void @__mc_trap() alwaysinline noreturn {
+  call void @llvm.trap()
+  unreachable
+}
+
+; ---- system-scope memory operations ----------------------------------------------------------------
+; Polled words: volatile + monotonic keeps LICM from hoisting the load out of a spin loop.
+
+define internal i32 @__mc_ld_relaxed_sys_i32(ptr %p) alwaysinline {
+  %v = load atomic volatile i32, ptr %p monotonic, align 4
+  ret i32 %v
+}
+
 define internal i64 @__mc_ld_relaxed_sys_i64(ptr %p) alwaysinline {
   %v = load atomic volatile i64, ptr %p monotonic, align 8
   ret i64 %v
+}
+
+define internal void @__mc_st_relaxed_sys_i8(ptr %p, i8 %v) alwaysinline {
+  store atomic i8 %v, ptr %p monotonic, align 1
+  ret void
+}
+
+define internal void @__mc_st_relaxed_sys_i16(ptr %p, i16 %v) alwaysinline {
+  store atomic i16 %v, ptr %p monotonic, align 2
+  ret void
+}
+
+define internal void @__mc_st_relaxed_sys_i32(ptr %p, i32 %v) alwaysinline {
+  store atomic i32 %v, ptr %p monotonic, align 4
+  ret void
+}
+
+define internal void @__mc_st_relaxed_sys_i64(ptr %p, i64 %v) alwaysinline {
+  store atomic i64 %v, ptr %p monotonic, align 8
+  ret void
 }
 
 define internal void @__mc_st_release_sys_i64(ptr %p, i64 %v) alwaysinline {
@@ -59,6 +125,65 @@ define internal void @__mc_st_release_sys_i64(ptr %p, i64 %v) alwaysinline {
 
 define internal i64 @__mc_add_release_sys_i64(ptr %p, i64 %v) alwaysinline {
   %old = atomicrmw add ptr %p, i64 %v release, align 8
+  ret i64 %old
+}
+
+; Relaxed read-modify-write at system scope; %kind: 0 add, 1 and, 2 or, 3 xor, 4 exchange.
+define internal i32 @__mc_rmw_i32(ptr %p, i32 %v, i32 %kind) alwaysinline {
+entry:
+  switch i32 %kind, label %xchg [ i32 0, label %add
+                                  i32 1, label %and
+                                  i32 2, label %or
+                                  i32 3, label %xor ]
+add:
+  %a = atomicrmw add ptr %p, i32 %v monotonic, align 4
+  ret i32 %a
+and:
+  %b = atomicrmw and ptr %p, i32 %v monotonic, align 4
+  ret i32 %b
+or:
+  %c = atomicrmw or ptr %p, i32 %v monotonic, align 4
+  ret i32 %c
+xor:
+  %d = atomicrmw xor ptr %p, i32 %v monotonic, align 4
+  ret i32 %d
+xchg:
+  %e = atomicrmw xchg ptr %p, i32 %v monotonic, align 4
+  ret i32 %e
+}
+
+define internal i64 @__mc_rmw_i64(ptr %p, i64 %v, i32 %kind) alwaysinline {
+entry:
+  switch i32 %kind, label %xchg [ i32 0, label %add
+                                  i32 1, label %and
+                                  i32 2, label %or
+                                  i32 3, label %xor ]
+add:
+  %a = atomicrmw add ptr %p, i64 %v monotonic, align 8
+  ret i64 %a
+and:
+  %b = atomicrmw and ptr %p, i64 %v monotonic, align 8
+  ret i64 %b
+or:
+  %c = atomicrmw or ptr %p, i64 %v monotonic, align 8
+  ret i64 %c
+xor:
+  %d = atomicrmw xor ptr %p, i64 %v monotonic, align 8
+  ret i64 %d
+xchg:
+  %e = atomicrmw xchg ptr %p, i64 %v monotonic, align 8
+  ret i64 %e
+}
+
+define internal i32 @__mc_cas_i32(ptr %p, i32 %cmp, i32 %v) alwaysinline {
+  %r = cmpxchg ptr %p, i32 %cmp, i32 %v monotonic monotonic, align 4
+  %old = extractvalue { i32, i1 } %r, 0
+  ret i32 %old
+}
+
+define internal i64 @__mc_cas_i64(ptr %p, i64 %cmp, i64 %v) alwaysinline {
+  %r = cmpxchg ptr %p, i64 %cmp, i64 %v monotonic monotonic, align 8
+  %old = extractvalue { i64, i1 } %r, 0
   ret i64 %old
 }
 
