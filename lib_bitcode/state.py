@@ -62,3 +62,25 @@ def pack_state(**values: int) -> bytes:
 
 def unpack_state(data: bytes) -> dict[str, int]:
     return dict(zip((f.name for f in STATE_FIELDS), struct.unpack(STATE_FORMAT, data[:STATE_SIZE])))
+
+
+# The head of every PE's heap is reserved for the library's barrier_all: 8-byte epoch slots, slot q
+# (q < MAX_PES) for PE q's announcements and slot MAX_PES for this PE's own epoch counter
+# (sources/shmem_core.ll, __mc_barrier_all). The runtime zeroes it at init; allocations start after it.
+MAX_PES = 255
+SYNC_RESERVED_BYTES = 2048
+
+# Bounded-wait debug mode: when state.wait_limit != 0, a wait gives up after that many polls; the first
+# waiter to give up fills the record at state.wait_report (device memory, zeroed by the runtime):
+WAIT_REPORT_FORMAT = "<IiI4xQQQ"  # claimed flag, pe, kind (0 ==, 1 unsigned >, 2 signed >), addr, expected, seen
+WAIT_REPORT_SIZE = 40
+WAIT_KINDS = {0: "equals", 1: "greater_than (unsigned)", 2: "greater_than (signed)"}
+assert struct.calcsize(WAIT_REPORT_FORMAT) == WAIT_REPORT_SIZE
+
+
+def unpack_wait_report(data: bytes) -> dict | None:
+    """The decoded report, or None when no wait gave up."""
+    flag, pe, kind, addr, expected, seen = struct.unpack(WAIT_REPORT_FORMAT, data[:WAIT_REPORT_SIZE])
+    if not flag:
+        return None
+    return {"pe": pe, "kind": WAIT_KINDS.get(kind, str(kind)), "addr": addr, "expected": expected, "seen": seen}

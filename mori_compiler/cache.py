@@ -14,10 +14,12 @@ from pathlib import Path
 from . import __version__
 from .env import cache_dir
 from .options import CompileOptions
-from .runtime.bundle import Bundle, KernelInfo, KernelParam, find_bundle, publish_bundle
+from .errors import MoriCompilerError
+from .lib_bitcode.kernel_abi import MLIR_PARAM_TYPES
+from .runtime.bundle import (Bundle, KernelInfo, KernelParam, find_bundle, find_bundle_by_request,
+                             publish_bundle, record_request, request_key)  # fmt: skip
 
-_MLIR_PARAM_TYPE = {"!llvm.ptr": "ptr", "i64": "i64", "i32": "i32", "i16": "i16", "i8": "i8", "f32": "f32",
-                    "f64": "f64"}  # fmt: skip
+COMPILER_VERSION = f"mori_compiler {__version__}"
 
 
 def toolchain_fingerprint() -> str:
@@ -60,13 +62,11 @@ def kernel_signatures(source: str) -> dict[str, KernelInfo]:
             name = fn.attributes["sym_name"].value
             params = []
             for i, arg in enumerate(fn.regions[0].blocks[0].arguments):
-                ty = _MLIR_PARAM_TYPE.get(str(arg.type))
+                ty = MLIR_PARAM_TYPES.get(str(arg.type))
                 if ty is None:
-                    from .errors import MoriCompilerError
-
                     raise MoriCompilerError(
                         f"kernel '{name}' parameter {i} has type {arg.type}; bundles support "
-                        + ", ".join(_MLIR_PARAM_TYPE)
+                        + ", ".join(MLIR_PARAM_TYPES)
                     )
                 params.append(KernelParam(f"arg{i}", ty))
             block = None
@@ -74,6 +74,37 @@ def kernel_signatures(source: str) -> dict[str, KernelInfo]:
                 block = tuple(int(x) for x in fn.attributes["known_block_size"])
             kernels[name] = KernelInfo(name, tuple(params), block)
     return kernels
+
+
+def bundle_request(source: str, options: CompileOptions, config: dict | None = None) -> str:
+    """The toolchain-independent request hash under which a bundle is indexed (runtime lookups)."""
+    return request_key(source, options.to_dict() | {"config": config or {}}, COMPILER_VERSION)
+
+
+def compiler_available() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("mlir", "llvmlite"))
+
+
+def get_bundle(source: str, options: CompileOptions, *, config: dict | None = None, cache_root=None,
+               what: str = "kernel") -> Bundle:  # fmt: skip
+    """The bundle for (source, options): compiled if the compiler is installed, else precompiled.
+
+    Without the compiler (GPU machines) only bundles recorded by an earlier compile or
+    ``mori-compile --precompile`` are found; anything else is a clear error saying how to build it.
+    """
+    root = Path(cache_root) if cache_root else cache_dir()
+    if compiler_available():
+        return compile_bundle(source, options, config=config, cache_root=root)
+    found = find_bundle_by_request(root, bundle_request(source, options, config))
+    if found is None:
+        raise MoriCompilerError(
+            f"no precompiled bundle for {what} (target {options.target}) in {root}, and the compiler is not "
+            "installed here; build it on a machine with mori_compiler's compiler (`mori-compile --precompile "
+            "CONFIGS.json`, or run the same program there) and copy MORI_COMPILER_CACHE_DIR"
+        )
+    return found
 
 
 def compile_bundle(source: str, options: CompileOptions, *, config: dict | None = None, cache_root=None) -> Bundle:
@@ -84,8 +115,11 @@ def compile_bundle(source: str, options: CompileOptions, *, config: dict | None 
     root = Path(cache_root) if cache_root else cache_dir()
     bitcode = device_bitcode(options)
     key = bundle_key(source, options, bitcode, config)
+    request = bundle_request(source, options, config)
     cached = find_bundle(root, key)
     if cached is not None:
+        if find_bundle_by_request(root, request) is None:
+            record_request(root, request, key)
         return cached
     result = compile_source(source, options)
     kernels = kernel_signatures(source)
@@ -93,5 +127,5 @@ def compile_bundle(source: str, options: CompileOptions, *, config: dict | None 
     return publish_bundle(
         root, key, target=options.target, backend=options.gpu_target.backend, binary=result.binary,
         kernels=list(kernels.values()), state_globals=state, compiler=toolchain_fingerprint(),
-        config={"options": options.to_dict(), **(config or {})},
+        config={"options": options.to_dict(), **(config or {})}, virtual_pes=options.virtual_pes, request=request,
     )  # fmt: skip

@@ -20,6 +20,8 @@ class CompileOptions:
     MORI's ``libmori_shmem_device.bc``). ``device_library``: link the project's library when no
     ``bitcode`` is given (turn off to check that a module needs no device functions).
     ``code_object_version`` applies to AMDGPU targets (5 or 6, default 6 = ELF ABI version 4).
+    ``virtual_pes``: kernels read their parameters from a per-PE argument table indexed by the grid's z
+    (several PEs in one launch on one GPU; see lib_bitcode/kernel_abi.py).
     """
 
     target: str = DEFAULT_TARGET
@@ -27,9 +29,11 @@ class CompileOptions:
     opt_level: int = 3
     bitcode: tuple[str, ...] = ()
     device_library: bool = True
+    virtual_pes: bool = False
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
+        self._check_types()
         get_target(self.target)  # raises with the allowed names
         if self.code_object_version not in CODE_OBJECT_VERSIONS:
             raise MoriCompilerError(
@@ -43,6 +47,20 @@ class CompileOptions:
         for path in self.bitcode:
             if not os.path.isfile(path):
                 raise MoriCompilerError(f"device bitcode file not found: {path}")
+
+    def _check_types(self) -> None:
+        expected = {"target": str, "code_object_version": int, "opt_level": int, "device_library": bool,
+                    "virtual_pes": bool}  # fmt: skip
+        for name, ty in expected.items():
+            value = getattr(self, name)
+            if not isinstance(value, ty) or (ty is int and isinstance(value, bool)):
+                raise MoriCompilerError(
+                    f"compile option '{name}' must be {ty.__name__}, got {type(value).__name__} {value!r}"
+                )
+        if not isinstance(self.bitcode, (str, os.PathLike, tuple, list)) or (
+            isinstance(self.bitcode, (tuple, list)) and not all(isinstance(b, (str, os.PathLike)) for b in self.bitcode)
+        ):
+            raise MoriCompilerError(f"compile option 'bitcode' must be a path or a list of paths, got {self.bitcode!r}")
 
     @property
     def gpu_target(self) -> GPUTarget:

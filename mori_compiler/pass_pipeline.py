@@ -96,5 +96,9 @@ def build_pass_manager(pipeline: str, ctx: ir.Context) -> passmanager.PassManage
             try:
                 pm.add(element)
             except ValueError as exc:
-                raise MoriCompilerError(f"invalid pass pipeline element '{element}': {exc}") from None
+                detail = " ".join(str(exc).split("\n")[0].split())  # MLIR appends a caret snippet: keep line 1
+                raise MoriCompilerError(
+                    f"invalid pass pipeline element '{element}' ({detail}); project passes: "
+                    f"{', '.join(sorted(ALL_PASSES))}; upstream MLIR passes are accepted by name"
+                ) from None
     return pm

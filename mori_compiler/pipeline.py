@@ -30,7 +30,7 @@ MLIR_STAGES = ("abi", "rocdl", "nvvm")
 def mlir_stage_pipelines(options: CompileOptions) -> list[tuple[str, str]]:
     """(stage, pass-pipeline fragment) for every MLIR stage of ``options``' target."""
     t = options.gpu_target
-    stages = [("abi", "mori-shmem-to-abi")]
+    stages = [("abi", "mori-virtual-pe-args,mori-shmem-to-abi" if options.virtual_pes else "mori-shmem-to-abi")]
     if t.is_amdgpu:
         stages.append((
             "rocdl",
@@ -94,6 +94,20 @@ class CompileResult:
     kernels: tuple[str, ...] = ()
     bitcode: tuple[str, ...] = ()
     timings: dict[str, float] = field(default_factory=dict)
+
+
+def stage_output(result: CompileResult) -> str | bytes:
+    """What the stage ``result`` stopped after produced: IR text, assembly, or the object/code object bytes."""
+    stage = result.stopped_after
+    if stage in ("mori", *MLIR_STAGES):
+        return result.mlir or ""
+    if stage == "llvm-ir":
+        return result.llvm_ir or ""
+    if stage in ("link", "opt"):
+        return result.linked_llvm_ir or ""
+    if stage in ("isa", "ptx"):
+        return result.assembly or ""
+    return result.binary or b""
 
 
 def device_bitcode(options: CompileOptions) -> list[str]:

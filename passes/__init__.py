@@ -17,6 +17,7 @@ def _lazy(module: str, cls: str) -> Callable[[], type]:
 
 ALL_PASSES: dict[str, Callable[[], type]] = {
     "mori-shmem-to-abi": _lazy("mori_shmem_to_abi", "MoriShmemToAbi"),
+    "mori-virtual-pe-args": _lazy("virtual_pe_args", "VirtualPeArgs"),
 }
 
 

@@ -19,6 +19,7 @@ no bundle or a complete one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -26,9 +27,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mori_compiler.lib_bitcode.kernel_abi import PARAM_SIZES, arg_table_layout
+
 BUNDLE_FORMAT = 1
 METADATA_FILE = "bundle.json"
-PARAM_SIZES = {"ptr": 8, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "f64": 8, "f32": 4}
 
 
 class BundleError(Exception):
@@ -51,6 +53,15 @@ class KernelInfo:
     params: tuple[KernelParam, ...]
     block: tuple[int, int, int] | None = None
 
+    @property
+    def param_types(self) -> tuple[str, ...]:
+        return tuple(p.type for p in self.params)
+
+    @property
+    def arg_table_layout(self) -> tuple[tuple[int, ...], int]:
+        """(offsets, stride) of this kernel's argument-table record (virtual-PE bundles)."""
+        return arg_table_layout(self.param_types)
+
 
 @dataclass(frozen=True)
 class Bundle:
@@ -63,6 +74,7 @@ class Bundle:
     state_globals: tuple[dict, ...] = ()
     compiler: str = ""
     config: dict = field(default_factory=dict)
+    virtual_pes: bool = False
 
     @property
     def binary(self) -> bytes:
@@ -75,9 +87,11 @@ class Bundle:
             raise BundleError(f"bundle {self.key[:12]} has no kernel '{name}' (has: {', '.join(self.kernels)})") from None
 
 
-def _metadata_dict(key, target, backend, binary_file, kernels, state_globals, compiler, config) -> dict:
+def _metadata_dict(key, target, backend, binary_file, kernels, state_globals, compiler, config,
+                   virtual_pes) -> dict:  # fmt: skip
     return {
         "format": BUNDLE_FORMAT,
+        "virtual_pes": virtual_pes,
         "key": key,
         "compiler": compiler,
         "target": target,
@@ -93,25 +107,42 @@ def _metadata_dict(key, target, backend, binary_file, kernels, state_globals, co
     }
 
 
+def _parse_kernel(path: Path, name: str, k) -> KernelInfo:
+    if not isinstance(k, dict) or not isinstance(k.get("params"), list):
+        raise BundleError(f"bundle {path}: kernel '{name}' has no parameter list")
+    params = []
+    for i, p in enumerate(k["params"]):
+        if not isinstance(p, dict) or p.get("type") not in PARAM_SIZES:
+            allowed = ", ".join(PARAM_SIZES)
+            raise BundleError(f"bundle {path}: kernel '{name}' parameter {i} has no valid type (allowed: {allowed})")
+        params.append(KernelParam(str(p.get("name", f"arg{i}")), p["type"]))
+    block = k.get("block")
+    if block is not None and not (isinstance(block, list) and len(block) == 3 and all(isinstance(b, int) for b in block)):
+        raise BundleError(f"bundle {path}: kernel '{name}' has a malformed block size {block!r}")
+    return KernelInfo(name, tuple(params), tuple(block) if block else None)
+
+
 def load_bundle(path: str | os.PathLike) -> Bundle:
     """Read a bundle directory; raises BundleError if anything is missing or inconsistent."""
     path = Path(path)
     meta_path = path / METADATA_FILE
     try:
         meta = json.loads(meta_path.read_text())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise BundleError(f"no kernel bundle at {path} ({METADATA_FILE} missing)") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"corrupt bundle metadata {meta_path}: {exc}") from None
+    if not isinstance(meta, dict):
+        raise BundleError(f"corrupt bundle metadata {meta_path}: not a JSON object")
     if meta.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"bundle {path} has format {meta.get('format')}, this runtime reads {BUNDLE_FORMAT}")
-    kernels = {
-        name: KernelInfo(name, tuple(KernelParam(p["name"], p["type"]) for p in k["params"]),
-                         tuple(k["block"]) if k.get("block") else None)
-        for name, k in meta["kernels"].items()
-    }  # fmt: skip
+    missing = [k for k in ("key", "target", "backend", "binary", "kernels") if k not in meta]
+    if missing or not isinstance(meta["kernels"], dict):
+        raise BundleError(f"corrupt bundle metadata {meta_path}: missing or malformed {', '.join(missing) or 'kernels'}")
+    kernels = {name: _parse_kernel(path, name, k) for name, k in meta["kernels"].items()}
     bundle = Bundle(path, meta["key"], meta["target"], meta["backend"], meta["binary"], kernels,
-                    tuple(meta.get("state_globals", ())), meta.get("compiler", ""), meta.get("config", {}))  # fmt: skip
+                    tuple(meta.get("state_globals", ())), meta.get("compiler", ""), meta.get("config", {}),
+                    bool(meta.get("virtual_pes", False)))  # fmt: skip
     if not (path / bundle.binary_file).is_file():
         raise BundleError(f"bundle {path} lacks its code object {bundle.binary_file}")
     return bundle
@@ -126,16 +157,51 @@ def find_bundle(cache_root: str | os.PathLike, key: str) -> Bundle | None:
     return load_bundle(path) if (path / METADATA_FILE).is_file() else None
 
 
+def request_key(source: str, options: dict, compiler_version: str) -> str:
+    """What a runtime can compute without the toolchain: a hash of the kernel source, the compile
+    options and the compiler version. The index maps it to the full bundle key."""
+    h = hashlib.sha256()
+    for part in (compiler_version, json.dumps(options, sort_keys=True), source):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _index_path(cache_root, request: str) -> Path:
+    return Path(cache_root) / "index" / request
+
+
+def find_bundle_by_request(cache_root, request: str) -> Bundle | None:
+    """The bundle a precompile recorded for ``request`` (see ``request_key``), if any."""
+    try:
+        key = _index_path(cache_root, request).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return find_bundle(cache_root, key)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def publish_bundle(cache_root, key, *, target, backend, binary: bytes, kernels, state_globals=(), compiler="",
-                   config=None) -> Bundle:  # fmt: skip
-    """Write a bundle atomically (temporary directory, then rename); returns the bundle as loaded."""
+                   config=None, virtual_pes=False, request=None) -> Bundle:  # fmt: skip
+    """Write a bundle atomically (temporary directory, then rename); returns the bundle as loaded.
+
+    With ``request`` (a ``request_key``), also record it in the index so that a runtime without the
+    toolchain finds the bundle."""
     final = bundle_dir(cache_root, key)
     final.parent.mkdir(parents=True, exist_ok=True)
     binary_file = "kernels.hsaco" if backend == "rocdl" else "kernels.ptx"
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{key[:12]}-"))
     try:
         (tmp / binary_file).write_bytes(binary)
-        meta = _metadata_dict(key, target, backend, binary_file, kernels, state_globals, compiler, config or {})
+        meta = _metadata_dict(key, target, backend, binary_file, kernels, state_globals, compiler, config or {},
+                              virtual_pes)  # fmt: skip
         (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True))
         try:
             os.rename(tmp, final)
@@ -145,4 +211,11 @@ def publish_bundle(cache_root, key, *, target, backend, binary: bytes, kernels, 
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    if request:
+        record_request(cache_root, request, key)
     return load_bundle(final)
+
+
+def record_request(cache_root, request: str, key: str) -> None:
+    """Index bundle ``key`` under ``request`` (atomically)."""
+    _write_atomically(_index_path(cache_root, request), key)

@@ -95,12 +95,11 @@ def precompile(configs_path: str) -> int:
             raise MoriCompilerError(f"config {i} has unknown fields {sorted(unknown)}; allowed: {sorted(allowed)}")
         source, display, _ = _source(config.get("kernel"))
         fields = {k: v for k, v in config.items() if k != "kernel"}
-        if "bitcode" in fields:
+        if isinstance(fields.get("bitcode"), list):
             fields["bitcode"] = tuple(fields["bitcode"])
         bundle = compile_bundle(source, CompileOptions(**fields), config={"kernel": config.get("kernel")})
         bar = "#" * (30 * i // len(configs))
         print(f"\r[{bar:<30}] {i}/{len(configs)} {display} {fields.get('target', 'gfx942')}", end="", file=sys.stderr)
-        print(f"\n{bundle.path}" if i == len(configs) else "", end="", file=sys.stderr)
         print(bundle.path)
     if configs:
         print(file=sys.stderr)
@@ -141,8 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     stop = args.stop_after or {"mlir": "abi", "llvm": "opt", "isa": "isa" if target.is_amdgpu else "ptx"}.get(emit)
     result = pipeline.compile_source(source, options, filename=display, stop_after=stop, want_assembly=emit == "isa")
     if args.stop_after or emit == "mlir":
-        text = result.mlir or result.linked_llvm_ir or result.llvm_ir or result.assembly or ""
-        write_output(args.output or "-", text)
+        data = pipeline.stage_output(result)
+        if isinstance(data, bytes) and args.output is None:  # never dump an ELF file on a terminal
+            output = f"{short}.{target.name}.{'o' if result.stopped_after == 'object' else 'hsaco'}"
+            write_output(output, data)
+            print(f"wrote {output} ({len(data)} bytes, {target.name}, stopped after {result.stopped_after})")
+        else:
+            write_output(args.output or "-", data)
         return EXIT_OK
     if emit == "llvm":
         write_output(args.output or "-", result.linked_llvm_ir)

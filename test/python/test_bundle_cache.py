@@ -1,0 +1,261 @@
+"""Kernel bundles and their cache: keys, reuse, bundle.json, atomic publishing and load errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from mori_compiler import cache, pipeline
+from mori_compiler.lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
+from mori_compiler.lib_bitcode.stub import write_stub_bitcode
+from mori_compiler.options import CompileOptions
+from mori_compiler.runtime import bundle as rt
+from mori_compiler.runtime.bundle import BundleError, KernelInfo, KernelParam, load_bundle, publish_bundle
+
+KERNEL = KernelInfo("k", (KernelParam("arg0", "ptr"), KernelParam("arg1", "i64")), (64, 1, 1))
+
+
+def _tmp_entries(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.startswith(".tmp-")]
+
+
+def _publish(root, key="ab" * 32, binary=b"\x7fELF-test", **kw):
+    args = dict(target="gfx942", backend="rocdl", binary=binary, kernels=[KERNEL], state_globals=(),
+                compiler="test", config={"why": "test"})  # fmt: skip
+    args.update(kw)
+    return publish_bundle(root, key, **args)
+
+
+# ----------------------------------------------------------------------------------------------------
+# compile_bundle: reuse and keys
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_compile_bundle_twice_reuses_the_bundle(tmp_path, example_source, monkeypatch):
+    options = CompileOptions(target="gfx942")
+    first = cache.compile_bundle(example_source, options, cache_root=tmp_path)
+    assert first.path.parent == tmp_path / "bundles"
+    mtime = (first.path / "bundle.json").stat().st_mtime_ns
+
+    def must_not_compile(*args, **kwargs):
+        raise AssertionError("compile_source called for a cached bundle")
+
+    monkeypatch.setattr(pipeline, "compile_source", must_not_compile)
+    second = cache.compile_bundle(example_source, options, cache_root=tmp_path)
+    assert second.path == first.path and second.key == first.key
+    assert second.binary == first.binary
+    assert (first.path / "bundle.json").stat().st_mtime_ns == mtime
+    assert _tmp_entries(tmp_path) == []
+
+
+def test_compile_bundle_uses_the_session_cache_by_default(example_source, session_cache_dir):
+    b = cache.compile_bundle(example_source, CompileOptions(target="sm_90"))
+    assert b.path.parent == session_cache_dir / "bundles"
+    assert b.path.name == b.key
+
+
+def test_bundle_json_fields(tmp_path, example_source):
+    b = cache.compile_bundle(example_source, CompileOptions(target="gfx942"), config={"kernel": "ring"},
+                             cache_root=tmp_path)  # fmt: skip
+    meta = json.loads((b.path / "bundle.json").read_text())
+    assert meta["format"] == rt.BUNDLE_FORMAT == 1
+    assert meta["key"] == b.key == b.path.name
+    assert meta["target"] == "gfx942" and meta["backend"] == "rocdl" and meta["binary"] == "kernels.hsaco"
+    assert meta["compiler"] == cache.toolchain_fingerprint()
+    kernel = meta["kernels"]["ring_put_signal"]
+    assert [p["type"] for p in kernel["params"]] == ["ptr", "ptr", "ptr", "i64", "i64"]
+    assert [p["size"] for p in kernel["params"]] == [8, 8, 8, 8, 8]
+    assert [p["name"] for p in kernel["params"]] == ["arg0", "arg1", "arg2", "arg3", "arg4"]
+    assert kernel["block"] == [256, 1, 1]
+    assert meta["state_globals"] == [{"symbol": STATE_SYMBOL, "size": STATE_SIZE}]
+    assert meta["config"]["kernel"] == "ring"
+    assert meta["config"]["options"]["target"] == "gfx942"
+    assert (b.path / "kernels.hsaco").read_bytes()[:4] == b"\x7fELF"
+    # What load_bundle makes of it.
+    assert b.kernel("ring_put_signal").params[3] == KernelParam("arg3", "i64")
+    assert b.kernel("ring_put_signal").block == (256, 1, 1)
+    assert b.state_globals == ({"symbol": STATE_SYMBOL, "size": STATE_SIZE},)
+    with pytest.raises(BundleError, match="has no kernel 'nope'"):
+        b.kernel("nope")
+
+
+def test_nvptx_bundle(tmp_path, example_source):
+    b = cache.compile_bundle(example_source, CompileOptions(target="sm_90"), cache_root=tmp_path)
+    assert (b.target, b.backend, b.binary_file) == ("sm_90", "nvvm", "kernels.ptx")
+    assert b.binary.decode().startswith("//")
+
+
+def test_bundle_with_foreign_bitcode_declares_no_state_global(tmp_path, example_source):
+    lib = write_stub_bitcode(tmp_path / "stub.bc", "amdgcn-amd-amdhsa")
+    b = cache.compile_bundle(example_source, CompileOptions(bitcode=(str(lib),)), cache_root=tmp_path / "c")
+    assert b.state_globals == ()
+
+
+@pytest.fixture(scope="module")
+def stub_libs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("stubs")
+    a = write_stub_bitcode(d / "a.bc", "amdgcn-amd-amdhsa")
+    a_copy = d / "elsewhere" / "a.bc"
+    a_copy.parent.mkdir()
+    a_copy.write_bytes(a.read_bytes())
+    b = write_stub_bitcode(d / "b.bc", "amdgcn-amd-amdhsa", define_state=False)
+    return a, a_copy, b
+
+
+def test_bundle_key_depends_on_what_goes_in(example_source, stub_libs):
+    a, a_copy, b = stub_libs
+    base = CompileOptions()
+    key = cache.bundle_key(example_source, base, [str(a)])
+    assert len(key) == 64 and key == cache.bundle_key(example_source, base, [str(a)])
+    different = {
+        "opt level": cache.bundle_key(example_source, CompileOptions(opt_level=2), [str(a)]),
+        "target": cache.bundle_key(example_source, CompileOptions(target="gfx950"), [str(a)]),
+        "code object version": cache.bundle_key(example_source, CompileOptions(code_object_version=5), [str(a)]),
+        "device library flag": cache.bundle_key(example_source, CompileOptions(device_library=False), [str(a)]),
+        "source": cache.bundle_key(example_source + "\n// changed\n", base, [str(a)]),
+        "bitcode content": cache.bundle_key(example_source, base, [str(b)]),
+        "no bitcode": cache.bundle_key(example_source, base, []),
+        "config": cache.bundle_key(example_source, base, [str(a)], {"kernel": "x"}),
+    }
+    for what, other in different.items():
+        assert other != key, what
+    assert len(set(different.values())) == len(different)
+    # The bitcode's content counts, never its path.
+    assert cache.bundle_key(example_source, base, [str(a_copy)]) == key
+    assert cache.bundle_key(example_source, CompileOptions(bitcode=(str(a),)), [str(a)]) == cache.bundle_key(
+        example_source, CompileOptions(bitcode=(str(a_copy),)), [str(a_copy)])  # fmt: skip
+
+
+def test_bundle_key_follows_the_toolchain(example_source, monkeypatch):
+    key = cache.bundle_key(example_source, CompileOptions(), [])
+    monkeypatch.setattr(cache, "toolchain_fingerprint", lambda: "another toolchain")
+    assert cache.bundle_key(example_source, CompileOptions(), []) != key
+
+
+def test_changed_bitcode_content_recompiles(tmp_path, example_source):
+    lib = tmp_path / "lib.bc"
+    write_stub_bitcode(lib, "amdgcn-amd-amdhsa")
+    first = cache.compile_bundle(example_source, CompileOptions(bitcode=(str(lib),)), cache_root=tmp_path / "c")
+    write_stub_bitcode(lib, "amdgcn-amd-amdhsa", define_state=False)  # same path, other content
+    second = cache.compile_bundle(example_source, CompileOptions(bitcode=(str(lib),)), cache_root=tmp_path / "c")
+    assert second.key != first.key
+    assert len(list((tmp_path / "c" / "bundles").iterdir())) == 2
+
+
+# ----------------------------------------------------------------------------------------------------
+# publish_bundle
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_publish_leaves_no_temporary_directories(tmp_path):
+    b = _publish(tmp_path)
+    assert b.path == tmp_path / "bundles" / ("ab" * 32)
+    assert sorted(p.name for p in b.path.iterdir()) == ["bundle.json", "kernels.hsaco"]
+    assert _tmp_entries(tmp_path) == []
+    assert b.binary == b"\x7fELF-test"
+    assert b.kernels == {"k": KERNEL}
+
+
+def test_publish_keeps_an_existing_bundle(tmp_path):
+    first = _publish(tmp_path, binary=b"first")
+    inode = first.path.stat().st_ino
+    mtime = (first.path / "bundle.json").stat().st_mtime_ns
+    second = _publish(tmp_path, binary=b"second")  # lost the race against an identical bundle
+    assert second.path == first.path
+    assert first.path.stat().st_ino == inode
+    assert (first.path / "bundle.json").stat().st_mtime_ns == mtime
+    assert second.binary == b"first"
+    assert _tmp_entries(tmp_path) == []
+
+
+def test_publish_failure_cleans_up(tmp_path, monkeypatch):
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(rt.os, "rename", fail)
+    with pytest.raises(OSError, match="disk full"):
+        _publish(tmp_path)
+    assert _tmp_entries(tmp_path) == []
+    assert not (tmp_path / "bundles" / ("ab" * 32)).exists()
+
+
+def test_publish_ptx_bundle(tmp_path):
+    b = _publish(tmp_path, backend="nvvm", target="sm_90", binary=b"// ptx\n")
+    assert b.binary_file == "kernels.ptx" and (b.path / "kernels.ptx").read_bytes() == b"// ptx\n"
+
+
+def test_find_bundle(tmp_path):
+    assert rt.find_bundle(tmp_path, "cd" * 32) is None
+    b = _publish(tmp_path, key="cd" * 32)
+    assert rt.find_bundle(tmp_path, "cd" * 32) == b
+
+
+# ----------------------------------------------------------------------------------------------------
+# load_bundle errors
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def published(tmp_path):
+    return _publish(tmp_path / "cache").path
+
+
+def _rewrite_meta(path: Path, change) -> None:
+    meta = json.loads((path / "bundle.json").read_text())
+    change(meta)
+    (path / "bundle.json").write_text(json.dumps(meta))
+
+
+def test_load_bundle_roundtrip(published):
+    b = load_bundle(published)
+    assert b.key == "ab" * 32 and b.target == "gfx942" and b.config == {"why": "test"}
+    assert load_bundle(str(published)) == b
+
+
+def test_load_missing_directory(tmp_path):
+    with pytest.raises(BundleError, match=r"no kernel bundle at .*nothing \(bundle.json missing\)"):
+        load_bundle(tmp_path / "nothing")
+
+
+def test_load_corrupt_json(published):
+    (published / "bundle.json").write_text('{"format": 1, "key": ')
+    with pytest.raises(BundleError, match="corrupt bundle metadata .*bundle.json"):
+        load_bundle(published)
+
+
+def test_load_wrong_format(published):
+    _rewrite_meta(published, lambda m: m.update(format=2))
+    with pytest.raises(BundleError, match="has format 2, this runtime reads 1"):
+        load_bundle(published)
+    _rewrite_meta(published, lambda m: m.pop("format"))
+    with pytest.raises(BundleError, match="has format None"):
+        load_bundle(published)
+
+
+def test_load_missing_binary(published):
+    os.unlink(published / "kernels.hsaco")
+    with pytest.raises(BundleError, match="lacks its code object kernels.hsaco"):
+        load_bundle(published)
+
+
+
+
+@pytest.mark.parametrize("broken", ["missing kernels", "not an object", "kernel without params"])
+def test_load_schema_errors_are_bundle_errors(published, broken):
+    if broken == "missing kernels":
+        _rewrite_meta(published, lambda m: m.pop("kernels"))
+    elif broken == "not an object":
+        (published / "bundle.json").write_text("[1, 2, 3]")
+    else:
+        _rewrite_meta(published, lambda m: m.update(kernels={"k": {}}))
+    with pytest.raises(BundleError):
+        load_bundle(published)
+
+
+def test_load_path_that_is_a_file(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(BundleError):
+        load_bundle(tmp_path / "afile")

@@ -1,0 +1,207 @@
+"""The project's device library: building and caching it, its state layout, and its ABI signatures."""
+
+from __future__ import annotations
+
+import re
+import struct
+from importlib.resources import files
+
+import pytest
+
+from mori_compiler.lib_bitcode import library, state
+from mori_compiler.lib_bitcode.abi import ABI_BY_SYMBOL
+from mori_compiler.targets import TARGETS, get_target
+
+llvm = pytest.importorskip("llvmlite.binding")
+
+ALL_TARGETS = sorted(TARGETS)
+SOURCES = files("mori_compiler.lib_bitcode").joinpath("sources")
+PRELUDES = ("prelude_amdgcn.ll", "prelude_nvptx.ll")
+CHECKED_FUNCTIONS = (
+    "mori_shmem_my_pe",
+    "mori_shmem_n_pes",
+    "mori_shmem_putmem_nbi_signal_block",
+    "mori_shmem_uint64_wait_until_greater_than",
+    "mori_shmem_quiet_thread",
+    "mori_shmem_fence_thread",
+)
+STATE_GEP = re.compile(
+    r"(%[\w.]+) = getelementptr (?:inbounds )?i8, ptr addrspace\(1\) @" + state.STATE_SYMBOL + r", i64 (\d+)"
+)
+
+
+def _source_texts() -> dict[str, str]:
+    return {p.name: p.read_text() for p in SOURCES.iterdir() if p.name.endswith(".ll")}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Build and cache
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ALL_TARGETS)
+def test_library_path_builds_once_and_caches(target, session_cache_dir, monkeypatch):
+    path = library.library_path(target)
+    assert path.is_file()
+    assert path.name == library.LIBRARY_NAME
+    assert path.parent.parent == session_cache_dir / "lib"
+    assert path.parent.name == f"{target}-{library.library_hash(get_target(target))}"
+    mtime = path.stat().st_mtime_ns
+
+    def must_not_build(t):
+        raise AssertionError(f"library for {t.name} rebuilt although cached")
+
+    monkeypatch.setattr(library, "build_library", must_not_build)
+    assert library.library_path(target) == path
+    assert library.library_path(get_target(target)) == path
+    assert path.stat().st_mtime_ns == mtime
+    assert not [p.name for p in path.parent.iterdir() if p.name != library.LIBRARY_NAME]  # no temporary files
+
+
+@pytest.mark.parametrize("target", ALL_TARGETS)
+def test_published_library_is_complete_bitcode(target):
+    data = library.library_path(target).read_bytes()
+    module = llvm.parse_bitcode(data)
+    module.verify()
+    t = get_target(target)
+    assert module.triple == t.triple
+    # The cached file holds what a fresh build holds (the bytes may differ: llvmlite's shared context).
+    fresh = llvm.parse_bitcode(library.build_library(t))
+    assert sorted(str(f) for f in module.functions) == sorted(str(f) for f in fresh.functions)
+    assert sorted(str(g) for g in module.global_variables) == sorted(str(g) for g in fresh.global_variables)
+
+
+def test_cache_key_follows_the_source_text(monkeypatch):
+    t = get_target("gfx942")
+    before_hash, before_path = library.library_hash(t), library.library_path(t)
+    original = library.library_ir
+    monkeypatch.setattr(library, "library_ir", lambda target: original(target) + "\n; an edited comment\n")
+    after_hash = library.library_hash(t)
+    assert after_hash != before_hash
+    after_path = library.library_path(t)
+    assert after_path != before_path and after_path.is_file()
+    assert after_path.parent.name == f"gfx942-{after_hash}"
+
+
+def test_cache_key_separates_targets():
+    hashes = {library.library_hash(get_target(t)) for t in ALL_TARGETS}
+    assert len(hashes) == len(ALL_TARGETS)
+    # gfx942 and gfx950 share an IR text but not a library: the hash covers the target name.
+    assert library.library_ir(get_target("gfx942")) == library.library_ir(get_target("gfx950"))
+
+
+def test_library_path_rejects_unknown_target():
+    from mori_compiler.errors import MoriCompilerError
+
+    with pytest.raises(MoriCompilerError, match="unknown target 'gfx1'"):
+        library.library_path("gfx1")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The device state: one layout for the sources, the runtime and the compiler
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_state_offsets_used_by_the_sources_are_fields():
+    fields = {f.offset: f for f in state.STATE_FIELDS}
+    used = set()
+    for name, text in _source_texts().items():
+        for m in STATE_GEP.finditer(text):
+            value, offset = m.group(1), int(m.group(2))
+            assert offset in fields, f"{name}: offset {offset} of {state.STATE_SYMBOL} is no field of STATE_FIELDS"
+            used.add(offset)
+            # Every load through that pointer reads the field's width.
+            field = fields[offset]
+            size = struct.calcsize("<" + field.struct_format)
+            function_rest = text[m.end() : text.find("\n}", m.end())]
+            for load in re.finditer(rf"= load (\w+), ptr addrspace\(1\) {re.escape(value)}\b", function_rest):
+                ty = load.group(1)
+                width = {"i8": 1, "i16": 2, "i32": 4, "i64": 8, "ptr": 8}[ty]
+                assert width == size, f"{name}: {ty} load of field {field.name} ({size} bytes)"
+        # A load straight from the global reads field 0.
+        direct = re.findall(rf"= load (\w+), ptr addrspace\(1\) @{state.STATE_SYMBOL}\b", text)
+        assert all(ty == "i32" for ty in direct) and state.STATE_FIELDS[0].struct_format in "iI", name
+        # Every other mention of the global is its definition: no access escapes the checks above.
+        mentions = len(re.findall(rf"@{state.STATE_SYMBOL}\b", text))
+        definitions = len(re.findall(rf"^@{state.STATE_SYMBOL} = ", text, re.MULTILINE))
+        assert mentions == definitions + len(STATE_GEP.findall(text)) + len(direct), name
+    assert used, "the sources use no state field"
+    assert {state.field_offset("n_pes"), state.field_offset("flags"), state.field_offset("heap_bases")} <= used
+
+
+@pytest.mark.parametrize("prelude", PRELUDES)
+def test_state_global_in_both_preludes(prelude):
+    text = SOURCES.joinpath(prelude).read_text()
+    decls = re.findall(rf"^@{state.STATE_SYMBOL} = (.*)$", text, re.MULTILINE)
+    assert len(decls) == 1, decls
+    m = re.fullmatch(r"addrspace\(1\) externally_initialized global \[(\d+) x i8\] zeroinitializer, align (\d+)",
+                     decls[0])  # fmt: skip
+    assert m, decls[0]
+    assert int(m.group(1)) == state.STATE_SIZE == 64
+    assert int(m.group(2)) == state.STATE_ALIGN
+
+
+@pytest.mark.parametrize("target", ["gfx942", "sm_90"])
+def test_state_global_in_the_library(target):
+    module = llvm.parse_bitcode(library.library_path(target).read_bytes())
+    gv = module.get_global_variable(state.STATE_SYMBOL)
+    assert str(gv.global_value_type) == f"[{state.STATE_SIZE} x i8]"
+    assert not gv.is_declaration
+    assert "addrspace(1)" in str(gv)
+
+
+def test_state_layout_is_packed_and_ordered():
+    offset = 0
+    for f in state.STATE_FIELDS:
+        assert f.offset == offset, f.name
+        offset += struct.calcsize("<" + f.struct_format)
+    assert offset == state.STATE_SIZE == struct.calcsize(state.STATE_FORMAT)
+    assert len({f.name for f in state.STATE_FIELDS}) == len(state.STATE_FIELDS)
+
+
+def test_pack_unpack_round_trip():
+    values = {"rank": 3, "n_pes": 8, "flags": state.FLAG_VIRTUAL_PES, "heap_size": 1 << 30,
+              "heap_bases": 0x7F00_0000_1000, "sync_words": 0x7F00_0000_2000, "wait_limit": 10**6,
+              "wait_report": 0x7F00_0000_3000}  # fmt: skip
+    data = state.pack_state(**values)
+    assert len(data) == state.STATE_SIZE
+    assert state.unpack_state(data) == {f.name: values.get(f.name, 0) for f in state.STATE_FIELDS}
+    # Little endian, at the documented offsets.
+    assert data[state.field_offset("n_pes") : state.field_offset("n_pes") + 4] == (8).to_bytes(4, "little")
+    assert data[state.field_offset("heap_size") : state.field_offset("heap_size") + 8] == (1 << 30).to_bytes(8, "little")
+    assert state.pack_state() == bytes(state.STATE_SIZE)
+    assert state.unpack_state(data + b"trailing") == state.unpack_state(data)
+    assert state.pack_state(rank=-1)[:4] == b"\xff\xff\xff\xff"
+
+
+def test_pack_rejects_unknown_fields():
+    with pytest.raises(ValueError, match="unknown device state fields: bogus, other"):
+        state.pack_state(rank=1, bogus=2, other=3)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The library's functions have exactly the ABI's types
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=ALL_TARGETS)
+def library_module(request):
+    return request.param, llvm.parse_bitcode(library.library_path(request.param).read_bytes())
+
+
+def test_library_defines_functions_with_abi_types(library_module):
+    target, module = library_module
+    for symbol in CHECKED_FUNCTIONS:
+        fn = module.get_function(symbol)
+        assert not fn.is_declaration, f"{target}: {symbol} is only declared"
+        assert str(fn.global_value_type) == ABI_BY_SYMBOL[symbol].llvm_signature, (target, symbol)
+
+
+def test_every_exported_library_function_is_an_abi_function(library_module):
+    target, module = library_module
+    exported = {f.name for f in module.functions if not f.is_declaration and f.linkage == llvm.Linkage.external}
+    assert exported <= set(ABI_BY_SYMBOL), sorted(exported - set(ABI_BY_SYMBOL))
+    for name in exported:
+        assert str(module.get_function(name).global_value_type) == ABI_BY_SYMBOL[name].llvm_signature, name
+    missing_helpers = sorted(f.name for f in module.functions if f.is_declaration and not f.name.startswith("llvm."))
+    assert missing_helpers == [], f"{target}: the library calls undefined functions {missing_helpers}"

@@ -1,0 +1,429 @@
+"""The ``mori_shmem`` dialect: loading, builders, ABI symbols, verification and the lowering to the ABI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+
+import pytest
+
+from mori_compiler._mlir import arith, func, ir
+from mori_compiler.dialects import irdl_spec, mori_shmem, registry
+from mori_compiler.errors import MoriCompilerError
+from mori_compiler.lib_bitcode.abi import ABI_BY_SYMBOL, ABI_FUNCTIONS, abi_function
+from mori_compiler.pass_pipeline import build_pass_manager
+
+_QUIET_FENCE_TARGETS = ("", "_pe", "_pe_qp")
+# LLVM type names of the ABI table -> MLIR type syntax (written out here, independently of the pass).
+_MLIR_OF_LLVM = {"ptr": "!llvm.ptr", "float": "f32", "double": "f64", "i8": "i8", "i16": "i16", "i32": "i32",
+                 "i64": "i64"}  # fmt: skip
+
+
+def _attr_combinations(spec: irdl_spec.OpSpec):
+    """Every assignment of the op's string attributes to values the IRDL allows."""
+    names = list(spec.attributes)
+    choices = [[json.loads(v) for v in spec.attributes[n].allowed] for n in names]
+    for combo in itertools.product(*choices):
+        yield dict(zip(names, combo))
+
+
+def _fill(info: mori_shmem.OpInfo, attrs: dict, n_targets: int = 0) -> str:
+    return info.symbol.format(**attrs, targets=_QUIET_FENCE_TARGETS[n_targets])
+
+
+@pytest.fixture
+def ctx():
+    context = ir.Context()
+    mori_shmem.register_and_load(context)
+    return context
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_load_twice_into_one_context_is_a_no_op():
+    context = ir.Context()
+    assert not context.is_registered_operation("mori_shmem.my_pe")
+    mori_shmem.register_and_load(context)
+    mori_shmem.register_and_load(context)  # would abort the process without the guard
+    registry.load_all(context)
+    assert context.is_registered_operation("mori_shmem.my_pe")
+    assert context.is_registered_operation("mori_shmem.putmem_nbi_signal")
+
+
+def test_load_into_two_contexts():
+    a, b = ir.Context(), ir.Context()
+    registry.load_all(a)
+    registry.load_all(b)
+    for context in (a, b):
+        with context:
+            m = ir.Module.parse('func.func @f() -> i32 {\n %0 = "mori_shmem.my_pe"() : () -> i32\n return %0 : i32\n}')
+            assert m.operation.verify()
+
+
+def test_irdl_source_is_the_packaged_file(repo_root):
+    assert mori_shmem.irdl_source() == (repo_root / "dialects" / "mori_shmem.irdl.mlir").read_text()
+    assert registry.emit_irdl().strip() == mori_shmem.irdl_source().strip()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Builders
+# ----------------------------------------------------------------------------------------------------
+
+
+def _const(ty: ir.Type) -> ir.Value:
+    if isinstance(ty, ir.FloatType) or str(ty) in ("f32", "f64"):
+        return arith.constant(ty, 1.0)
+    return arith.constant(ty, 1)
+
+
+def _emit(name: str, attrs: dict, v: dict, n_targets: int = 0) -> None:
+    """Create op ``name`` with ``attrs`` through its builder (values of the right types from ``v``)."""
+    ms = mori_shmem
+    ptr, n, pe = v["ptr"], v["i64"], v["i32"]
+    short = name.split(".", 1)[1]
+    if short in ("my_pe", "n_pes"):
+        getattr(ms, short)()
+    elif short == "ptr_p2p":
+        ms.ptr_p2p(ptr, pe, pe)
+    elif short == "ptr":
+        ms.ptr(ptr, pe)
+    elif short in ("putmem_nbi", "getmem_nbi", "getmem"):
+        getattr(ms, short)(ptr, ptr, n, pe, scope=attrs["scope"])
+    elif short in ("put_nbi", "get_nbi", "get"):
+        getattr(ms, short)(ptr, ptr, n, pe, scope=attrs["scope"], elem=attrs["elem"])
+    elif short == "putmem_nbi_signal":
+        ms.putmem_nbi_signal(ptr, ptr, n, ptr, n, pe, scope=attrs["scope"], signal_op=attrs["signal_op"], qp=pe)
+    elif short == "put_size_imm_nbi":
+        ms.put_size_imm_nbi(ptr, ptr, n, pe)
+    elif short == "p":
+        ms.p(ptr, v[mori_shmem.C_TYPE_VALUE[attrs["c_type"]]], pe, c_type=attrs["c_type"])
+    elif short == "atomic_nonfetch":
+        ms.atomic_nonfetch(ptr, v[mori_shmem.ELEM_VALUE[attrs["elem"]]], pe, elem=attrs["elem"], amo=attrs["amo"])
+    elif short == "atomic_fetch":
+        x = v[mori_shmem.ELEM_VALUE[attrs["elem"]]]
+        ms.atomic_fetch(ptr, x, x, pe, elem=attrs["elem"], amo=attrs["amo"])
+    elif short in ("atomic_add", "atomic_fetch_add"):
+        getattr(ms, short)(ptr, v[mori_shmem.ELEM_VALUE[attrs["elem"]]], pe, elem=attrs["elem"])
+    elif short == "atomic_size_nonfetch":
+        ms.atomic_size_nonfetch(ptr, ptr, n, pe, amo=attrs["amo"])
+    elif short == "wait_until":
+        ms.wait_until(ptr, v[mori_shmem.ELEM_VALUE[attrs["elem"]]], cmp=attrs["cmp"], elem=attrs["elem"])
+    elif short in ("quiet", "fence"):
+        getattr(ms, short)(*[pe] * n_targets)
+    elif short == "barrier_all":
+        ms.barrier_all(scope=attrs["scope"])
+    else:  # pragma: no cover - a new op needs a line here
+        raise AssertionError(f"no builder call for {name}")
+
+
+def _module_with(ctx: ir.Context, emit_all) -> ir.Module:
+    """A builtin.module with ``func.func @f(%ptr)`` whose body ``emit_all(values)`` fills."""
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        ptr_t = ir.Type.parse("!llvm.ptr")
+        with ir.InsertionPoint(module.body):
+            f = func.FuncOp("f", ([ptr_t], []))
+            entry = f.add_entry_block()
+            with ir.InsertionPoint(entry):
+                values = {"ptr": entry.arguments[0]}
+                for t in ("i8", "i16", "i32", "i64", "f32", "f64"):
+                    values[t] = _const(ir.Type.parse(t))
+                emit_all(values)
+                func.ReturnOp([])
+    return module
+
+
+def _every_abi_variant():
+    """(op name, attributes, number of quiet/fence targets, ABI symbol) for every allowed variant."""
+    specs = registry.op_specs()
+    for name, info in mori_shmem.OP_INFO.items():
+        for attrs in _attr_combinations(specs[name]):
+            for n_targets in range(3) if info.symbol.endswith("{targets}") else (0,):
+                yield name, attrs, n_targets, _fill(info, attrs, n_targets)
+
+
+def test_every_builder_verifies_and_prints(ctx):
+    specs = registry.op_specs()
+
+    def emit_all(v):
+        for name in mori_shmem.OP_INFO:
+            attrs = next(_attr_combinations(specs[name]))
+            _emit(name, attrs, v, n_targets=2 if name in ("mori_shmem.quiet", "mori_shmem.fence") else 0)
+
+    module = _module_with(ctx, emit_all)
+    assert module.operation.verify()
+    assert registry.verify_project_ops(module.operation) == []
+    text = str(module)
+    for name in mori_shmem.OP_INFO:
+        assert f'"{name}"' in text, name
+    # What the builders print parses back (with the dialect loaded) and verifies the same.
+    with ctx:
+        assert ir.Module.parse(text).operation.verify()
+
+
+def test_builder_defaults(ctx):
+    def emit_all(v):
+        op = mori_shmem.putmem_nbi(v["ptr"], v["ptr"], v["i64"], v["i32"])
+        assert mori_shmem.string_attributes(op) == {"scope": "thread"}
+        qp = op.operands[4].owner
+        assert qp.name == "arith.constant" and str(qp.attributes["value"]) == "0 : i32"  # queue pair 0
+        assert mori_shmem.string_attributes(mori_shmem.p(v["ptr"], v["i64"], v["i32"]).operation) == {"c_type": "int64"}
+        assert mori_shmem.wait_until(v["ptr"], v["i32"], cmp="equals", elem="int32").type == v["i32"].type
+
+    assert _module_with(ctx, emit_all).operation.verify()
+
+
+# ----------------------------------------------------------------------------------------------------
+# ABI symbols
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "op_text, symbol",
+    [
+        ('"mori_shmem.my_pe"() : () -> i32', "mori_shmem_my_pe"),
+        ('"mori_shmem.ptr_p2p"(%p, %i, %i) : (!llvm.ptr, i32, i32) -> !llvm.ptr', "mori_shmem_ptr_p2p"),
+        ('"mori_shmem.putmem_nbi"(%p, %p, %n, %i, %i) {scope = "warp"} : (!llvm.ptr, !llvm.ptr, i64, i32, i32) -> ()',
+         "mori_shmem_putmem_nbi_warp"),
+        ('"mori_shmem.put_nbi"(%p, %p, %n, %i, %i) {scope = "block", elem = "float"} : '
+         "(!llvm.ptr, !llvm.ptr, i64, i32, i32) -> ()", "mori_shmem_put_float_nbi_block"),
+        ('"mori_shmem.get"(%p, %p, %n, %i, %i) {scope = "thread", elem = "uint64"} : '
+         "(!llvm.ptr, !llvm.ptr, i64, i32, i32) -> ()", "mori_shmem_get_uint64_thread"),
+        ('"mori_shmem.putmem_nbi_signal"(%p, %p, %n, %p, %n, %i, %i) {scope = "block", signal_op = "add"} : '
+         "(!llvm.ptr, !llvm.ptr, i64, !llvm.ptr, i64, i32, i32) -> ()", "mori_shmem_putmem_nbi_signal_block"),
+        ('"mori_shmem.p"(%p, %n, %i, %i) {c_type = "ulonglong"} : (!llvm.ptr, i64, i32, i32) -> ()',
+         "mori_shmem_ulonglong_p"),
+        ('"mori_shmem.atomic_fetch"(%p, %n, %n, %i, %i) {elem = "int64", amo = "compare_swap"} : '
+         "(!llvm.ptr, i64, i64, i32, i32) -> i64", "mori_shmem_atomic_int64_fetch_thread"),
+        ('"mori_shmem.atomic_add"(%p, %i, %i, %i) {elem = "uint32"} : (!llvm.ptr, i32, i32, i32) -> ()',
+         "mori_shmem_uint32_atomic_add_thread"),
+        ('"mori_shmem.wait_until"(%p, %i) {cmp = "equals", elem = "int32"} : (!llvm.ptr, i32) -> i32',
+         "mori_shmem_int32_wait_until_equals"),
+        ('"mori_shmem.quiet"() : () -> ()', "mori_shmem_quiet_thread"),
+        ('"mori_shmem.quiet"(%i) : (i32) -> ()', "mori_shmem_quiet_thread_pe"),
+        ('"mori_shmem.fence"(%i, %i) : (i32, i32) -> ()', "mori_shmem_fence_thread_pe_qp"),
+        ('"mori_shmem.barrier_all"() {scope = "block"} : () -> ()', "mori_shmem_barrier_all_block"),
+    ],
+    ids=lambda x: x if x.startswith("mori_shmem_") else None,
+)  # fmt: skip
+def test_abi_symbol(ctx, op_text, symbol):
+    text = f"func.func @f(%p: !llvm.ptr, %n: i64, %i: i32) {{\n  {op_text}\n  return\n}}"
+    with ctx:
+        module = ir.Module.parse(text)
+    op = module.body.operations[0].regions[0].blocks[0].operations[0]
+    assert mori_shmem.abi_symbol(op) == symbol
+    assert symbol in ABI_BY_SYMBOL
+
+
+def test_templates_cover_exactly_the_abi_table():
+    covered: dict[str, tuple] = {}
+    for name, attrs, n_targets, symbol in _every_abi_variant():
+        assert symbol in ABI_BY_SYMBOL, f"{name} {attrs} -> {symbol} is not an ABI function"
+        # Distinct variants name distinct functions, except that an enum attribute is an argument.
+        enum_arg = mori_shmem.OP_INFO[name].enum_arg
+        variant = (name, tuple(sorted((k, v) for k, v in attrs.items() if not enum_arg or k != enum_arg[0])), n_targets)
+        assert covered.setdefault(symbol, variant) == variant, f"{symbol} from {covered[symbol]} and {variant}"
+    assert len(ABI_FUNCTIONS) == 98
+    assert set(covered) == set(ABI_BY_SYMBOL), sorted(set(ABI_BY_SYMBOL) - set(covered))
+
+
+def test_enum_attributes_map_to_abi_enums():
+    specs = registry.op_specs()
+    for info in mori_shmem.OP_INFO.values():
+        if info.enum_arg is None:
+            continue
+        attr, position = info.enum_arg
+        allowed = {json.loads(v) for v in specs[info.name].attributes[attr].allowed}
+        assert allowed <= set(mori_shmem.ENUM_VALUES[attr]), (info.name, allowed)
+        for attrs in _attr_combinations(specs[info.name]):
+            fn = abi_function(_fill(info, attrs))
+            assert fn.params[position].c_type == "atomicType", (fn.symbol, position)
+    assert mori_shmem.SIGNAL_ENUM == {"set": 9, "add": 10}
+    assert mori_shmem.AMO_ENUM["fetch_add"] == 14 and mori_shmem.AMO_ENUM["inc"] == 2
+
+
+# ----------------------------------------------------------------------------------------------------
+# Verification: IRDL constraints read back in Python, and the cross-field rules
+# ----------------------------------------------------------------------------------------------------
+
+
+def _irdl_fields_by_regex(text: str) -> dict[str, dict[str, list[str]]]:
+    """An independent reading of the IRDL text: op -> {"operands": [...], "results": [...], "attributes": [...]}."""
+    ops = {}
+    for m in re.finditer(r"irdl\.operation @(\w+) \{(.*?)\n  \}", text, re.DOTALL):
+        body = m.group(2)
+        entry = {}
+        for kind in ("operands", "results"):
+            mm = re.search(rf"irdl\.{kind}\((.*)\)\s*$", body, re.MULTILINE)
+            entry[kind] = [item.split(":")[0].strip() for item in mm.group(1).split(",")] if mm else []
+        mm = re.search(r"irdl\.attributes \{(.*?)\}", body)
+        entry["attributes"] = re.findall(r'"(\w+)" =', mm.group(1)) if mm else []
+        ops[f"mori_shmem.{m.group(1)}"] = entry
+    return ops
+
+
+def test_read_irdl_reproduces_the_fields():
+    expected = _irdl_fields_by_regex(mori_shmem.irdl_source())
+    with ir.Context():
+        specs = irdl_spec.read_irdl(ir.Module.parse(mori_shmem.irdl_source()))
+    assert set(specs) == set(expected) == set(mori_shmem.OP_INFO)
+    for name, spec in specs.items():
+        assert [f.name for f in spec.operands] == expected[name]["operands"], name
+        assert [f.name for f in spec.results] == expected[name]["results"], name
+        assert sorted(spec.attributes) == sorted(expected[name]["attributes"]), name
+    assert [f.variadic for f in specs["mori_shmem.quiet"].operands] == [True]
+    assert specs["mori_shmem.putmem_nbi"].operands[2].constraint.allowed == ("i64",)
+    assert specs["mori_shmem.p"].attributes["c_type"].accepts('"ulonglong"')
+    assert not specs["mori_shmem.p"].attributes["c_type"].accepts('"bool"')
+
+
+def _first_op(body: str, args: str = "%p: !llvm.ptr, %n: i64, %i: i32, %f: f32"):
+    """(module, its first op in @f), parsed as registry.parse_source checks user IR: with the project's
+    dialects unloaded (IRDL would already reject some of these ops, with a message naming no field).
+    The caller keeps the module alive while it uses the op."""
+    scratch = ir.Context()
+    scratch.allow_unregistered_dialects = True
+    with scratch:
+        module = ir.Module.parse(f"func.func @f({args}) {{\n  {body}\n  return\n}}")
+    return module, module.body.operations[0].regions[0].blocks[0].operations[0]
+
+
+@pytest.mark.parametrize(
+    "body, needles",
+    [
+        ('"mori_shmem.p"(%p, %n, %i, %i) {c_type = "int"} : (!llvm.ptr, i64, i32, i32) -> ()',
+         ["'mori_shmem.p' operand 'value' must be i32", 'c_type = "int"', "got i64"]),
+        ('"mori_shmem.p"(%p, %i, %i, %i) {c_type = "float"} : (!llvm.ptr, i32, i32, i32) -> ()',
+         ["operand 'value' must be f32"]),
+        ('"mori_shmem.atomic_nonfetch"(%p, %n, %i, %i) {elem = "uint32", amo = "add"} : (!llvm.ptr, i64, i32, i32) -> ()',
+         ["'mori_shmem.atomic_nonfetch' operand 'value' must be i32", 'elem = "uint32"']),
+        ('%r = "mori_shmem.atomic_fetch"(%p, %n, %i, %i, %i) {elem = "int64", amo = "swap"} : '
+         "(!llvm.ptr, i64, i32, i32, i32) -> i64", ["operand 'compare' must be i64"]),
+        ('%r = "mori_shmem.atomic_fetch_add"(%p, %n, %i, %i) {elem = "uint64"} : (!llvm.ptr, i64, i32, i32) -> i32',
+         ["result must be i64"]),
+        ('%r = "mori_shmem.wait_until"(%p, %i) {cmp = "equals", elem = "int64"} : (!llvm.ptr, i32) -> i32',
+         ["'mori_shmem.wait_until' operand 'value' must be i64"]),
+        ('"mori_shmem.quiet"(%i, %i, %i) : (i32, i32, i32) -> ()', ["'mori_shmem.quiet' takes at most 2 operands"]),
+        ('"mori_shmem.fence"(%i, %i, %i) : (i32, i32, i32) -> ()', ["'mori_shmem.fence' takes at most 2 operands"]),
+    ],
+)  # fmt: skip
+def test_extra_verify_rules(body, needles):
+    module, op = _first_op(body)
+    errors = mori_shmem.extra_verify(op)
+    assert len(errors) >= 1
+    for needle in needles:
+        assert any(needle in e for e in errors), (needle, errors)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '"mori_shmem.p"(%p, %n, %i, %i) {c_type = "ulong"} : (!llvm.ptr, i64, i32, i32) -> ()',
+        '"mori_shmem.p"(%p, %f, %i, %i) {c_type = "float"} : (!llvm.ptr, f32, i32, i32) -> ()',
+        '%r = "mori_shmem.atomic_fetch"(%p, %i, %i, %i, %i) {elem = "uint32", amo = "fetch"} : '
+        "(!llvm.ptr, i32, i32, i32, i32) -> i32",
+        '"mori_shmem.fence"(%i, %i) : (i32, i32) -> ()',
+        '"mori_shmem.barrier_all"() {scope = "thread"} : () -> ()',
+    ],
+    ids=["p-ulong", "p-float", "atomic_fetch", "fence", "barrier_all"],
+)
+def test_extra_verify_accepts_consistent_ops(body):
+    module, op = _first_op(body)
+    assert mori_shmem.extra_verify(op) == []
+
+
+def test_parse_source_reports_extra_verify_with_location():
+    text = ('func.func @f(%p: !llvm.ptr, %n: i64, %i: i32) {\n'
+            '  "mori_shmem.p"(%p, %n, %i, %i) {c_type = "int"} : (!llvm.ptr, i64, i32, i32) -> ()\n  return\n}\n')  # fmt: skip
+    with pytest.raises(MoriCompilerError) as info:
+        registry.parse_source(text, ir.Context(), "k.mlir")
+    assert info.value.location == "k.mlir:2:3"
+    assert "operand 'value' must be i32" in info.value.message
+
+
+def test_parse_source_reports_every_violation():
+    text = ('func.func @f(%p: !llvm.ptr, %i: i32) {\n'
+            '  "mori_shmem.barrier_all"() {scope = "warp"} : () -> ()\n'
+            '  "mori_shmem.ptr"(%p) : (!llvm.ptr) -> !llvm.ptr\n  return\n}\n')  # fmt: skip
+    with pytest.raises(MoriCompilerError) as info:
+        registry.parse_source(text, ir.Context(), "k.mlir")
+    text = str(info.value)
+    assert text.startswith("k.mlir:2:3: 'mori_shmem.barrier_all' attribute 'scope' must be one of")
+    assert 'got "warp"' in text
+    assert "k.mlir:3:" in text and "'mori_shmem.ptr' expected 2 operands (addr, dest_pe), got 1" in text
+
+
+# ----------------------------------------------------------------------------------------------------
+# The lowering: mori-shmem-to-abi
+# ----------------------------------------------------------------------------------------------------
+
+
+def _walk(op):
+    op = op.operation
+    yield op
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield from _walk(inner)
+
+
+def test_lowering_of_every_variant_declares_the_abi_types(ctx):
+    variants = list(_every_abi_variant())
+    module = _module_with(ctx, lambda v: [_emit(name, attrs, v, n) for name, attrs, n, _ in variants])
+    assert module.operation.verify()
+    assert registry.verify_project_ops(module.operation) == []
+
+    build_pass_manager("mori-shmem-to-abi", ctx).run(module.operation)
+    assert module.operation.verify()
+    ops = list(_walk(module))
+    assert not [op.name for op in ops if op.name.startswith("mori_shmem.")]
+    declared = {
+        op.attributes["sym_name"].value: str(op.attributes["function_type"]) for op in ops if op.name == "llvm.func"
+    }
+    assert set(declared) == set(ABI_BY_SYMBOL)
+    with ctx:
+        for symbol, fn_type in declared.items():
+            fn = ABI_BY_SYMBOL[symbol]
+            params = ", ".join(_MLIR_OF_LLVM[t] for t in fn.llvm_param_types)
+            expected = str(ir.Type.parse(f"!llvm.func<{_MLIR_OF_LLVM[fn.llvm_return]} ({params})>"))
+            assert fn_type == expected, (symbol, fn_type, expected)
+    callees = [op.attributes["callee"].value for op in ops if op.name == "llvm.call"]
+    assert sorted(set(callees)) == sorted(ABI_BY_SYMBOL)
+    assert len(callees) == len(variants)
+
+
+def test_lowering_passes_enum_constants(ctx):
+    text = """func.func @f(%p: !llvm.ptr, %n: i64, %i: i32) -> i64 {
+  "mori_shmem.putmem_nbi_signal"(%p, %p, %n, %p, %n, %i, %i) {scope = "thread", signal_op = "add"} : (!llvm.ptr, !llvm.ptr, i64, !llvm.ptr, i64, i32, i32) -> ()
+  %r = "mori_shmem.atomic_fetch"(%p, %n, %n, %i, %i) {elem = "uint64", amo = "fetch_add"} : (!llvm.ptr, i64, i64, i32, i32) -> i64
+  %q = "mori_shmem.ptr"(%p, %i) : (!llvm.ptr, i32) -> !llvm.ptr
+  %w = "mori_shmem.wait_until"(%q, %r) {cmp = "equals", elem = "uint64"} : (!llvm.ptr, i64) -> i64
+  return %w : i64
+}"""
+    with ctx:
+        module = ir.Module.parse(text)
+    build_pass_manager("builtin.module(mori-shmem-to-abi)", ctx).run(module.operation)
+    out = str(module)
+    assert "arith.constant 10 : i32" in out  # SIGNAL_ADD
+    assert "arith.constant 14 : i32" in out  # AMO_FETCH_ADD
+    assert "llvm.ptrtoint" in out and "llvm.inttoptr" in out  # mori_shmem_ptr takes and returns uint64_t
+    assert "llvm.call @mori_shmem_uint64_wait_until_equals" in out
+    # wait_until equals returns the awaited value, not the ABI's 0.
+    assert re.search(r"return %\w+ : i64", out)
+    assert module.operation.verify()
+
+
+def test_lowering_rejects_a_conflicting_declaration(ctx):
+    text = """llvm.func @mori_shmem_my_pe() -> i64
+func.func @f() -> i32 {
+  %0 = "mori_shmem.my_pe"() : () -> i32
+  return %0 : i32
+}"""
+    with ctx:
+        module = ir.Module.parse(text)
+    with pytest.raises(MoriCompilerError, match="already declared with another type"):
+        build_pass_manager("mori-shmem-to-abi", ctx).run(module.operation)
