@@ -22,3 +22,10 @@ class MoriCompilerError(Exception):
 
 class ToolchainError(MoriCompilerError):
     """A required external tool (ld.lld, a device bitcode) is missing or unusable."""
+
+
+def with_filename(exc: MoriCompilerError, filename: str) -> MoriCompilerError:
+    """Name the input file in a location that MLIR reported as "-" (it parses strings without one)."""
+    if exc.location and exc.location.startswith("-:") and filename != "-":
+        exc.location = filename + exc.location[1:]
+    return exc

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from . import __version__
 from ._mlir import ir
 from .dialects import registry
-from .errors import MoriCompilerError
+from .errors import MoriCompilerError, with_filename
 from .options import CompileOptions
 from .pass_pipeline import build_pass_manager
 from .passes import codegen, device_link
@@ -159,6 +159,8 @@ def compile_source(
         pm = build_pass_manager(f"builtin.module({fragment})", ctx)
         try:
             pm.run(module.operation)
+        except MoriCompilerError as exc:
+            raise with_filename(exc, filename) from None
         except ir.MLIRError as exc:
             err = registry.diagnostics_message(exc, filename)
             raise MoriCompilerError(
@@ -170,7 +172,7 @@ def compile_source(
             result.mlir = str(module)
             return result
 
-    device = gpu_module_to_llvm_ir(module)
+    device = gpu_module_to_llvm_ir(module, filename)
     result.llvm_ir, result.kernels = device.llvm_ir, device.kernels
     if not device.kernels:
         raise MoriCompilerError(f"gpu.module @{device.name} has no kernel (gpu.func ... kernel)")

@@ -49,6 +49,13 @@ def llvm_function_type(fn: AbiFunction) -> ir.TypeAttr:
     return ir.TypeAttr.get(ir.Type.parse(f"!llvm.func<{mlir_type(fn.llvm_return)} ({params})>"))
 
 
+def _where(op) -> str:
+    """``-:line:col`` (the driver puts the file name in place of MLIR's "-")."""
+    from mori_compiler.dialects.registry import format_location
+
+    return format_location(op.location, "-")
+
+
 def _symbol_table(op: ir.Operation) -> ir.Operation:
     parent = op.parent
     while parent is not None and parent.operation.name not in _SYMBOL_TABLES:
@@ -71,7 +78,7 @@ def _lower_op(info: mori_shmem.OpInfo, used: dict, op: ir.Operation, rw: rewrite
             args[0] = llvm.ptrtoint(ir.IntegerType.get_signless(64), args[0])
         expected = [mlir_type(t) for t in fn.llvm_param_types]
         if [a.type for a in args] != expected:  # the verifier makes this unreachable for valid IR
-            raise MoriCompilerError(f"'{op.name}' does not match {fn.symbol}{fn.llvm_signature}", str(op.location))
+            raise MoriCompilerError(f"'{op.name}' does not match {fn.symbol}{fn.llvm_signature}", _where(op))
         call = llvm.call(mlir_type(fn.llvm_return), args, [], [], callee=ir.FlatSymbolRefAttr.get(fn.symbol))
         used.setdefault(_symbol_table(op), set()).add(fn.symbol)
         if not op.results:
@@ -96,7 +103,7 @@ def declare_abi_functions(table: ir.Operation, symbols) -> None:
             if have.name != "llvm.func" or str(have.attributes["function_type"]) != str(fn_type):
                 raise MoriCompilerError(
                     f"'{symbol}' is already declared with another type; the device ABI has {fn.llvm_signature}",
-                    str(have.location),
+                    _where(have),
                 )
             continue
         with ir.InsertionPoint.at_block_begin(body), table.location:

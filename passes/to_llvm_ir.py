@@ -42,13 +42,35 @@ def kernel_names(gpu_module: ir.Operation) -> tuple[str, ...]:
     return tuple(names)
 
 
-def gpu_module_to_llvm_ir(module: ir.Module) -> DeviceModuleIR:
+TRANSLATABLE_DIALECTS = ("llvm.", "rocdl.", "nvvm.")
+
+
+def unlowered_ops(op: ir.Operation) -> list[ir.Operation]:
+    """Ops nested in ``op`` that LLVM IR translation cannot handle (it would crash the process)."""
+    found = []
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                inner = inner.operation
+                if not inner.name.startswith(TRANSLATABLE_DIALECTS):
+                    found.append(inner)
+                found.extend(unlowered_ops(inner))
+    return found
+
+
+def gpu_module_to_llvm_ir(module: ir.Module, filename: str = "-") -> DeviceModuleIR:
     gpu_module = find_gpu_module(module)
     body = gpu_module.regions[0].blocks[0]
-    leftovers = sorted({n for n in (op.operation.name for op in body.operations) if not n.startswith("llvm.")})
+    # Casts left by partial conversions are symptoms; name the op that was not converted first.
+    leftovers = sorted(unlowered_ops(gpu_module), key=lambda op: op.name == "builtin.unrealized_conversion_cast")
     if leftovers:
+        from mori_compiler.dialects.registry import format_location
+
+        names = sorted({op.name for op in leftovers})
         raise MoriCompilerError(
-            "the gpu.module still holds non-LLVM ops after lowering: " + ", ".join(leftovers)
+            f"op '{leftovers[0].name}' was not lowered to the LLVM dialect by the pipeline (unlowered: "
+            f"{', '.join(names)}); kernels may use the gpu, arith, scf, cf, llvm and project dialects",
+            format_location(leftovers[0].location, filename),
         )
     with module.context, ir.Location.unknown():
         host = ir.Module.create()

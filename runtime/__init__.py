@@ -1,1 +1,33 @@
-"""See the package docstring of mori_compiler for the layering rules."""
+"""mori_compiler's runtime: load kernel bundles and launch them on the GPU (no MLIR, no llvmlite).
+
+* ``bundle``: kernel bundles (code object + ``bundle.json``), stdlib only;
+* ``driver``: the driver interface and ``get_driver(backend)``; ``cuda`` (cuda-bindings) and ``hip``
+  (hip-python) implement it and are imported only when a driver is first requested;
+* ``shmem``: symmetric memory with a ``mori.shmem``-compatible API (multi-process over torch.distributed,
+  or N virtual PEs in one process);
+* ``launcher``: ``KernelSet`` loads a bundle, writes its device state and launches its kernels.
+
+Importing this package imports none of torch, cuda-bindings, hip-python, MLIR or llvmlite; the names below
+are loaded on first access. See the package docstring of mori_compiler for the layering rules.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "Bundle": "bundle", "BundleError": "bundle", "KernelInfo": "bundle", "load_bundle": "bundle",
+    "Driver": "driver", "DriverError": "driver", "get_driver": "driver",
+    "KernelSet": "launcher", "WaitTimeoutError": "launcher",
+    "ShmemError": "shmem", "ShmemStateError": "shmem",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mori_compiler.runtime' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -53,6 +53,7 @@ def _chunks(text: str, split: bool) -> list[tuple[str, int]]:
 def process_chunk(text: str, filename: str, args) -> str:
     from mori_compiler._mlir import ir
     from mori_compiler.dialects import registry
+    from mori_compiler.errors import MoriCompilerError, with_filename
     from mori_compiler.pass_pipeline import build_pass_manager
 
     ctx = ir.Context()
@@ -65,6 +66,8 @@ def process_chunk(text: str, filename: str, args) -> str:
             pm.run(module.operation)
         except ir.MLIRError as exc:
             raise registry.diagnostics_message(exc, filename) from None
+        except MoriCompilerError as exc:
+            raise with_filename(exc, filename) from None
     return module.operation.get_asm(print_generic_op_form=args.mlir_print_op_generic)
 
 

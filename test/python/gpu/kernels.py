@@ -231,13 +231,27 @@ def options():
     return CompileOptions(target=TARGET, virtual_pes=True)
 
 
-def bundle(cache_root=None):
-    """The bundle of all test kernels (compiled here if the compiler is installed, else precompiled)."""
+def bundle(cache_root=None, *, virtual_pes: bool = True):
+    """The bundle of all test kernels (compiled here if the compiler is installed, else precompiled).
+    ``virtual_pes=False`` gives the one-PE-per-process build used by the multi-process tests."""
     from mori_compiler.cache import get_bundle
 
-    return get_bundle(all_kernels_module(), options(), cache_root=cache_root, what="the shmem test kernels")
+    opts = options() if virtual_pes else options().__class__(target=TARGET)
+    return get_bundle(all_kernels_module(), opts, cache_root=cache_root, what="the shmem test kernels")
+
+
+def ring_bundle(cache_root=None):
+    from mori_compiler.cache import get_bundle
+    from mori_compiler.examples import example_source
+
+    return get_bundle(example_source("ring_put_signal"), options(), cache_root=cache_root, what="ring_put_signal")
+
+
+def precompile_all(cache_root) -> list:
+    """Every bundle the GPU tests load."""
+    return [bundle(cache_root), bundle(cache_root, virtual_pes=False), ring_bundle(cache_root)]
 
 
 if __name__ == "__main__":
-    b = bundle(sys.argv[1] if len(sys.argv) > 1 else None)
-    print(f"{len(b.kernels)} kernels in {b.path}")
+    for b in precompile_all(sys.argv[1] if len(sys.argv) > 1 else None):
+        print(f"{len(b.kernels)} kernels in {b.path}")

@@ -1,0 +1,254 @@
+"""``CudaDriver``: the runtime's driver interface over NVIDIA's ``cuda.bindings.driver`` (cuda-bindings).
+
+Calling convention of cuda-bindings (checked against cuda-bindings 13.3.0): every function returns a tuple
+whose first item is a ``CUresult``; the remaining items are the C function's out-parameters in order
+(``cuModuleGetGlobal`` → ``(err, CUdeviceptr, size)``). Handle arguments (``CUdeviceptr``, ``CUstream``,
+``CUdevice``) accept plain ints; host buffers accept any object with the buffer protocol; ``kernelParams``
+accepts an int, the address of a ``void*[]`` array (or None for NULL). Every result is checked: a failure
+raises ``DriverError`` with the call, ``cuGetErrorName`` and ``cuGetErrorString``.
+
+Context: on first use the driver initializes torch's CUDA (when torch has it, so that the runtime and torch
+share the device's primary context), then takes the thread's current context; if there is none it retains
+the primary context of ``torch.cuda.current_device()`` (or device 0) and makes it current. Other threads
+that call in get the same context made current for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+
+from .driver import Driver, DriverError, Function, Module, marshal_params, params_address, torch_cuda
+
+PTX_NUL = b"\0"
+
+
+class CudaModule(Module):
+    def __init__(self, driver: "CudaDriver", handle):
+        self._driver = driver
+        self.handle = handle
+        self._functions: dict[str, Function] = {}
+        self._unloaded = False
+
+    def _live(self):
+        if self._unloaded:
+            raise RuntimeError("this CUDA module was unloaded")
+        return self.handle
+
+    def function(self, name: str) -> Function:
+        fn = self._functions.get(name)
+        if fn is None:
+            handle = self._driver._call("cuModuleGetFunction", self._live(), name.encode())
+            fn = self._functions[name] = Function(name, handle, self)
+        return fn
+
+    def global_address(self, name: str) -> tuple[int, int]:
+        ptr, size = self._driver._call("cuModuleGetGlobal", self._live(), name.encode())
+        return int(ptr), int(size)
+
+    def unload(self) -> None:
+        if not self._unloaded:
+            self._driver._call("cuModuleUnload", self.handle)
+            self._unloaded = True
+            self._functions.clear()
+
+
+class CudaDriver(Driver):
+    backend = "nvvm"
+    api = "CUDA"
+
+    def __init__(self, bindings=None):
+        # ``bindings``: the cuda.bindings.driver module (tests pass a fake); imported here, lazily.
+        self._cu = bindings if bindings is not None else importlib.import_module("cuda.bindings.driver")
+        self._lock = threading.RLock()
+        self._ctx = None
+        self._device_ordinal = None
+        self._cudevice = None
+        self._retained = []  # CUdevice handles whose primary context we retained
+        self._threads: set[int] = set()
+
+    # ---- error checking ------------------------------------------------------------------------
+    def _error_text(self, err) -> tuple[str, str]:
+        name, desc = getattr(err, "name", str(err)), ""
+        try:
+            rc, text = self._cu.cuGetErrorName(err)
+            if int(rc) == 0 and text:
+                name = text.decode() if isinstance(text, bytes) else str(text)
+            rc, text = self._cu.cuGetErrorString(err)
+            if int(rc) == 0 and text:
+                desc = text.decode() if isinstance(text, bytes) else str(text)
+        except Exception:  # noqa: BLE001 - the error itself is what matters
+            pass
+        return name, desc
+
+    def _raw(self, call: str, *args):
+        """Call ``cuda.bindings.driver.<call>`` and check its CUresult; returns the out-values
+        (None, one value, or a tuple)."""
+        fn = getattr(self._cu, call, None)
+        if fn is None:
+            raise DriverError(call, "NOT_AVAILABLE", "this cuda-bindings version has no such function")
+        try:
+            result = fn(*args)
+        except RuntimeError as exc:  # e.g. "Failed to dlopen libcuda.so.1": no NVIDIA driver
+            raise DriverError(call, "CUDA_DRIVER_UNAVAILABLE", str(exc)) from exc
+        if isinstance(result, tuple):
+            err, values = result[0], result[1:]
+        else:
+            err, values = result, ()
+        if int(err) != int(self._cu.CUresult.CUDA_SUCCESS):
+            name, desc = self._error_text(err)
+            raise DriverError(call, name, desc, int(err))
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else values
+
+    def _call(self, call: str, *args):
+        self._ensure_context()
+        return self._raw(call, *args)
+
+    # ---- context -------------------------------------------------------------------------------
+    def _ensure_context(self) -> None:
+        tid = threading.get_ident()
+        if tid in self._threads:
+            return
+        with self._lock:
+            if self._ctx is None:
+                self._bind(None)
+            else:
+                current = self._raw("cuCtxGetCurrent")
+                if current is None or int(current) != int(self._ctx):
+                    self._raw("cuCtxSetCurrent", self._ctx)
+            self._threads.add(tid)
+
+    def _bind(self, ordinal: int | None) -> None:
+        """Find or create the context to work in: the current one, else the primary context of
+        ``ordinal`` (default: torch's current device, else 0)."""
+        torch = torch_cuda()
+        if torch is not None:
+            if ordinal is not None:
+                torch.cuda.set_device(ordinal)
+            torch.cuda.init()
+            if ordinal is None:
+                ordinal = torch.cuda.current_device()
+        self._raw("cuInit", 0)
+        ctx = self._raw("cuCtxGetCurrent")
+        if ctx is not None and int(ctx) != 0:
+            dev = self._raw("cuCtxGetDevice")
+            if ordinal is not None and int(dev) != ordinal:
+                ctx = None  # current context is another device's: use ordinal's primary context
+        if ctx is None or int(ctx) == 0:
+            dev = self._raw("cuDeviceGet", 0 if ordinal is None else ordinal)
+            ctx = self._raw("cuDevicePrimaryCtxRetain", dev)
+            self._retained.append(dev)
+            self._raw("cuCtxSetCurrent", ctx)
+        self._ctx = ctx
+        self._cudevice = dev
+        self._device_ordinal = int(dev)
+        self._threads = {threading.get_ident()}
+
+    @property
+    def device(self) -> int:
+        self._ensure_context()
+        return self._device_ordinal
+
+    def set_device(self, ordinal: int) -> None:
+        with self._lock:
+            if self._ctx is not None and ordinal == self._device_ordinal:
+                self._ensure_context()
+                return
+            self._bind(int(ordinal))
+
+    @property
+    def torch_interop(self) -> bool:
+        return torch_cuda() is not None
+
+    # ---- modules -------------------------------------------------------------------------------
+    def load_module(self, image: bytes) -> Module:
+        image = bytes(image)
+        if not image.startswith(b"\x7fELF") and not image.endswith(PTX_NUL):
+            image += PTX_NUL  # PTX text: cuModuleLoadData reads a NUL-terminated string
+        return CudaModule(self, self._call("cuModuleLoadData", image))
+
+    # ---- memory --------------------------------------------------------------------------------
+    def malloc(self, n: int) -> int:
+        if n <= 0:
+            raise ValueError(f"cannot allocate {n} bytes")
+        return int(self._call("cuMemAlloc", int(n)))
+
+    def free(self, ptr: int) -> None:
+        self._call("cuMemFree", int(ptr))
+
+    def memcpy_htod(self, dst: int, data: bytes, stream: int | None = None) -> None:
+        data = bytes(data)
+        if not data:
+            return
+        if stream is None:
+            self._call("cuMemcpyHtoD", int(dst), data, len(data))
+        else:
+            self._call("cuMemcpyHtoDAsync", int(dst), data, len(data), int(stream))
+
+    def memcpy_dtoh(self, src: int, n: int, stream: int | None = None) -> bytes:
+        buf = bytearray(n)
+        if n == 0:
+            return b""
+        if stream is None:
+            self._call("cuMemcpyDtoH", buf, int(src), n)
+        else:
+            self._call("cuMemcpyDtoHAsync", buf, int(src), n, int(stream))
+            self._call("cuStreamSynchronize", int(stream))
+        return bytes(buf)
+
+    def memset_d8(self, ptr: int, value: int, n: int, stream: int | None = None) -> None:
+        if stream is None:
+            self._call("cuMemsetD8", int(ptr), value & 0xFF, int(n))
+        else:
+            self._call("cuMemsetD8Async", int(ptr), value & 0xFF, int(n), int(stream))
+
+    # ---- launch --------------------------------------------------------------------------------
+    def launch(self, fn: Function, grid, block, params, *, shared_mem: int = 0, stream: int | None = None,
+               cooperative: bool = False) -> None:  # fmt: skip
+        gx, gy, gz = (int(v) for v in grid)
+        bx, by, bz = (int(v) for v in block)
+        array, keep = marshal_params(params)
+        kernel_params = params_address(array) or None
+        hstream = 0 if stream is None else int(stream)
+        if cooperative:
+            self._call("cuLaunchCooperativeKernel", fn.handle, gx, gy, gz, bx, by, bz, int(shared_mem), hstream,
+                       kernel_params)  # fmt: skip
+        else:
+            self._call("cuLaunchKernel", fn.handle, gx, gy, gz, bx, by, bz, int(shared_mem), hstream,
+                       kernel_params, 0)  # fmt: skip
+        del array, keep  # alive until here: the driver copied the values during the call
+
+    def max_active_blocks_per_sm(self, fn: Function, block_threads: int, shared_mem: int = 0) -> int:
+        return int(self._call("cuOccupancyMaxActiveBlocksPerMultiprocessor", fn.handle, int(block_threads),
+                              int(shared_mem)))  # fmt: skip
+
+    def multiprocessor_count(self) -> int:
+        attr = self._cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+        self._ensure_context()
+        return int(self._call("cuDeviceGetAttribute", attr, self._cudevice))
+
+    # ---- IPC -----------------------------------------------------------------------------------
+    def ipc_get_mem_handle(self, ptr: int) -> bytes:
+        handle = self._call("cuIpcGetMemHandle", int(ptr))
+        return bytes(handle.reserved)
+
+    def ipc_open_mem_handle(self, handle: bytes) -> int:
+        handle = bytes(handle)
+        if len(handle) != 64:
+            raise ValueError(f"a CUDA IPC memory handle has 64 bytes, got {len(handle)}")
+        h = self._cu.CUipcMemHandle()
+        h.reserved = handle
+        flags = int(self._cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        return int(self._call("cuIpcOpenMemHandle", h, flags))
+
+    def ipc_close_mem_handle(self, ptr: int) -> None:
+        self._call("cuIpcCloseMemHandle", int(ptr))
+
+    # ---- synchronization -----------------------------------------------------------------------
+    def stream_synchronize(self, stream: int | None) -> None:
+        self._call("cuStreamSynchronize", 0 if stream is None else int(stream))
+
+    def device_synchronize(self) -> None:
+        self._call("cuCtxSynchronize")

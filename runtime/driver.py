@@ -1,0 +1,261 @@
+"""The GPU driver interface the runtime launches through, and the backend registry.
+
+``Driver`` is the small set of driver-API operations the runtime needs (module load, global lookup,
+memory, copies, launches, occupancy, IPC). Two implementations exist, each over its vendor's official
+Python bindings, imported only when first asked for:
+
+* ``nvvm`` (PTX bundles): ``runtime/cuda.py``, ``CudaDriver`` over ``cuda.bindings.driver``;
+* ``rocdl`` (hsaco bundles): ``runtime/hip.py``, ``HipDriver`` over hip-python (``from hip import hip``).
+
+``get_driver(backend)`` returns the process-wide instance for a backend. Pointers, streams and sizes cross
+this interface as plain Python ints (0 = the default stream); modules and functions are wrapped in
+``Module`` / ``Function``. Kernel parameters are ``(type_name, value)`` pairs, type names from
+``kernel_abi.PARAM_SIZES``; ``marshal_params`` turns them into the ``void*[]`` array both driver APIs
+take as ``kernelParams``.
+
+This module imports only the standard library; torch is imported lazily and is optional.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from mori_compiler.lib_bitcode.kernel_abi import PARAM_SIZES
+
+
+class DriverError(RuntimeError):
+    """A driver API call failed. ``call`` is the API function, ``error_name`` the error's enum name."""
+
+    def __init__(self, call: str, error_name: str, description: str = "", code: int | None = None):
+        self.call = call
+        self.error_name = error_name
+        self.description = description
+        self.code = code
+        text = f"{call} failed: {error_name}"
+        if code is not None:
+            text += f" ({code})"
+        if description:
+            text += f": {description}"
+        super().__init__(text)
+
+
+@dataclass(frozen=True)
+class Function:
+    """A kernel in a loaded module. ``handle`` is the backend's function handle (CUfunction / hipFunction_t)."""
+
+    name: str
+    handle: object
+    module: "Module" = field(repr=False, compare=False)
+
+
+class Module(ABC):
+    """A loaded code object."""
+
+    @abstractmethod
+    def function(self, name: str) -> Function:
+        """The kernel called ``name`` (raises DriverError if the code object has none)."""
+
+    @abstractmethod
+    def global_address(self, name: str) -> tuple[int, int]:
+        """(device address, size in bytes) of the global called ``name``."""
+
+    @abstractmethod
+    def unload(self) -> None:
+        """Unload the code object; its functions and globals become invalid."""
+
+
+# ctypes type of each kernel parameter type: the driver copies sizeof(parameter) bytes from the
+# address in kernelParams[i], so each value needs a scalar of exactly its size.
+CTYPES = {
+    "ptr": ctypes.c_uint64,
+    "i64": ctypes.c_int64,
+    "i32": ctypes.c_int32,
+    "i16": ctypes.c_int16,
+    "i8": ctypes.c_int8,
+    "f64": ctypes.c_double,
+    "f32": ctypes.c_float,
+}
+assert set(CTYPES) == set(PARAM_SIZES) and all(ctypes.sizeof(CTYPES[t]) == PARAM_SIZES[t] for t in CTYPES)
+
+_INT_RANGES = {"ptr": (0, 1 << 64), "i64": (-(1 << 63), 1 << 64), "i32": (-(1 << 31), 1 << 32),
+               "i16": (-(1 << 15), 1 << 16), "i8": (-(1 << 7), 1 << 8)}  # fmt: skip
+
+
+def _to_ctype(type_name: str, value):
+    try:
+        ctype = CTYPES[type_name]
+    except KeyError:
+        raise ValueError(f"unknown kernel parameter type '{type_name}' (known: {', '.join(CTYPES)})") from None
+    if type_name in ("f32", "f64"):
+        return ctype(float(value))
+    value = int(value)
+    low, high = _INT_RANGES[type_name]
+    if not low <= value < high:
+        raise ValueError(f"value {value} does not fit a {type_name} kernel parameter")
+    bits = 8 * PARAM_SIZES[type_name]
+    if type_name != "ptr":  # two's complement: values in [2**(bits-1), 2**bits) are passed as negative
+        value &= (1 << bits) - 1
+        if value >= 1 << (bits - 1):
+            value -= 1 << bits
+    return ctype(value)
+
+
+def marshal_params(params) -> tuple[object, list]:
+    """The ``void*[]`` kernelParams array for ``params`` ((type_name, value) pairs), and the ctypes objects
+    it points into. Keep both alive until the launch call has returned (the driver copies the values
+    during the call). With no parameters the array is None (kernelParams = NULL)."""
+    scalars = [_to_ctype(t, v) for t, v in params]
+    if not scalars:
+        return None, []
+    array = (ctypes.c_void_p * len(scalars))(*(ctypes.addressof(s) for s in scalars))
+    return array, scalars
+
+
+def params_address(array) -> int:
+    """The address to pass as kernelParams (0 for no parameters)."""
+    return 0 if array is None else ctypes.addressof(array)
+
+
+def _import_torch():
+    """torch if it can be imported, else None (never raises)."""
+    try:
+        return importlib.import_module("torch")
+    except Exception:  # noqa: BLE001 - an unusable torch is the same as none
+        return None
+
+
+def torch_cuda():
+    """torch when it is importable and has a usable GPU backend (CUDA or ROCm), else None."""
+    torch = _import_torch()
+    if torch is None:
+        return None
+    try:
+        return torch if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class Driver(ABC):
+    """The driver operations the runtime needs. All pointers and streams are ints; ``stream=None`` means
+    the default stream (for copies: a synchronous copy)."""
+
+    backend: str = ""  # "nvvm" or "rocdl"
+    api: str = ""  # "CUDA" / "HIP", for messages
+
+    # ---- modules -------------------------------------------------------------------------------
+    @abstractmethod
+    def load_module(self, image: bytes) -> Module: ...
+
+    # ---- memory --------------------------------------------------------------------------------
+    @abstractmethod
+    def malloc(self, n: int) -> int:
+        """Device memory (cudaMalloc class: never managed memory)."""
+
+    @abstractmethod
+    def free(self, ptr: int) -> None: ...
+
+    @abstractmethod
+    def memcpy_htod(self, dst: int, data: bytes, stream: int | None = None) -> None:
+        """Copy ``data`` to device address ``dst``; with a stream, ordered on it (pageable source: the
+        bytes are staged before the call returns, so ``data`` may be dropped afterwards)."""
+
+    @abstractmethod
+    def memcpy_dtoh(self, src: int, n: int, stream: int | None = None) -> bytes:
+        """``n`` bytes from device address ``src``; with a stream, ordered on it and synchronized."""
+
+    @abstractmethod
+    def memset_d8(self, ptr: int, value: int, n: int, stream: int | None = None) -> None: ...
+
+    # ---- launch --------------------------------------------------------------------------------
+    @abstractmethod
+    def launch(self, fn: Function, grid, block, params, *, shared_mem: int = 0, stream: int | None = None,
+               cooperative: bool = False) -> None:  # fmt: skip
+        """Launch ``fn`` on ``grid`` x ``block`` (3-tuples) with ``params`` ((type_name, value) pairs).
+        ``cooperative`` guarantees that all blocks are co-resident (or fails the launch)."""
+
+    @abstractmethod
+    def max_active_blocks_per_sm(self, fn: Function, block_threads: int, shared_mem: int = 0) -> int: ...
+
+    @abstractmethod
+    def multiprocessor_count(self) -> int: ...
+
+    # ---- IPC -----------------------------------------------------------------------------------
+    @abstractmethod
+    def ipc_get_mem_handle(self, ptr: int) -> bytes:
+        """The 64-byte IPC handle of the allocation whose base is ``ptr``."""
+
+    @abstractmethod
+    def ipc_open_mem_handle(self, handle: bytes) -> int:
+        """Map another process's allocation; returns its base address in this process."""
+
+    @abstractmethod
+    def ipc_close_mem_handle(self, ptr: int) -> None: ...
+
+    # ---- synchronization -----------------------------------------------------------------------
+    @abstractmethod
+    def stream_synchronize(self, stream: int | None) -> None: ...
+
+    @abstractmethod
+    def device_synchronize(self) -> None: ...
+
+    # ---- devices and streams -------------------------------------------------------------------
+    @property
+    def device(self) -> int:
+        """The ordinal of the GPU this driver works on."""
+        return 0
+
+    def set_device(self, ordinal: int) -> None:
+        """Work on GPU ``ordinal`` from now on (the default: the current torch device, else 0)."""
+        if ordinal != self.device:
+            raise ValueError(f"{type(self).__name__} supports only device {self.device}, not {ordinal}")
+
+    @property
+    def torch_interop(self) -> bool:
+        """True when torch tensors can be allocated on this driver's device (real drivers with a GPU torch)."""
+        return False
+
+    def current_stream(self) -> int:
+        """The current PyTorch stream's handle when torch is importable (and has a GPU), else 0."""
+        torch = torch_cuda()
+        if torch is None:
+            return 0
+        try:
+            return int(torch.cuda.current_stream().cuda_stream)
+        except Exception:  # noqa: BLE001 - no usable torch stream: the default stream
+            return 0
+
+
+_DRIVER_MODULES = {"nvvm": ("mori_compiler.runtime.cuda", "CudaDriver"),
+                   "rocdl": ("mori_compiler.runtime.hip", "HipDriver")}  # fmt: skip
+_ALIASES = {"cuda": "nvvm", "nvidia": "nvvm", "hip": "rocdl", "rocm": "rocdl", "amdgpu": "rocdl"}
+_drivers: dict[str, Driver] = {}
+_drivers_lock = threading.Lock()
+
+
+def canonical_backend(backend: str) -> str:
+    name = _ALIASES.get(backend, backend)
+    if name not in _DRIVER_MODULES:
+        raise ValueError(f"unknown GPU backend '{backend}' (known: nvvm (CUDA), rocdl (HIP))")
+    return name
+
+
+def get_driver(backend: str) -> Driver:
+    """The process-wide driver for ``backend`` ("nvvm" → CUDA, "rocdl" → HIP), created on first use."""
+    name = canonical_backend(backend)
+    with _drivers_lock:
+        driver = _drivers.get(name)
+        if driver is None:
+            module_name, class_name = _DRIVER_MODULES[name]
+            driver = getattr(importlib.import_module(module_name), class_name)()
+            _drivers[name] = driver
+        return driver
+
+
+def _reset_drivers() -> None:
+    """Forget the driver singletons (tests)."""
+    with _drivers_lock:
+        _drivers.clear()

@@ -1,0 +1,234 @@
+"""``HipDriver``: the runtime's driver interface over AMD's hip-python (``from hip import hip``).
+
+UNTESTED ON HARDWARE: no AMD GPU exists where this project is developed, so this module has only ever run
+against a recording fake of ``hip.hip`` (test/python/test_runtime_fakes.py). Treat its first run on a ROCm
+machine as a bring-up.
+
+Calling convention of hip-python (checked against hip-python 10.0.0.0.1.2, which re-exports
+``rocm.bindings.hip``): every function returns a tuple whose first item is a ``hipError_t`` (an IntEnum);
+the other items are the C function's out-parameters (``hipModuleGetGlobal`` → ``(err, Pointer, size)``;
+``hipMalloc`` → ``(err, DeviceArray)``; both convert with ``int()``). Pointer and stream arguments accept
+ints; host buffers accept buffer-protocol objects; ``kernelParams`` (a ``ListOfPointer``) accepts an int,
+the address of a ``void*[]`` array. ``hipGetErrorName`` / ``hipGetErrorString`` return ``(hipSuccess,
+bytes)``. A failure raises ``DriverError`` naming the call and the error.
+
+There are no explicit contexts in HIP: the driver works on the thread's current device, which it sets to
+torch's current device (when torch has a GPU) or leaves as it is.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+
+from .driver import Driver, DriverError, Function, Module, marshal_params, params_address, torch_cuda
+
+
+class HipModule(Module):
+    def __init__(self, driver: "HipDriver", handle):
+        self._driver = driver
+        self.handle = handle
+        self._functions: dict[str, Function] = {}
+        self._unloaded = False
+
+    def _live(self):
+        if self._unloaded:
+            raise RuntimeError("this HIP module was unloaded")
+        return self.handle
+
+    def function(self, name: str) -> Function:
+        fn = self._functions.get(name)
+        if fn is None:
+            handle = self._driver._call("hipModuleGetFunction", self._live(), name.encode())
+            fn = self._functions[name] = Function(name, handle, self)
+        return fn
+
+    def global_address(self, name: str) -> tuple[int, int]:
+        ptr, size = self._driver._call("hipModuleGetGlobal", self._live(), name.encode())
+        return int(ptr), int(size)
+
+    def unload(self) -> None:
+        if not self._unloaded:
+            self._driver._call("hipModuleUnload", self.handle)
+            self._unloaded = True
+            self._functions.clear()
+
+
+def _text(value) -> str:
+    if isinstance(value, tuple):  # hip-python: (hipSuccess, bytes)
+        value = value[-1]
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return "" if value is None else str(value)
+
+
+class HipDriver(Driver):
+    backend = "rocdl"
+    api = "HIP"
+
+    def __init__(self, bindings=None):
+        # ``bindings``: the hip.hip module (tests pass a fake); imported here, lazily.
+        self._hip = bindings if bindings is not None else importlib.import_module("hip").hip
+        self._lock = threading.RLock()
+        self._device_ordinal = None
+        self._threads: set[int] = set()
+
+    # ---- error checking ------------------------------------------------------------------------
+    def _error_text(self, err) -> tuple[str, str]:
+        name, desc = getattr(err, "name", str(err)), ""
+        try:
+            name = _text(self._hip.hipGetErrorName(err)) or name
+            desc = _text(self._hip.hipGetErrorString(err))
+        except Exception:  # noqa: BLE001
+            pass
+        return name, desc
+
+    def _raw(self, call: str, *args):
+        fn = getattr(self._hip, call, None)
+        if fn is None:
+            raise DriverError(call, "NOT_AVAILABLE", "this hip-python version has no such function")
+        try:
+            result = fn(*args)
+        except RuntimeError as exc:  # e.g. "failed to dlopen libamdhip64.so": no ROCm
+            raise DriverError(call, "HIP_RUNTIME_UNAVAILABLE", str(exc)) from exc
+        if isinstance(result, tuple):
+            err, values = result[0], result[1:]
+        else:
+            err, values = result, ()
+        if int(err) != int(self._hip.hipError_t.hipSuccess):
+            name, desc = self._error_text(err)
+            raise DriverError(call, name, desc, int(err))
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else values
+
+    def _call(self, call: str, *args):
+        self._ensure_device()
+        return self._raw(call, *args)
+
+    # ---- device --------------------------------------------------------------------------------
+    def _ensure_device(self) -> None:
+        tid = threading.get_ident()
+        if tid in self._threads:
+            return
+        with self._lock:
+            if self._device_ordinal is None:
+                torch = torch_cuda()
+                if torch is not None:
+                    torch.cuda.init()
+                    self._device_ordinal = int(torch.cuda.current_device())
+                else:
+                    self._device_ordinal = int(self._raw("hipGetDevice"))
+            self._raw("hipSetDevice", self._device_ordinal)
+            self._threads.add(tid)
+
+    @property
+    def device(self) -> int:
+        self._ensure_device()
+        return self._device_ordinal
+
+    def set_device(self, ordinal: int) -> None:
+        with self._lock:
+            torch = torch_cuda()
+            if torch is not None:
+                torch.cuda.set_device(int(ordinal))
+            self._device_ordinal = int(ordinal)
+            self._threads = set()
+            self._ensure_device()
+
+    @property
+    def torch_interop(self) -> bool:
+        return torch_cuda() is not None
+
+    # ---- modules -------------------------------------------------------------------------------
+    def load_module(self, image: bytes) -> Module:
+        return HipModule(self, self._call("hipModuleLoadData", bytes(image)))
+
+    # ---- memory --------------------------------------------------------------------------------
+    def malloc(self, n: int) -> int:
+        if n <= 0:
+            raise ValueError(f"cannot allocate {n} bytes")
+        return int(self._call("hipMalloc", int(n)))
+
+    def free(self, ptr: int) -> None:
+        self._call("hipFree", int(ptr))
+
+    def memcpy_htod(self, dst: int, data: bytes, stream: int | None = None) -> None:
+        data = bytes(data)
+        if not data:
+            return
+        if stream is None:
+            self._call("hipMemcpyHtoD", int(dst), data, len(data))
+        else:
+            self._call("hipMemcpyHtoDAsync", int(dst), data, len(data), int(stream))
+
+    def memcpy_dtoh(self, src: int, n: int, stream: int | None = None) -> bytes:
+        if n == 0:
+            return b""
+        buf = bytearray(n)
+        if stream is None:
+            self._call("hipMemcpyDtoH", buf, int(src), n)
+        else:
+            self._call("hipMemcpyDtoHAsync", buf, int(src), n, int(stream))
+            self._call("hipStreamSynchronize", int(stream))
+        return bytes(buf)
+
+    def memset_d8(self, ptr: int, value: int, n: int, stream: int | None = None) -> None:
+        if stream is None:
+            self._call("hipMemsetD8", int(ptr), value & 0xFF, int(n))
+        else:
+            self._call("hipMemsetD8Async", int(ptr), value & 0xFF, int(n), int(stream))
+
+    # ---- launch --------------------------------------------------------------------------------
+    def launch(self, fn: Function, grid, block, params, *, shared_mem: int = 0, stream: int | None = None,
+               cooperative: bool = False) -> None:  # fmt: skip
+        gx, gy, gz = (int(v) for v in grid)
+        bx, by, bz = (int(v) for v in block)
+        array, keep = marshal_params(params)
+        kernel_params = params_address(array) or None
+        hstream = 0 if stream is None else int(stream)
+        if cooperative:
+            if getattr(self._hip, "hipModuleLaunchCooperativeKernel", None) is None:
+                raise DriverError("hipModuleLaunchCooperativeKernel", "NOT_AVAILABLE",
+                                  "this hip-python has no cooperative module launch, which virtual-PE kernels "
+                                  "need (all blocks co-resident); upgrade hip-python (ROCm >= 6)")  # fmt: skip
+            self._call("hipModuleLaunchCooperativeKernel", fn.handle, gx, gy, gz, bx, by, bz, int(shared_mem),
+                       hstream, kernel_params)  # fmt: skip
+        else:
+            self._call("hipModuleLaunchKernel", fn.handle, gx, gy, gz, bx, by, bz, int(shared_mem), hstream,
+                       kernel_params, None)  # fmt: skip
+        del array, keep
+
+    def max_active_blocks_per_sm(self, fn: Function, block_threads: int, shared_mem: int = 0) -> int:
+        # The module-function variant: fn is a hipFunction_t from hipModuleGetFunction.
+        return int(self._call("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", fn.handle, int(block_threads),
+                              int(shared_mem)))  # fmt: skip
+
+    def multiprocessor_count(self) -> int:
+        attr = self._hip.hipDeviceAttribute_t.hipDeviceAttributeMultiprocessorCount
+        return int(self._call("hipDeviceGetAttribute", attr, self.device))
+
+    # ---- IPC -----------------------------------------------------------------------------------
+    def ipc_get_mem_handle(self, ptr: int) -> bytes:
+        handle = self._call("hipIpcGetMemHandle", int(ptr))
+        return bytes(handle.reserved)
+
+    def ipc_open_mem_handle(self, handle: bytes) -> int:
+        buf = bytearray(handle)
+        if len(buf) != 64:
+            raise ValueError(f"a HIP IPC memory handle has 64 bytes, got {len(buf)}")
+        # hipIpcMemHandle_st.fromObj over a writable buffer wraps our 64 bytes (buf must outlive the call).
+        h = self._hip.hipIpcMemHandle_st.fromObj(buf)
+        ptr = self._call("hipIpcOpenMemHandle", h, int(self._hip.hipIpcMemLazyEnablePeerAccess))
+        del buf
+        return int(ptr)
+
+    def ipc_close_mem_handle(self, ptr: int) -> None:
+        self._call("hipIpcCloseMemHandle", int(ptr))
+
+    # ---- synchronization -----------------------------------------------------------------------
+    def stream_synchronize(self, stream: int | None) -> None:
+        self._call("hipStreamSynchronize", 0 if stream is None else int(stream))
+
+    def device_synchronize(self) -> None:
+        self._call("hipDeviceSynchronize")

@@ -1,0 +1,345 @@
+"""Load a kernel bundle onto the GPU and launch its kernels.
+
+``KernelSet(bundle)`` loads the bundle's code object through the driver for ``bundle.backend`` and writes
+every device-state global the bundle lists (``mori_compiler_shmem_state``: a snapshot of the initialized
+shmem, runtime/shmem.py; a bundle that lists it needs shmem initialized first, one that lists none needs no
+shmem). If shmem is finalized and initialized again, the next launch rewrites the state.
+
+* ``launch(kernel, args, grid=..., block=...)``: one launch; ``args`` match the kernel's parameters (ints
+  for integers and pointers, floats for f32/f64, CUDA torch tensors for pointers).
+* ``launch_virtual(kernel, per_pe_args, grid=(gx, gy))`` (bundles compiled with virtual PEs, shmem from
+  ``shmem_init_virtual``): all PEs in one cooperative launch of grid (gx, gy, n_pes), PE = blockIdx.z; the
+  per-PE arguments go to the kernel as a device argument table (``kernel_abi.pack_arg_table``). Refused
+  with a ValueError before launching when the GPU cannot hold all blocks at once (the PEs spin on each
+  other: a partial grid would hang).
+
+Launches go on the current PyTorch stream unless ``stream`` is given (0: the default stream).
+
+Bounded-wait debug mode: ``KernelSet(..., wait_limit=N)`` or ``MORI_COMPILER_WAIT_LIMIT=N`` makes every
+device wait give up after N polls and report; ``synchronize()`` then raises ``WaitTimeoutError`` naming the
+PE, the address (its heap and offset), the comparison and the values, instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import os
+
+from mori_compiler.lib_bitcode.kernel_abi import PARAM_SIZES, pack_arg_table
+from mori_compiler.lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
+
+from . import shmem as _shmem
+from .bundle import Bundle, BundleError, KernelInfo
+from .driver import Driver, canonical_backend, get_driver
+
+WAIT_LIMIT_ENV = "MORI_COMPILER_WAIT_LIMIT"
+_MAX_PENDING_TABLES = 64  # driver-allocated argument tables kept alive before a forced stream sync
+
+
+class WaitTimeoutError(RuntimeError):
+    """A bounded device wait gave up (bounded-wait debug mode). ``report`` holds the decoded record."""
+
+    def __init__(self, message: str, report: dict):
+        super().__init__(message)
+        self.report = report
+
+
+_INT_RANGES = {"ptr": (0, 1 << 64), "i64": (-(1 << 63), 1 << 64), "i32": (-(1 << 31), 1 << 32),
+               "i16": (-(1 << 15), 1 << 16), "i8": (-(1 << 7), 1 << 8)}  # fmt: skip
+
+
+def _wait_limit_from_env() -> int:
+    text = os.environ.get(WAIT_LIMIT_ENV, "").strip()
+    if not text:
+        return 0
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise ValueError(f"{WAIT_LIMIT_ENV}={text!r}: expected a number of polls (0 = unbounded)") from None
+    if value < 0:
+        raise ValueError(f"{WAIT_LIMIT_ENV}={text!r}: must be >= 0")
+    return value
+
+
+def _is_tensor(value) -> bool:
+    return hasattr(value, "data_ptr") and hasattr(value, "is_cuda")
+
+
+def _dim3(value, what: str, kernel: str, *, dims: int = 3) -> tuple[int, ...]:
+    if isinstance(value, int):
+        value = (value,)
+    try:
+        out = tuple(operator.index(v) for v in value)
+    except TypeError:
+        raise ValueError(f"{kernel}: {what} must be up to {dims} integers, got {value!r}") from None
+    if not 1 <= len(out) <= dims or any(v <= 0 for v in out):
+        raise ValueError(f"{kernel}: {what} must be 1..{dims} positive integers, got {value!r}")
+    return out + (1,) * (dims - len(out))
+
+
+def convert_args(kernel: KernelInfo, args, *, pe: int | None = None) -> list[tuple[str, object]]:
+    """``args`` checked against ``kernel``'s parameters, as (type_name, value) pairs; ValueError naming the
+    kernel, the parameter index and its expected type on any mismatch."""
+    where = f"kernel '{kernel.name}'" + (f" (PE {pe})" if pe is not None else "")
+    args = list(args)
+    types = kernel.param_types
+    if len(args) != len(types):
+        raise ValueError(f"{where} takes {len(types)} arguments ({', '.join(types) or 'none'}), got {len(args)}")
+    out = []
+    for i, (t, v) in enumerate(zip(types, args)):
+        name = kernel.params[i].name
+        if t not in PARAM_SIZES:
+            raise ValueError(f"{where}: parameter {i} ({name}) has unknown type '{t}'")
+        if _is_tensor(v):
+            if t != "ptr":
+                raise ValueError(f"{where}: parameter {i} ({name}) expects {t}, got a tensor (tensors pass as ptr)")
+            if not v.is_cuda:
+                raise ValueError(f"{where}: parameter {i} ({name}) got a tensor on {getattr(v, 'device', 'the CPU')}; "
+                                 f"pointer arguments must be on the GPU")  # fmt: skip
+            out.append((t, int(v.data_ptr())))
+            continue
+        if t in ("f32", "f64"):
+            if isinstance(v, (bool, str, bytes)) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
+                raise ValueError(f"{where}: parameter {i} ({name}) expects {t}, got {type(v).__name__} {v!r}")
+            out.append((t, float(v)))
+            continue
+        if isinstance(v, float):
+            raise ValueError(f"{where}: parameter {i} ({name}) expects {t}, got float {v!r}")
+        try:
+            iv = operator.index(v)
+        except TypeError:
+            raise ValueError(f"{where}: parameter {i} ({name}) expects {t}, got {type(v).__name__} {v!r}") from None
+        low, high = _INT_RANGES[t]
+        if not low <= iv < high:
+            raise ValueError(f"{where}: parameter {i} ({name}) expects {t}; {iv} is out of range")
+        out.append((t, iv))
+    return out
+
+
+class KernelSet:
+    """A loaded bundle: its code object on the GPU, state globals written, kernels ready to launch."""
+
+    def __init__(self, bundle: Bundle, *, driver: Driver | None = None, wait_limit: int | None = None):
+        self.bundle = bundle
+        self.driver = driver if driver is not None else get_driver(bundle.backend)
+        if canonical_backend(self.driver.backend) != canonical_backend(bundle.backend):
+            raise ValueError(f"bundle {bundle.key[:12]} is for {bundle.backend}, the driver is {self.driver.backend}")
+        self.wait_limit = _wait_limit_from_env() if wait_limit is None else int(wait_limit)
+        if self.wait_limit < 0:
+            raise ValueError(f"wait_limit must be >= 0 (0 = unbounded), got {self.wait_limit}")
+        self._state_symbols = self._check_state_globals()
+        self._shmem_state = None
+        self._pending: list[tuple[int, int]] = []  # (device table, stream) kept alive until synchronize()
+        self.module = self.driver.load_module(bundle.binary)
+        try:
+            self._write_state()
+        except BaseException:
+            self.module.unload()
+            raise
+
+    # ---- state globals -------------------------------------------------------------------------
+    def _check_state_globals(self) -> list[tuple[str, int]]:
+        symbols = []
+        for g in self.bundle.state_globals:
+            symbol = g.get("symbol") if isinstance(g, dict) else str(g)
+            if symbol != STATE_SYMBOL:
+                raise BundleError(f"bundle {self.bundle.key[:12]} needs device state '{symbol}', which this runtime "
+                                  f"cannot fill (it fills {STATE_SYMBOL}; MORI's own bitcode state is filled by "
+                                  f"mori.shmem.shmem_module_init)")  # fmt: skip
+            symbols.append((symbol, int(g.get("size", STATE_SIZE)) if isinstance(g, dict) else STATE_SIZE))
+        return symbols
+
+    def _write_state(self) -> None:
+        if not self._state_symbols:
+            return
+        s = _shmem.current_state()
+        if s is None:
+            raise RuntimeError(f"bundle {self.bundle.key[:12]} ({', '.join(self.bundle.kernels)}) uses shmem "
+                               f"({STATE_SYMBOL}): initialize it (shmem_init_virtual, shmem_torch_process_group_init "
+                               f"or shmem_init_attr) before loading the bundle")  # fmt: skip
+        if canonical_backend(s.driver.backend) != canonical_backend(self.bundle.backend):
+            raise RuntimeError(f"shmem was initialized on {s.driver.backend}, bundle {self.bundle.key[:12]} is for "
+                               f"{self.bundle.backend}")  # fmt: skip
+        if self.bundle.virtual_pes and not s.virtual:
+            raise RuntimeError(f"bundle {self.bundle.key[:12]} was compiled with virtual PEs: initialize shmem with "
+                               f"shmem_init_virtual(n_pes), not in multi-process mode")  # fmt: skip
+        if s.virtual and not self.bundle.virtual_pes:
+            raise RuntimeError(f"bundle {self.bundle.key[:12]} was compiled without virtual PEs but shmem runs "
+                               f"{s.n_pes} virtual PEs in this process; compile with virtual_pes=True")  # fmt: skip
+        data = s.device_state_bytes(self.wait_limit)
+        for symbol, _ in self._state_symbols:
+            ptr, size = self.module.global_address(symbol)
+            if size < STATE_SIZE:
+                raise BundleError(f"{symbol} in bundle {self.bundle.key[:12]} has {size} bytes; the runtime writes "
+                                  f"{STATE_SIZE} (device library and runtime disagree on the state layout)")  # fmt: skip
+            self.driver.memcpy_htod(ptr, data)
+        self._shmem_state = s
+
+    def _refresh_state(self) -> None:
+        """Rewrite the state globals if shmem was re-initialized since they were written."""
+        if not self._state_symbols:
+            return
+        s = _shmem.current_state()
+        if s is None:
+            raise RuntimeError(f"shmem was finalized; bundle {self.bundle.key[:12]} needs it initialized to launch")
+        if s is not self._shmem_state:
+            self._write_state()
+
+    @property
+    def shmem_state(self):
+        return self._shmem_state
+
+    # ---- launches ------------------------------------------------------------------------------
+    def _kernel(self, kernel) -> KernelInfo:
+        if isinstance(kernel, KernelInfo):
+            return self.bundle.kernel(kernel.name)
+        return self.bundle.kernel(kernel)
+
+    def _block(self, info: KernelInfo, block) -> tuple[int, int, int]:
+        if block is None:
+            block = info.block
+        if block is None:
+            raise ValueError(f"kernel '{info.name}': no block size given and the bundle records none")
+        return _dim3(block, "block", info.name)
+
+    def launch(self, kernel, args, *, grid=(1, 1, 1), block=None, shared_mem: int = 0, stream: int | None = None,
+               cooperative: bool = False) -> None:  # fmt: skip
+        """Launch ``kernel`` (a name or KernelInfo) once with ``args``."""
+        info = self._kernel(kernel)
+        if self.bundle.virtual_pes:
+            raise ValueError(f"kernel '{info.name}' was compiled with virtual PEs (it takes an argument table): "
+                             f"use launch_virtual(kernel, per_pe_args, grid=(gx, gy))")  # fmt: skip
+        params = convert_args(info, args)
+        grid3 = _dim3(grid, "grid", info.name)
+        block3 = self._block(info, block)
+        self._refresh_state()
+        fn = self.module.function(info.name)
+        if stream is None:
+            stream = self.driver.current_stream()
+        self.driver.launch(fn, grid3, block3, params, shared_mem=int(shared_mem), stream=stream,
+                           cooperative=cooperative)  # fmt: skip
+
+    def launch_virtual(self, kernel, per_pe_args, *, grid=(1, 1), block=None, shared_mem: int = 0,
+                       stream: int | None = None) -> None:  # fmt: skip
+        """Launch all virtual PEs of ``kernel`` at once: ``per_pe_args[p]`` are PE p's arguments."""
+        info = self._kernel(kernel)
+        if not self.bundle.virtual_pes:
+            raise ValueError(f"kernel '{info.name}' was not compiled with virtual PEs: use launch()")
+        self._refresh_state()
+        s = self._shmem_state if self._state_symbols else _shmem.state()
+        if not s.virtual:
+            raise RuntimeError(f"virtual-PE launch of '{info.name}' needs shmem_init_virtual(n_pes); shmem runs in "
+                               f"{s.mode} mode")  # fmt: skip
+        per_pe_args = list(per_pe_args)
+        if len(per_pe_args) != s.n_pes:
+            raise ValueError(f"virtual-PE launch of '{info.name}': got arguments for {len(per_pe_args)} PEs, "
+                             f"shmem has {s.n_pes} (shmem_npes())")  # fmt: skip
+        values = [[v for _, v in convert_args(info, a, pe=p)] for p, a in enumerate(per_pe_args)]
+        gx, gy, _ = _dim3(grid, "grid", info.name, dims=2) + (1,)
+        block3 = self._block(info, block)
+        fn = self.module.function(info.name)
+        self._check_coresident(info.name, fn, gx * gy * s.n_pes, block3, int(shared_mem))
+        table = pack_arg_table(info.param_types, values)
+        if stream is None:
+            stream = self.driver.current_stream()
+        with self._device_table(table, stream) as table_ptr:
+            self.driver.launch(fn, (gx, gy, s.n_pes), block3, [("ptr", table_ptr)], shared_mem=int(shared_mem),
+                               stream=stream, cooperative=True)  # fmt: skip
+
+    def _check_coresident(self, name: str, fn, blocks: int, block3, shared_mem: int) -> None:
+        threads = block3[0] * block3[1] * block3[2]
+        per_sm = self.driver.max_active_blocks_per_sm(fn, threads, shared_mem)
+        sms = self.driver.multiprocessor_count()
+        if blocks > per_sm * sms:
+            raise ValueError(f"virtual-PE launch of {name} needs {blocks} co-resident blocks; the GPU fits "
+                             f"{per_sm * sms} (occupancy {per_sm} blocks of {threads} threads"
+                             f"{f' with {shared_mem} bytes of shared memory' if shared_mem else ''} per SM x {sms} "
+                             f"SMs); use a smaller grid or fewer PEs")  # fmt: skip
+
+    @contextlib.contextmanager
+    def _device_table(self, table: bytes, stream: int):
+        """A device copy of ``table`` that stays valid until the kernel launched on ``stream`` has read it."""
+        torch = None
+        if self.driver.torch_interop:
+            import torch  # noqa: PLC0415 - optional, lazily
+        if torch is not None:
+            # A torch allocation made while the launch stream is current belongs to that stream: torch's
+            # caching allocator hands it out again only to later work on the same stream, which runs after
+            # our kernel. The pinned staging buffer is likewise kept until the copy has run.
+            current = torch.cuda.current_stream()
+            on = torch.cuda.ExternalStream(stream) if int(stream) != int(current.cuda_stream) else None
+            with torch.cuda.stream(on) if on is not None else contextlib.nullcontext():
+                host = torch.frombuffer(bytearray(table), dtype=torch.uint8).pin_memory()
+                dev = torch.empty(len(table), dtype=torch.uint8, device=torch.device("cuda", self.driver.device))
+                dev.copy_(host, non_blocking=True)
+                yield int(dev.data_ptr())
+            return
+        if len(self._pending) >= _MAX_PENDING_TABLES:
+            self._free_pending()
+        ptr = self.driver.malloc(len(table))
+        try:
+            self.driver.memcpy_htod(ptr, table, stream)
+            yield ptr
+        except BaseException:
+            self.driver.stream_synchronize(stream)
+            self.driver.free(ptr)
+            raise
+        self._pending.append((ptr, stream))
+
+    def _free_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for stream in dict.fromkeys(s for _, s in pending):
+            self.driver.stream_synchronize(stream)
+        for ptr, _ in pending:
+            self.driver.free(ptr)
+
+    # ---- synchronization and bounded waits -----------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait for all work on the device, release launch buffers, then check_waits()."""
+        self.driver.device_synchronize()
+        self._free_pending()
+        self.check_waits()
+
+    def check_waits(self) -> None:
+        """Raise WaitTimeoutError if a bounded wait gave up (resetting the report); no-op without shmem."""
+        s = self._shmem_state
+        if s is None or s.finalized or _shmem.current_state() is not s:
+            return
+        report = s.read_wait_report()
+        if report is None:
+            return
+        s.reset_wait_report()
+        raise WaitTimeoutError(describe_wait_report(report, s, self.wait_limit), report)
+
+    def close(self) -> None:
+        """Free launch buffers and unload the code object."""
+        try:
+            self._free_pending()
+        finally:
+            self.module.unload()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_WAIT_OPS = {"equals": "==", "greater_than (unsigned)": "> (unsigned)", "greater_than (signed)": "> (signed)"}
+
+
+def describe_wait_report(report: dict, s=None, wait_limit: int | None = None) -> str:
+    """One line for a bounded-wait report: the PE, the word (its heap and offset), the comparison, the values."""
+    addr = report["addr"]
+    where = f"0x{addr:x}"
+    located = s.locate(addr) if s is not None else None
+    if located is not None:
+        pe, off = located
+        where += f" (offset 0x{off:x} in PE {pe}'s heap)"
+    elif s is not None:
+        where += " (not in any PE's symmetric heap)"
+    limit = f" after {wait_limit} polls" if wait_limit else ""
+    op = _WAIT_OPS.get(report["kind"], report["kind"])
+    return (f"bounded wait gave up{limit} on PE {report['pe']}: waiting until the word at {where} {op} "
+            f"{report['expected']} (0x{report['expected']:x}); last seen {report['seen']} (0x{report['seen']:x})")
