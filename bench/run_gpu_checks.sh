@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Everything the shmem issue checks on a GPU machine, in one call: environment, install, the GPU tests,
+# compute-sanitizer memcheck on the test kernels, and the shmem benchmark. Logs go to $OUT (or ./gpu-logs).
+# Bundles must have been precompiled on a machine with the compiler:
+#   python test/python/gpu/kernels.py .bundles && python bench/shmem_kernels.py .bundles
+set -uo pipefail
+OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MORI_COMPILER_CACHE_DIR=$PWD/.bundles MORI_TEST_BUNDLES=$PWD/.bundles
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import sys, torch, cuda.bindings; print(sys.version.split()[0], torch.__version__, cuda.bindings.__version__)"
+} 2>&1 | tee "$OUT/env.log"
+python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -3
+status=0
+timeout 420 python3 -m pytest test/python/gpu -q -ra -p no:cacheprovider --timeout=180 ${PYTEST_ARGS:-} \
+  2>&1 | tee "$OUT/gpu_tests.log" | tail -25 || status=1
+if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
+  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+    python3 -m pytest test/python/gpu/test_shmem_gpu.py -q -p no:cacheprovider -k "2pes and ${MEMCHECK_K:-not thread}" \
+    2>&1 | tee "$OUT/memcheck.log" | tail -8 || status=1
+fi
+timeout 180 python3 bench/shmem_bench.py --json "$OUT/shmem_bench.json" 2>&1 | tee "$OUT/bench.log" || status=1
+exit $status
