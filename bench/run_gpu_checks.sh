@@ -12,12 +12,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 } 2>&1 | tee "$OUT/env.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -3
 status=0
-timeout 420 python3 -m pytest test/python/gpu -q -ra -p no:cacheprovider --timeout=180 ${PYTEST_ARGS:-} \
+timeout 420 python3 -m pytest ${PYTEST_PATHS:-test/python/gpu} -q -ra -p no:cacheprovider --timeout=180 ${PYTEST_ARGS:-} \
   2>&1 | tee "$OUT/gpu_tests.log" | tail -25 || status=1
 if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
-  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+  timeout 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 20 \
     python3 -m pytest test/python/gpu/test_shmem_gpu.py -q -p no:cacheprovider -k "2pes and ${MEMCHECK_K:-not thread}" \
     2>&1 | tee "$OUT/memcheck.log" | tail -8 || status=1
 fi
-timeout 180 python3 bench/shmem_bench.py --json "$OUT/shmem_bench.json" 2>&1 | tee "$OUT/bench.log" || status=1
+for b in ${BENCH_BLOCKS:-264}; do timeout 120 python3 bench/shmem_bench.py --blocks $b --json "$OUT/shmem_bench_$b.json" 2>&1 | tee -a "$OUT/bench.log" || status=1; done
 exit $status

@@ -102,7 +102,7 @@ zero:
 
 ; ---- cooperative copy -------------------------------------------------------------------------------
 ; Lane %lane of %lanes copies bytes lane, lane+lanes, ... When dst and src are equally misaligned, a byte
-; head brings them to 16 bytes, the body moves 16-byte vectors (four loads in flight before the stores),
+; head brings them to 16 bytes, the body moves 16-byte vectors (eight loads in flight before the stores),
 ; then a byte tail; otherwise bytes throughout.
 
 define internal void @__mc_copy_bytes(ptr %dst, ptr %src, i64 %from, i64 %to, i64 %lane, i64 %lanes) alwaysinline {
@@ -124,41 +124,71 @@ exit:
   ret void
 }
 
-; Vectors [0, nvec) of 16 bytes from 16-byte aligned pointers.
+; Vectors [0, nvec) of 16 bytes from 16-byte aligned pointers. The main loop issues eight independent
+; 16-byte loads per lane before its first store (enough bytes in flight to approach DRAM/link bandwidth
+; with a few hundred threads per SM); the remainder loop moves one vector per lane.
 define internal void @__mc_copy_vec16(ptr %dst, ptr %src, i64 %nvec, i64 %lane, i64 %lanes) alwaysinline {
 entry:
-  %l2 = shl i64 %lanes, 1
-  %l3 = mul i64 %lanes, 3
-  %l4 = shl i64 %lanes, 2
-  br label %cond4
-cond4:
-  %i = phi i64 [ %lane, %entry ], [ %i.next, %body4 ]
-  %last = add i64 %i, %l3
-  %more4 = icmp ult i64 %last, %nvec
-  br i1 %more4, label %body4, label %cond1
-body4:
-  %i1 = add i64 %i, %lanes
-  %i2 = add i64 %i, %l2
-  %s0 = getelementptr <4 x i32>, ptr %src, i64 %i
-  %s1 = getelementptr <4 x i32>, ptr %src, i64 %i1
-  %s2 = getelementptr <4 x i32>, ptr %src, i64 %i2
-  %s3 = getelementptr <4 x i32>, ptr %src, i64 %last
+  %o0 = mul i64 %lanes, 0
+  %o1 = mul i64 %lanes, 1
+  %o2 = mul i64 %lanes, 2
+  %o3 = mul i64 %lanes, 3
+  %o4 = mul i64 %lanes, 4
+  %o5 = mul i64 %lanes, 5
+  %o6 = mul i64 %lanes, 6
+  %o7 = mul i64 %lanes, 7
+  %l8 = shl i64 %lanes, 3
+  br label %cond8
+cond8:
+  %i = phi i64 [ %lane, %entry ], [ %i.next, %body8 ]
+  %last = add i64 %i, %o7
+  %more8 = icmp ult i64 %last, %nvec
+  br i1 %more8, label %body8, label %cond1
+body8:
+  %i0 = add i64 %i, %o0
+  %i1 = add i64 %i, %o1
+  %i2 = add i64 %i, %o2
+  %i3 = add i64 %i, %o3
+  %i4 = add i64 %i, %o4
+  %i5 = add i64 %i, %o5
+  %i6 = add i64 %i, %o6
+  %i7 = add i64 %i, %o7
+  %s0 = getelementptr <4 x i32>, ptr %src, i64 %i0
   %v0 = load <4 x i32>, ptr %s0, align 16
+  %s1 = getelementptr <4 x i32>, ptr %src, i64 %i1
   %v1 = load <4 x i32>, ptr %s1, align 16
+  %s2 = getelementptr <4 x i32>, ptr %src, i64 %i2
   %v2 = load <4 x i32>, ptr %s2, align 16
+  %s3 = getelementptr <4 x i32>, ptr %src, i64 %i3
   %v3 = load <4 x i32>, ptr %s3, align 16
-  %d0 = getelementptr <4 x i32>, ptr %dst, i64 %i
-  %d1 = getelementptr <4 x i32>, ptr %dst, i64 %i1
-  %d2 = getelementptr <4 x i32>, ptr %dst, i64 %i2
-  %d3 = getelementptr <4 x i32>, ptr %dst, i64 %last
+  %s4 = getelementptr <4 x i32>, ptr %src, i64 %i4
+  %v4 = load <4 x i32>, ptr %s4, align 16
+  %s5 = getelementptr <4 x i32>, ptr %src, i64 %i5
+  %v5 = load <4 x i32>, ptr %s5, align 16
+  %s6 = getelementptr <4 x i32>, ptr %src, i64 %i6
+  %v6 = load <4 x i32>, ptr %s6, align 16
+  %s7 = getelementptr <4 x i32>, ptr %src, i64 %i7
+  %v7 = load <4 x i32>, ptr %s7, align 16
+  %d0 = getelementptr <4 x i32>, ptr %dst, i64 %i0
   store <4 x i32> %v0, ptr %d0, align 16
+  %d1 = getelementptr <4 x i32>, ptr %dst, i64 %i1
   store <4 x i32> %v1, ptr %d1, align 16
+  %d2 = getelementptr <4 x i32>, ptr %dst, i64 %i2
   store <4 x i32> %v2, ptr %d2, align 16
+  %d3 = getelementptr <4 x i32>, ptr %dst, i64 %i3
   store <4 x i32> %v3, ptr %d3, align 16
-  %i.next = add i64 %i, %l4
-  br label %cond4
+  %d4 = getelementptr <4 x i32>, ptr %dst, i64 %i4
+  store <4 x i32> %v4, ptr %d4, align 16
+  %d5 = getelementptr <4 x i32>, ptr %dst, i64 %i5
+  store <4 x i32> %v5, ptr %d5, align 16
+  %d6 = getelementptr <4 x i32>, ptr %dst, i64 %i6
+  store <4 x i32> %v6, ptr %d6, align 16
+  %d7 = getelementptr <4 x i32>, ptr %dst, i64 %i7
+  store <4 x i32> %v7, ptr %d7, align 16
+  %i.next = add i64 %i, %l8
+  br label %cond8
 cond1:
-  %k = phi i64 [ %i, %cond4 ], [ %k.next, %body1 ]
+  %k = phi i64 [ %i, %cond8 ], [ %k.next, %body1 ]
   %more1 = icmp ult i64 %k, %nvec
   br i1 %more1, label %body1, label %exit
 body1:
