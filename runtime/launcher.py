@@ -22,6 +22,7 @@ PE, the address (its heap and offset), the comparison and the values, instead of
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import operator
 import os
@@ -34,6 +35,7 @@ from .bundle import Bundle, BundleError, KernelInfo
 from .driver import Driver, canonical_backend, get_driver
 
 WAIT_LIMIT_ENV = "MORI_COMPILER_WAIT_LIMIT"
+_MAX_CACHED_TABLES = 256  # argument tables kept on the device for reuse (each a few hundred bytes)
 _MAX_PENDING_TABLES = 64  # driver-allocated argument tables kept alive before a forced stream sync
 
 
@@ -131,6 +133,10 @@ class KernelSet:
         self._state_symbols = self._check_state_globals()
         self._shmem_state = None
         self._pending: list[tuple[int, int]] = []  # (device table, stream) kept alive until synchronize()
+        # Launches repeat with the same arguments (benchmarks, graph capture, steady-state EP layers):
+        # identical argument tables are uploaded once and reused; occupancy is asked once per shape.
+        self._tables: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+        self._occupancy: dict[tuple, int] = {}
         self.module = self.driver.load_module(bundle.binary)
         try:
             self._write_state()
@@ -243,13 +249,43 @@ class KernelSet:
         table = pack_arg_table(info.param_types, values)
         if stream is None:
             stream = self.driver.current_stream()
+        cached = self._cached_table(info.name, table, stream)
+        if cached is not None:
+            self.driver.launch(fn, (gx, gy, s.n_pes), block3, [("ptr", cached)], shared_mem=int(shared_mem),
+                               stream=stream, cooperative=True)  # fmt: skip
+            return
         with self._device_table(table, stream) as table_ptr:
             self.driver.launch(fn, (gx, gy, s.n_pes), block3, [("ptr", table_ptr)], shared_mem=int(shared_mem),
                                stream=stream, cooperative=True)  # fmt: skip
 
+    def _cached_table(self, name: str, table: bytes, stream: int) -> int | None:
+        """The device address of an argument table uploaded before (reused: its bytes never change), or None
+        after uploading it for next time. Only with torch, whose allocator keeps the buffer alive here."""
+        if not self.driver.torch_interop:
+            return None
+        key = (name, table, int(stream))  # per stream: an evicted buffer is only reused after that stream's work
+        dev = self._tables.get(key)
+        if dev is not None:
+            self._tables.move_to_end(key)
+            return int(dev.data_ptr())
+        import torch  # noqa: PLC0415 - optional, lazily
+
+        current = torch.cuda.current_stream()
+        on = torch.cuda.ExternalStream(stream) if int(stream) != int(current.cuda_stream) else None
+        with torch.cuda.stream(on) if on is not None else contextlib.nullcontext():
+            dev = torch.frombuffer(bytearray(table), dtype=torch.uint8).to(torch.device("cuda", self.driver.device))
+        self._tables[key] = dev  # a synchronous upload: ready before any launch that uses it
+        if len(self._tables) > _MAX_CACHED_TABLES:
+            self._tables.popitem(last=False)  # the stream order keeps earlier launches safe: see _device_table
+            return None
+        return int(dev.data_ptr())
+
     def _check_coresident(self, name: str, fn, blocks: int, block3, shared_mem: int) -> None:
         threads = block3[0] * block3[1] * block3[2]
-        per_sm = self.driver.max_active_blocks_per_sm(fn, threads, shared_mem)
+        shape = (name, threads, shared_mem)
+        if shape not in self._occupancy:
+            self._occupancy[shape] = self.driver.max_active_blocks_per_sm(fn, threads, shared_mem)
+        per_sm = self._occupancy[shape]
         sms = self.driver.multiprocessor_count()
         if blocks > per_sm * sms:
             raise ValueError(f"virtual-PE launch of {name} needs {blocks} co-resident blocks; the GPU fits "
