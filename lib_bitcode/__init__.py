@@ -1,1 +1,58 @@
-"""See the package docstring of mori_compiler for the layering rules."""
+"""The device side of MORI's shmem ABI: the function table, the device state, and the project's library.
+
+Mirrors ``mori.ir``: ``find_bitcode``, ``get_bitcode_path``, ``MORI_DEVICE_FUNCTIONS``, ``SIGNAL_SET`` and
+``SIGNAL_ADD``. Importing this package imports only the standard library (the runtime layer uses
+``state`` and ``kernel_abi`` on machines without llvmlite); building the library imports llvmlite lazily.
+
+Two device libraries can be linked into a kernel:
+
+* **the project's own** (default): an implementation of all 98 ABI functions for peer-to-peer peers, built
+  per target from ``sources/`` at first use. Its state global ``mori_compiler_shmem_state`` is filled by
+  ``mori_compiler.runtime`` after each code-object load (``state.py``).
+* **MORI's** ``libmori_shmem_device.bc`` (``MORI_SHMEM_BC=<path>`` or ``mori-compile --bitcode <path>``): it
+  adds RDMA/IBGDA and SDMA transports. Its state global ``_ZN4mori5shmem15globalGpuStatesE`` is kept
+  exported by the link step; load such a code object with HIP's module API and call
+  ``mori.shmem.shmem_module_init(hip_module)`` (it must return 0) after MORI's own shmem init, then launch
+  (device-abi.md §3 and §4.5). Match the code object version: ``--code-object-version`` 5 for a bitcode
+  from ``find_bitcode(cov=5)``, 6 for ``cov=6``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .abi import MORI_DEVICE_FUNCTIONS, SIGNAL_ADD, SIGNAL_SET
+
+__all__ = ["MORI_DEVICE_FUNCTIONS", "SIGNAL_ADD", "SIGNAL_SET", "find_bitcode", "get_bitcode_path"]
+
+
+def _default_target() -> str:
+    from mori_compiler.targets import DEFAULT_TARGET
+
+    archs = os.environ.get("MORI_GPU_ARCHS", "").replace(";", ",").split(",")
+    return archs[0].strip() or DEFAULT_TARGET
+
+
+def find_bitcode(cov: int | None = None, *, target: str | None = None) -> str:
+    """Path of a device bitcode that implements MORI's ABI, as ``mori.ir.find_bitcode`` returns it.
+
+    ``MORI_SHMEM_BC`` (a MORI bitcode) wins when set; otherwise the project's own library for ``target``
+    (default: the first of ``MORI_GPU_ARCHS``, else gfx942), built and cached on first use. ``cov`` (5, 6
+    or None) is accepted for parity: the project's library carries no code-object version of its own (the
+    link step sets it), so any of them fits.
+    """
+    from mori_compiler.errors import MoriCompilerError
+
+    if cov not in (None, 5, 6):
+        raise MoriCompilerError(f"code object version {cov} is not supported; allowed: 5, 6")
+    explicit = os.environ.get("MORI_SHMEM_BC")
+    if explicit:
+        if not os.path.isfile(explicit):
+            raise FileNotFoundError(f"MORI_SHMEM_BC={explicit} does not exist")
+        return explicit
+    from .library import library_path
+
+    return str(library_path(target or _default_target()))
+
+
+get_bitcode_path = find_bitcode

@@ -5,7 +5,12 @@
 | MORI_COMPILER_CACHE_DIR  | kernel bundles and built device libraries                      | ~/.cache/mori_compiler     |
 | MORI_COMPILER_LLD        | the ld.lld to link AMDGPU code objects with                    | search (passes/codegen.py) |
 | ROCM_PATH                | a ROCm install whose llvm/bin/ld.lld may be used               | unset                      |
-| MORI_DUMP_IR             | write every stage's IR to this folder (compile pipeline)       | unset                      |
+| MORI_SHMEM_BC            | a MORI device bitcode that find_bitcode() returns              | unset (project library)    |
+| MORI_GPU_ARCHS           | default target of find_bitcode() (first entry)                 | gfx942                     |
+| MORI_SHMEM_HEAP_SIZE     | symmetric heap bytes per PE (K/M/G suffixes; runtime)          | 1G                         |
+| MORI_COMPILER_BACKEND    | runtime driver: cuda or hip                                    | from the bundle's target   |
+| MORI_COMPILER_WAIT_LIMIT | bounded-wait debug mode: polls before a wait reports (runtime) | 0 (wait forever)           |
+| MORI_COMPILER_TRACEBACK  | CLIs print the Python traceback of an internal error           | unset                      |
 """
 
 from __future__ import annotations
@@ -20,7 +25,3 @@ def cache_dir() -> Path:
         return Path(root)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mori_compiler"
 
-
-def dump_ir_dir() -> Path | None:
-    value = os.environ.get("MORI_DUMP_IR")
-    return Path(value) if value else None
