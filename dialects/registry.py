@@ -13,7 +13,7 @@ from typing import Callable
 from mori_compiler._mlir import ir
 from mori_compiler.errors import MoriCompilerError
 
-from . import irdl_spec, mori_shmem
+from . import irdl_spec, mori_ep, mori_shmem
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class DialectInfo:
 
 DIALECTS: tuple[DialectInfo, ...] = (
     DialectInfo(mori_shmem.DIALECT_NAME, mori_shmem.irdl_source, mori_shmem.register_and_load, mori_shmem.extra_verify),
+    DialectInfo(mori_ep.DIALECT_NAME, mori_ep.irdl_source, mori_ep.register_and_load, mori_ep.extra_verify),
 )
 
 

@@ -1,7 +1,7 @@
 """The compile pipeline as an ordered list of named stages.
 
-    mori → abi → rocdl | nvvm → llvm-ir → link → opt → isa → object → hsaco     (AMDGPU)
-    mori → abi → nvvm → llvm-ir → link → opt → ptx                             (NVIDIA)
+    mori → ep → abi → rocdl | nvvm → llvm-ir → link → opt → isa → object → hsaco     (AMDGPU)
+    mori → ep → abi → nvvm → llvm-ir → link → opt → ptx                             (NVIDIA)
 
 The MLIR stages are pass-pipeline strings; together they print as one ``builtin.module(...)`` string that
 ``mori-opt -p`` accepts verbatim, so any failure can be replayed. The LLVM-level stages (llvmlite link and
@@ -24,13 +24,17 @@ from .passes import codegen, device_link
 from .passes.to_llvm_ir import gpu_module_to_llvm_ir
 from .targets import GPUTarget
 
-MLIR_STAGES = ("abi", "rocdl", "nvvm")
+MLIR_STAGES = ("ep", "abi", "rocdl", "nvvm")
 
 
 def mlir_stage_pipelines(options: CompileOptions) -> list[tuple[str, str]]:
     """(stage, pass-pipeline fragment) for every MLIR stage of ``options``' target."""
     t = options.gpu_target
-    stages = [("abi", "mori-virtual-pe-args,mori-shmem-to-abi" if options.virtual_pes else "mori-shmem-to-abi")]
+    wave = t.wave_size
+    stages = [
+        ("ep", f"mori-ep-to-kernels{{wave-size={wave}}},mori-ep-blocks-to-calls{{wave-size={wave}}}"),
+        ("abi", "mori-virtual-pe-args,mori-shmem-to-abi" if options.virtual_pes else "mori-shmem-to-abi"),
+    ]
     if t.is_amdgpu:
         stages.append((
             "rocdl",
@@ -54,7 +58,7 @@ def mlir_pipeline_string(options: CompileOptions) -> str:
 def stage_names(target: GPUTarget) -> list[str]:
     lowering = "rocdl" if target.is_amdgpu else "nvvm"
     tail = ["isa", "object", "hsaco"] if target.is_amdgpu else ["ptx"]
-    return ["mori", "abi", lowering, "llvm-ir", "link", "opt", *tail]
+    return ["mori", "ep", "abi", lowering, "llvm-ir", "link", "opt", *tail]
 
 
 def describe_pipeline(options: CompileOptions, bitcode_paths: list[str] | None = None) -> str:

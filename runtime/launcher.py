@@ -249,14 +249,28 @@ class KernelSet:
         table = pack_arg_table(info.param_types, values)
         if stream is None:
             stream = self.driver.current_stream()
+        # Co-residency was checked above; a cooperative launch also guarantees it, except while a CUDA
+        # graph is being captured, where the kernel node is recorded as an ordinary launch.
+        cooperative = not self._capturing()
         cached = self._cached_table(info.name, table, stream)
         if cached is not None:
             self.driver.launch(fn, (gx, gy, s.n_pes), block3, [("ptr", cached)], shared_mem=int(shared_mem),
-                               stream=stream, cooperative=True)  # fmt: skip
+                               stream=stream, cooperative=cooperative)  # fmt: skip
             return
+        if not cooperative:
+            raise RuntimeError(f"virtual-PE launch of '{info.name}' during graph capture with arguments it has not "
+                               "seen before: run it once eagerly with the same tensors first (its argument table "
+                               "must be on the device before capture)")  # fmt: skip
         with self._device_table(table, stream) as table_ptr:
             self.driver.launch(fn, (gx, gy, s.n_pes), block3, [("ptr", table_ptr)], shared_mem=int(shared_mem),
-                               stream=stream, cooperative=True)  # fmt: skip
+                               stream=stream, cooperative=cooperative)  # fmt: skip
+
+    def _capturing(self) -> bool:
+        if not self.driver.torch_interop:
+            return False
+        import torch  # noqa: PLC0415 - optional, lazily
+
+        return bool(torch.cuda.is_current_stream_capturing())
 
     def _cached_table(self, name: str, table: bytes, stream: int) -> int | None:
         """The device address of an argument table uploaded before (reused: its bytes never change), or None

@@ -203,3 +203,43 @@ define internal void @__mc_fence_sc_sys() alwaysinline {
 }
 
 !0 = !{}
+
+; ---- ockl work-item queries ------------------------------------------------------------------------
+; MLIR's convert-gpu-to-rocdl lowers gpu.block_dim / gpu.grid_dim to these ROCm device-library (ockl)
+; functions; defining them here from the HSA dispatch packet keeps code objects free of ROCm's
+; device libraries. Packet: workgroup_size_{x,y,z} u16 at bytes 4, 6, 8; grid_size_{x,y,z} u32 at 12, 16, 20.
+
+define i64 @__ockl_get_local_size(i32 %dim) alwaysinline {
+  %pkt = call ptr addrspace(4) @llvm.amdgcn.dispatch.ptr()
+  %d = and i32 %dim, 3
+  %ok = icmp ult i32 %d, 3
+  %dd = select i1 %ok, i32 %d, i32 0
+  %off0 = shl i32 %dd, 1
+  %off = add i32 %off0, 4
+  %off64 = zext i32 %off to i64
+  %p = getelementptr i8, ptr addrspace(4) %pkt, i64 %off64
+  %v16 = load i16, ptr addrspace(4) %p, align 2, !invariant.load !0
+  %v = zext i16 %v16 to i64
+  %r = select i1 %ok, i64 %v, i64 1
+  ret i64 %r
+}
+
+define i64 @__ockl_get_num_groups(i32 %dim) alwaysinline {
+  %pkt = call ptr addrspace(4) @llvm.amdgcn.dispatch.ptr()
+  %d = and i32 %dim, 3
+  %ok = icmp ult i32 %d, 3
+  %dd = select i1 %ok, i32 %d, i32 0
+  %goff0 = shl i32 %dd, 2
+  %goff = add i32 %goff0, 12
+  %goff64 = zext i32 %goff to i64
+  %gp = getelementptr i8, ptr addrspace(4) %pkt, i64 %goff64
+  %grid = load i32, ptr addrspace(4) %gp, align 4, !invariant.load !0
+  %wg = call i64 @__ockl_get_local_size(i32 %dd)
+  %wg32 = trunc i64 %wg to i32
+  %sum = add i32 %grid, %wg32
+  %sum1 = sub i32 %sum, 1
+  %n = udiv i32 %sum1, %wg32
+  %n64 = zext i32 %n to i64
+  %r = select i1 %ok, i64 %n64, i64 1
+  ret i64 %r
+}

@@ -244,7 +244,7 @@ def _stage_cases():
 
 # What the IR printed after a stage starts with (for object/hsaco only non-empty output is checked).
 _STAGE_OUTPUT = {
-    "mori": "module", "abi": "module", "rocdl": "module", "nvvm": "module",
+    "mori": "module", "ep": "module", "abi": "module", "rocdl": "module", "nvvm": "module",
     "llvm-ir": "; ModuleID", "link": "; ModuleID", "opt": "; ModuleID",
 }  # fmt: skip
 
@@ -349,7 +349,7 @@ def bad_inputs(in_tmp):
         (["wrong_attr.mlir"], ["wrong_attr.mlir:5:7:", "'mori_shmem.putmem_nbi'", "attribute 'scope'",
                                '"thread", "warp", "block"', 'got "grid"']),
         (["empty.mlir"], ["expected exactly one gpu.module in the input, found 0"]),
-        (["--stop-after=bogus"], ["unknown stage 'bogus' for target gfx942; stages: mori, abi, rocdl"]),
+        (["--stop-after=bogus"], ["unknown stage 'bogus' for target gfx942; stages: mori, ep, abi, rocdl"]),
         (["-o", "nodir/out.hsaco"], ["cannot write nodir/out.hsaco"]),
         (["no_such_example"], ["'no_such_example' is neither a file nor a built-in example", "ring_put_signal"]),
         (["--emit=elf"], ["unknown --emit 'elf'", "hsaco, ptx, isa, llvm, mlir, bundle"]),
@@ -475,4 +475,4 @@ def test_opt_list_passes_and_dialects(in_tmp, capsys):
     out = capsys.readouterr().out
     assert "mori-shmem-to-abi" in out and "Input:" in out
     assert mori_opt.entry(["--show-dialects"]) == 0
-    assert capsys.readouterr().out.split() == ["mori_shmem"]
+    assert capsys.readouterr().out.split() == ["mori_shmem", "mori_ep"]

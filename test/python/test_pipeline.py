@@ -60,8 +60,8 @@ def test_compile_source_every_target(full_results, target):
 
 def test_stage_names():
     assert pipeline.stage_names(get_target("gfx942")) == [
-        "mori", "abi", "rocdl", "llvm-ir", "link", "opt", "isa", "object", "hsaco"]  # fmt: skip
-    assert pipeline.stage_names(get_target("sm_90")) == ["mori", "abi", "nvvm", "llvm-ir", "link", "opt", "ptx"]
+        "mori", "ep", "abi", "rocdl", "llvm-ir", "link", "opt", "isa", "object", "hsaco"]  # fmt: skip
+    assert pipeline.stage_names(get_target("sm_90")) == ["mori", "ep", "abi", "nvvm", "llvm-ir", "link", "opt", "ptx"]
 
 
 def _stop_cases():
@@ -99,7 +99,7 @@ def test_stop_after(example_source, target, stage):
 
 
 def test_unknown_stage(example_source):
-    with pytest.raises(MoriCompilerError, match=r"unknown stage 'ptx' for target gfx942; stages: mori, abi, rocdl"):
+    with pytest.raises(MoriCompilerError, match=r"unknown stage 'ptx' for target gfx942; stages: mori, ep, abi, rocdl"):
         pipeline.compile_source(example_source, CompileOptions(), stop_after="ptx")
 
 
@@ -128,7 +128,7 @@ def test_input_errors():
 def test_describe_pipeline_and_replay(example_source, target):
     options = CompileOptions(target=target)
     mlir_pipeline = pipeline.mlir_pipeline_string(options)
-    assert mlir_pipeline.startswith("builtin.module(mori-shmem-to-abi,")
+    assert mlir_pipeline.startswith("builtin.module(mori-ep-to-kernels{wave-size=")
     description = pipeline.describe_pipeline(options, ["lib.bc"])
     assert f"mlir pipeline: {mlir_pipeline}" in description
     assert "lib.bc" in description

@@ -247,9 +247,25 @@ def ring_bundle(cache_root=None):
     return get_bundle(example_source("ring_put_signal"), options(), cache_root=cache_root, what="ring_put_signal")
 
 
+def ep_bundles(cache_root, configs) -> list:
+    """The EP kernel bundles of ``configs`` (EpDispatchCombineConfig), as EpDispatchCombineOp builds them."""
+    from mori_compiler.cache import get_bundle
+    from mori_compiler.ops import kernel_module_source
+    from mori_compiler.options import CompileOptions
+    from mori_compiler.targets import get_target
+
+    wave = get_target(TARGET).wave_size
+    sources = dict.fromkeys(kernel_module_source(c, wave) for c in configs)
+    opts = CompileOptions(target=TARGET, virtual_pes=True)
+    return [get_bundle(src, opts, cache_root=cache_root, what="EP kernels") for src in sources]
+
+
 def precompile_all(cache_root) -> list:
     """Every bundle the GPU tests load."""
-    return [bundle(cache_root), bundle(cache_root, virtual_pes=False), ring_bundle(cache_root)]
+    import test_ep_gpu
+
+    bundles = [bundle(cache_root), bundle(cache_root, virtual_pes=False), ring_bundle(cache_root)]
+    return bundles + ep_bundles(cache_root, list(test_ep_gpu.all_configs()))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,189 @@
+"""EP IntraNode dispatch/combine benchmark on one GPU with virtual PEs.
+
+Config (issue 4): 8 virtual PEs, hidden 7168, top-8, 256 experts (32 per PE), random routing, tokens per PE
+128 / 512 / 4096, dispatch bf16 and fp8 (e4m3fn), combine bf16 (zero-copy), launch geometry from --blocks /
+--warps. Each leg is captured in its own CUDA graph and replayed (median of --reps replays, CUDA events).
+
+Reported per leg: µs; GB/s in MORI's accounting (ep-semantics.md §5.2: total_recv x H x elem / t per rank,
+mean over ranks); and the roofline ratio: bytes the kernel reads + writes per second (all PEs run on this
+one GPU) over the device-to-device copy's read + write bytes per second, measured in the same run.
+
+    python bench/ep_bench.py --precompile .bundles         # where the compiler is
+    MORI_COMPILER_CACHE_DIR=.bundles python bench/ep_bench.py --json out.json --png out.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HIDDEN, TOPK, EXPERTS = 7168, 8, 256
+
+
+def make_config(world: int, tokens: int, blocks: int, warps: int):
+    from mori_compiler.ops import EpDispatchCombineConfig
+
+    return EpDispatchCombineConfig(data_type="bf16", rank=0, world_size=world, hidden_dim=HIDDEN, scale_dim=0,
+                                   scale_type_size=4, max_token_type_size=2, max_num_inp_token_per_rank=tokens,
+                                   num_experts_per_rank=EXPERTS // world, num_experts_per_token=TOPK,
+                                   warp_num_per_block=warps, block_num=blocks, use_external_inp_buf=False)  # fmt: skip
+
+
+def precompile(cache_root, world, tokens_list, blocks, warps) -> None:
+    from mori_compiler.cache import get_bundle
+    from mori_compiler.ops import kernel_module_source
+    from mori_compiler.options import CompileOptions
+
+    for tokens in tokens_list:
+        src = kernel_module_source(make_config(world, tokens, blocks, warps), 32)
+        b = get_bundle(src, CompileOptions(target="sm_90", virtual_pes=True), cache_root=cache_root)
+        print(tokens, b.path)
+
+
+def _median_replay_us(graph, reps: int) -> float:
+    import torch
+
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy: (read + write) bytes per second, 1 GiB, median of 20."""
+    import torch
+
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    g = torch.cuda.CUDAGraph()
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        dst.copy_(src)
+    us = _median_replay_us(g, 20)
+    return 2 * n / (us * 1e-6)
+
+
+def run(world: int, tokens: int, blocks: int, warps: int, reps: int, copy_bps: float) -> list[dict]:
+    import numpy as np
+    import torch
+
+    from mori_compiler.ops import EpDispatchCombineOp
+    from mori_compiler.ops import reference as ref
+
+    cfg = make_config(world, tokens, blocks, warps)
+    op = EpDispatchCombineOp(cfg)
+    shape = ref.EpShape(world, cfg.num_experts_per_rank, TOPK, tokens)
+    idx_np = ref.make_routing("random", [tokens] * world, shape, 11)
+    idxs = [torch.from_numpy(np.ascontiguousarray(v, dtype=np.int32)).cuda() for v in idx_np]
+    rows = []
+    try:
+        for dname, dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
+            xs = [torch.randn(tokens, HIDDEN, device="cuda").to(dtype) for _ in range(world)]
+            ws = [torch.rand(tokens, TOPK, device="cuda") for _ in range(world)]
+            regs = op.get_registered_combine_input_buffer(torch.bfloat16)
+            outs = op.dispatch(xs, ws, None, idxs)  # eager warm-up: uploads argument tables
+            for p in range(world):
+                regs[p].copy_(outs[p][0].to(torch.bfloat16))
+            res = op.combine(regs, None, idxs)
+            torch.cuda.synchronize()
+            totals = [int(o[4].item()) for o in outs]
+            # correctness gate at every point: identity expert => U * x
+            for p in range(min(world, 2)):
+                ref.check_combine(res[p][0][:tokens].float().cpu().numpy(), xs[p].float().cpu().numpy(), idx_np[p],
+                                  shape, "bf16", rank=p)  # fmt: skip
+            gd, gc = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gd):
+                op.dispatch(xs, ws, None, idxs)
+            with torch.cuda.graph(gc):
+                op.combine(regs, None, idxs)
+            for leg, graph, elem in (("dispatch", gd, dtype.itemsize), ("combine", gc, 2)):
+                if leg == "combine" and dname != "bf16":
+                    continue
+                us = _median_replay_us(graph, reps)
+                per_rank = [t * HIDDEN * elem / (us * 1e-6) / 1e9 for t in totals]
+                moved = sum(totals) * HIDDEN * elem * 2  # every received row is read once and written once
+                if leg == "combine":
+                    moved = sum(totals) * HIDDEN * elem + world * tokens * HIDDEN * elem
+                rows.append({"leg": leg, "dtype": dname if leg == "dispatch" else "bf16", "tokens": tokens,
+                             "us": us, "GBps_mori": sum(per_rank) / world,
+                             "roofline": moved / (us * 1e-6) / copy_bps, "total_recv": totals,
+                             "blocks": blocks, "warps": warps})  # fmt: skip
+    finally:
+        op.close()
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world", type=int, default=8)
+    ap.add_argument("--tokens", default="128,512,4096")
+    ap.add_argument("--blocks", type=int, default=64)
+    ap.add_argument("--warps", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json")
+    ap.add_argument("--png")
+    ap.add_argument("--precompile", metavar="CACHE_DIR")
+    args = ap.parse_args(argv)
+    tokens_list = [int(t) for t in args.tokens.split(",")]
+    if args.precompile:
+        precompile(args.precompile, args.world, tokens_list, args.blocks, args.warps)
+        return 0
+    import torch
+
+    from mori_compiler.runtime import shmem
+
+    torch.cuda.init()
+    max_tokens = max(tokens_list)
+    heap = (args.world * max_tokens * HIDDEN * 2) * 2 + max_tokens * HIDDEN * 2 + (64 << 20)
+    shmem.shmem_init_virtual(args.world, heap_size=heap)
+    try:
+        copy_bps = copy_bandwidth()
+        rows = []
+        for tokens in tokens_list:
+            rows += run(args.world, tokens, args.blocks, args.warps, args.reps, copy_bps)
+    finally:
+        shmem.shmem_finalize()
+    print(f"{torch.cuda.get_device_name()}: {args.world} virtual PEs, hidden {HIDDEN}, top-{TOPK}, {EXPERTS} experts, "
+          f"{args.blocks} blocks x {args.warps} warps per PE, graph replay median of {args.reps}; "
+          f"D2D copy {copy_bps / 1e9:.0f} GB/s (read+write)")  # fmt: skip
+    print(f"{'leg':<9}{'dtype':<6}{'tokens':>7}{'us':>10}{'GB/s (MORI)':>13}{'vs copy':>9}")
+    for r in rows:
+        print(f"{r['leg']:<9}{r['dtype']:<6}{r['tokens']:>7}{r['us']:>10.1f}{r['GBps_mori']:>13.1f}{r['roofline']:>9.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"copy_GBps_rw": copy_bps / 1e9, "rows": rows}, indent=1))
+    if args.png:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for leg, dt in (("dispatch", "bf16"), ("dispatch", "fp8"), ("combine", "bf16")):
+            pts = [r for r in rows if r["leg"] == leg and r["dtype"] == dt]
+            ax.plot([p["tokens"] for p in pts], [p["roofline"] for p in pts], marker="o", label=f"{leg} {dt}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens per PE")
+        ax.set_ylabel("bytes moved / D2D copy bandwidth")
+        ax.axhline(0.8, ls="--", c="gray")
+        ax.legend()
+        ax.set_title("EP IntraNode on one H200, 8 virtual PEs")
+        fig.tight_layout()
+        fig.savefig(args.png, dpi=120)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+// The `mori_ep` dialect: MoE expert-parallel dispatch/combine and the building blocks they are made of.
+//
+// Building blocks (lowered by `mori-ep-blocks-to-calls` into calls of helper functions written with
+// mori_shmem, gpu, scf and llvm ops, one helper per variant, added to the gpu.module once):
+//   row_copy, reserve_slot, count_signal, grid_barrier, device_barrier, accumulate_rows.
+// EP ops (expanded by `mori-ep-to-kernels` into gpu.func kernels built from the blocks):
+//   dispatch, combine, and the send/recv halves dispatch_send, dispatch_recv, combine_send, combine_recv
+//   (declared now; only the IntraNode dispatch/combine lower in this version).
+// Config attributes are integers or strings; dialects/mori_ep.py checks their ranges and relations.
+// (Each attribute has its own irdl.any: IRDL unifies uses of one constraint value.)
+
+irdl.dialect @mori_ep {
+
+  // Warp-cooperative copy of `bytes` bytes from local `source` to the symmetric `dest` on PE `pe`
+  // (16-byte vectors when aligned). Called uniformly by a whole warp.
+  irdl.operation @row_copy {
+    %ptr = irdl.is !llvm.ptr
+    %i64 = irdl.is i64
+    %i32 = irdl.is i32
+    irdl.operands(dest: %ptr, source: %ptr, bytes: %i64, pe: %i32)
+  }
+
+  // Remote slot reservation: relaxed system-scope fetch-add of 1 on PE `pe`'s 32-bit counter at the
+  // symmetric `counter`; the result is the reserved slot.
+  irdl.operation @reserve_slot {
+    %ptr = irdl.is !llvm.ptr
+    %i32 = irdl.is i32
+    irdl.operands(counter: %ptr, pe: %i32)
+    irdl.results(slot: %i32)
+  }
+
+  // Count handshake with flow control, run by one warp (lane p < world_size talks to PE p):
+  // send counts[p] + 1 to PE p's signals[me] once that slot is 0, receive from every PE, reset the
+  // local slots and counts, and store the sum of the received counts to `total`.
+  irdl.operation @count_signal {
+    %ptr = irdl.is !llvm.ptr
+    irdl.operands(signals: %ptr, counts: %ptr, total: %ptr)
+    %world_size = irdl.any
+    irdl.attributes { "world_size" = %world_size }
+  }
+
+  // Barrier of all blocks of this PE's grid (sense reversal on two u64 words {arrivals, generation} at
+  // `counter`): every block continues once all have arrived. All blocks must be co-resident.
+  irdl.operation @grid_barrier {
+    %ptr = irdl.is !llvm.ptr
+    irdl.operands(counter: %ptr)
+  }
+
+  // Cross-device barrier with a device-side monotone epoch per block: block b of every PE meets block b
+  // of every other PE (graph-replay safe: the host never writes the epoch).
+  irdl.operation @device_barrier {
+    %ptr = irdl.is !llvm.ptr
+    irdl.operands(slots: %ptr, epochs: %ptr)
+    %world_size = irdl.any
+    %max_blocks = irdl.any
+    irdl.attributes { "world_size" = %world_size, "max_blocks" = %max_blocks }
+  }
+
+  // out[0:elems] = cast(sum_k float(sources[k][0:elems])) in fp32, warp-cooperative, 16-byte vectors,
+  // all K row loads in flight before the adds. `dtype` is bf16 or f32.
+  irdl.operation @accumulate_rows {
+    %ptr = irdl.is !llvm.ptr
+    %i64 = irdl.is i64
+    irdl.operands(out: %ptr, elems: %i64, sources: variadic %ptr)
+    %bf16 = irdl.is "bf16"
+    %f32 = irdl.is "f32"
+    %dtype = irdl.any_of(%bf16, %f32)
+    irdl.attributes { "dtype" = %dtype }
+  }
+
+  // ---- EP ops: config as attributes ----------------------------------------------------------------
+  irdl.operation @dispatch {
+    %world_size = irdl.any
+    %hidden = irdl.any
+    %dtype = irdl.any
+    %top_k = irdl.any
+    %experts_per_rank = irdl.any
+    %max_tokens_per_rank = irdl.any
+    %max_recv_per_rank = irdl.any
+    %scale_bytes = irdl.any
+    %warps_per_block = irdl.any
+    %wave_size = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
+                      "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank, "max_recv_per_rank" = %max_recv_per_rank,
+                      "scale_bytes" = %scale_bytes, "warps_per_block" = %warps_per_block, "wave_size" = %wave_size }
+  }
+  irdl.operation @combine {
+    %world_size = irdl.any
+    %hidden = irdl.any
+    %dtype = irdl.any
+    %top_k = irdl.any
+    %experts_per_rank = irdl.any
+    %max_tokens_per_rank = irdl.any
+    %max_recv_per_rank = irdl.any
+    %zero_copy = irdl.any
+    %warps_per_block = irdl.any
+    %wave_size = irdl.any
+    %max_blocks = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
+                      "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank, "max_recv_per_rank" = %max_recv_per_rank,
+                      "zero_copy" = %zero_copy, "warps_per_block" = %warps_per_block, "wave_size" = %wave_size, "max_blocks" = %max_blocks }
+  }
+  irdl.operation @dispatch_send {
+    %world_size = irdl.any
+    %hidden = irdl.any
+    %dtype = irdl.any
+    %top_k = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k }
+  }
+  irdl.operation @dispatch_recv {
+    %world_size = irdl.any
+    %hidden = irdl.any
+    %dtype = irdl.any
+    %top_k = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k }
+  }
+  irdl.operation @combine_send {
+    %world_size = irdl.any
+    %hidden = irdl.any
+    %dtype = irdl.any
+    %top_k = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k }
+  }
+  irdl.operation @combine_recv {
+    %world_size = irdl.any
+    %hidden = irdl.any
+    %dtype = irdl.any
+    %top_k = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k }
+  }
+}

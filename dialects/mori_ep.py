@@ -1,0 +1,113 @@
+"""The ``mori_ep`` dialect: MoE expert-parallel dispatch/combine and their building blocks.
+
+Defined in ``mori_ep.irdl.mlir``. Two layers:
+
+* **Building blocks**, each one reusable step of a communication pattern, lowered by
+  ``mori-ep-blocks-to-calls`` (passes/ep_blocks.py) into calls of helper functions written with
+  ``mori_shmem``, gpu, scf and llvm ops:
+
+  ============== ===============================================================================
+  row_copy       warp-cooperative 16-byte-vector copy of a row to a peer (mori_shmem putmem_nbi, warp)
+  reserve_slot   remote slot reservation: fetch-add of 1 on a peer's counter (atomic_fetch_add)
+  count_signal   count handshake with flow control (send count+1 once the peer's slot is 0)
+  grid_barrier   all blocks of this PE's grid meet (sense reversal: arrivals + generation, no host reset)
+  device_barrier blocks b of all PEs meet (device-side monotone epoch per block: graph-replay safe)
+  accumulate_rows out = sum of K rows in fp32 (bf16/f32), K loads in flight per lane
+  ============== ===============================================================================
+
+* **EP ops** (``dispatch``, ``combine``; ``dispatch_send``/``dispatch_recv``/``combine_send``/
+  ``combine_recv`` are declared for the low-latency kernels of a later version), whose attributes carry
+  the whole configuration. ``mori-ep-to-kernels`` (passes/ep_kernels.py) replaces each by gpu.func
+  kernels implementing the IntraNode protocol of ep-semantics.md §3.0-§3.2 from the blocks.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from mori_compiler._mlir import ir
+
+DIALECT_NAME = "mori_ep"
+IRDL_FILE = "mori_ep.irdl.mlir"
+
+DISPATCH_DTYPES = {"bf16": 2, "f32": 4, "fp8_e4m3fn": 1, "fp8_e4m3fnuz": 1}
+COMBINE_DTYPES = {"bf16": 2, "f32": 4}
+MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a warp (wave32 on gfx12)
+EP_OPS = ("dispatch", "combine", "dispatch_send", "dispatch_recv", "combine_send", "combine_recv")
+
+
+def irdl_source() -> str:
+    return files("mori_compiler.dialects").joinpath(IRDL_FILE).read_text()
+
+
+def register_and_load(ctx: ir.Context) -> None:
+    """Load ``mori_ep`` into ``ctx`` once (a second IRDL load would abort the process)."""
+    if ctx.is_registered_operation("mori_ep.row_copy"):
+        return
+    from mori_compiler._mlir import irdl
+
+    with ctx, ir.Location.unknown():
+        irdl.load_dialects(ir.Module.parse(irdl_source()))
+
+
+def int_attributes(op: ir.Operation) -> dict[str, int]:
+    attrs = op.attributes
+    return {n: attrs[n].value for n in attrs if isinstance(attrs[n], ir.IntegerAttr)}
+
+
+def _str_attributes(op: ir.Operation) -> dict[str, str]:
+    attrs = op.attributes
+    return {n: attrs[n].value for n in attrs if isinstance(attrs[n], ir.StringAttr)}
+
+
+def extra_verify(op: ir.Operation) -> list[str]:
+    """Ranges and relations of config attributes (IRDL only says they exist)."""
+    op = op.operation
+    name = op.name
+    short = name.split(".", 1)[1]
+    ints, strs = int_attributes(op), _str_attributes(op)
+    errors: list[str] = []
+    declared = [n for n in op.attributes if n not in ("dtype",)]
+    for field in declared:
+        if field in ints or field in strs:
+            continue
+        errors.append(f"'{name}' attribute '{field}' must be an integer, got {op.attributes[field]}")
+    if errors:
+        return errors
+
+    def need(cond: bool, message: str) -> None:
+        if not cond:
+            errors.append(f"'{name}' {message}")
+
+    if "world_size" in ints:
+        need(1 <= ints["world_size"] <= MAX_WORLD_SIZE, f"attribute 'world_size' must be in [1, {MAX_WORLD_SIZE}], "
+             f"got {ints['world_size']}")  # fmt: skip
+    if short in EP_OPS:
+        dtypes = COMBINE_DTYPES if short.startswith("combine") else DISPATCH_DTYPES
+        dtype = strs.get("dtype")
+        need(dtype in dtypes, f"attribute 'dtype' must be one of {', '.join(map(repr, dtypes))}, got {dtype!r}")
+        for field in ("hidden", "top_k", "experts_per_rank", "max_tokens_per_rank", "max_recv_per_rank",
+                      "warps_per_block", "wave_size", "max_blocks"):  # fmt: skip
+            if field in ints:
+                need(ints[field] >= 1, f"attribute '{field}' must be >= 1, got {ints[field]}")
+        if "wave_size" in ints:
+            need(ints["wave_size"] in (32, 64), f"attribute 'wave_size' must be 32 or 64, got {ints['wave_size']}")
+            if "top_k" in ints:
+                need(ints["top_k"] < ints["wave_size"],
+                     f"attribute 'top_k' ({ints['top_k']}) must be smaller than the wave size ({ints['wave_size']})")
+            if "world_size" in ints:
+                need(ints["world_size"] <= ints["wave_size"],
+                     f"attribute 'world_size' ({ints['world_size']}) must not exceed the wave size ({ints['wave_size']})")
+        if "max_recv_per_rank" in ints and "max_tokens_per_rank" in ints:
+            need(ints["max_recv_per_rank"] <= ints["max_tokens_per_rank"],
+                 "attribute 'max_recv_per_rank' must not exceed 'max_tokens_per_rank'")
+        if "hidden" in ints and dtype in dtypes:
+            need(ints["hidden"] * dtypes[dtype] % 16 == 0,
+                 f"a token row ({ints['hidden']} x {dtype}) must be a multiple of 16 bytes")
+        if "scale_bytes" in ints:
+            need(ints["scale_bytes"] >= 0, "attribute 'scale_bytes' must be >= 0")
+        if "zero_copy" in ints:
+            need(ints["zero_copy"] in (0, 1), "attribute 'zero_copy' must be 0 or 1")
+    if short == "accumulate_rows":
+        need(len(op.operands) >= 3, "needs at least one source row")
+    return errors

@@ -1,0 +1,488 @@
+"""MoE expert-parallel dispatch/combine with MORI's Python API, on kernels compiled from ``mori_ep``.
+
+``EpDispatchCombineOp(config)`` builds its kernels once (at construction, from the bundle cache: compiled
+there and then when the compiler is installed, else precompiled), allocates its buffers on the symmetric
+heap and launches on the current PyTorch stream. ``dispatch``/``combine`` never compile and never
+synchronize with the host (unless ``validate`` asks to check expert ids), so they can be captured in a
+CUDA graph after one eager call with the same tensors (the argument tables are uploaded then).
+
+Two ways to run, chosen by how shmem was initialized (mori_compiler.runtime.shmem):
+
+* multi-process (``shmem_torch_process_group_init``): one op per process, tensors as in MORI;
+* virtual PEs (``shmem_init_virtual(world_size)``): all PEs in this process and one launch; every tensor
+  argument is then a list with one tensor per PE, and every result is a list per PE.
+
+Semantics (ep-semantics.md §2): a token goes once to each destination PE among its top-k experts
+(lowest k represents it); outputs are views of persistent buffers that the next call overwrites; rows
+``[0, total_recv)`` are valid, in arrival order; ``combine`` sums, in fp32, the rows returned by the
+token's destination PEs (routing weights are not applied) and the weight rows likewise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+DISPATCH_DTYPES = ("bf16", "f32", "fp8_e4m3fn", "fp8_e4m3fnuz")
+COMBINE_DTYPES = ("bf16", "f32")
+MAX_BLOCKS = 1024  # device-barrier epoch slots per PE: the largest grid a combine may use
+_TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "fp8_e4m3fn",
+                      "float8_e4m3fnuz": "fp8_e4m3fnuz"}  # fmt: skip
+
+
+class EpDispatchCombineKernelType(enum.IntEnum):
+    """MORI's kernel types (values as MORI's enum). This version implements IntraNode."""
+
+    IntraNode = 0
+    InterNode = 1
+    InterNodeV1 = 2
+    InterNodeV1LL = 3
+    AsyncLL = 4
+    IntraNodeLL = 5
+
+
+@dataclass
+class EpDispatchCombineConfig:
+    """MORI's v1 configuration (fields and defaults as ``mori.ops.EpDispatchCombineConfig``).
+
+    ``data_type`` is informative (the kernels follow each call's input dtype); ``max_token_type_size``
+    sizes every token buffer; ``use_external_inp_buf=False`` selects the zero-copy combine.
+    """
+
+    data_type: object
+    rank: int
+    world_size: int
+    hidden_dim: int
+    scale_dim: int
+    scale_type_size: int
+    max_token_type_size: int
+    max_num_inp_token_per_rank: int
+    num_experts_per_rank: int
+    num_experts_per_token: int
+    warp_num_per_block: int = 8
+    block_num: int = 80
+    max_total_recv_tokens: int = 0
+    use_external_inp_buf: bool = True
+    kernel_type: EpDispatchCombineKernelType = EpDispatchCombineKernelType.IntraNode
+    gpu_per_node: int = 8
+    rdma_block_num: int = 0
+    num_qp_per_pe: int = 1
+    quant_type: str = "none"
+
+    @property
+    def max_recv_per_rank(self) -> int:  # Rp
+        m = self.max_num_inp_token_per_rank
+        cap = self.max_total_recv_tokens
+        return min(-(-cap // self.world_size), m) if cap > 0 else m
+
+    @property
+    def max_recv(self) -> int:  # R
+        return self.world_size * self.max_recv_per_rank
+
+
+def _dtype_name(dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in _TORCH_DTYPE_NAMES:
+        raise ValueError(f"unsupported dtype {dtype}; dispatch takes bfloat16, float32, float8_e4m3fn, "
+                         f"float8_e4m3fnuz and combine bfloat16, float32")  # fmt: skip
+    return _TORCH_DTYPE_NAMES[name]
+
+
+def validate_config(cfg: EpDispatchCombineConfig, wave_size: int) -> None:
+    """A clear ValueError for any config the kernels cannot support."""
+    if EpDispatchCombineKernelType(cfg.kernel_type) != EpDispatchCombineKernelType.IntraNode:
+        raise ValueError(f"kernel_type {EpDispatchCombineKernelType(cfg.kernel_type).name} is not implemented in "
+                         "this version (IntraNode only)")  # fmt: skip
+    if cfg.quant_type != "none":
+        raise ValueError(f"quant_type '{cfg.quant_type}' is not implemented in this version (only 'none')")
+    positive = ("world_size", "hidden_dim", "max_token_type_size", "max_num_inp_token_per_rank",
+                "num_experts_per_rank", "num_experts_per_token", "warp_num_per_block", "block_num")  # fmt: skip
+    for name in positive:
+        if int(getattr(cfg, name)) < 1:
+            raise ValueError(f"config.{name} must be >= 1, got {getattr(cfg, name)}")
+    if not 0 <= cfg.rank < cfg.world_size:
+        raise ValueError(f"config.rank {cfg.rank} is outside [0, world_size={cfg.world_size})")
+    if cfg.world_size > min(32, wave_size):
+        raise ValueError(f"config.world_size {cfg.world_size} exceeds {min(32, wave_size)} (one lane per peer in the "
+                         "count handshake)")  # fmt: skip
+    if cfg.num_experts_per_token >= wave_size:
+        raise ValueError(f"config.num_experts_per_token (top-k {cfg.num_experts_per_token}) must be smaller than the "
+                         f"wave size {wave_size}")  # fmt: skip
+    if cfg.max_token_type_size not in (1, 2, 4):
+        raise ValueError(f"config.max_token_type_size must be 1, 2 or 4, got {cfg.max_token_type_size}")
+    if cfg.hidden_dim % 16:
+        raise ValueError(f"config.hidden_dim {cfg.hidden_dim} must be a multiple of 16 (16-byte vectors for every dtype)")
+    if cfg.scale_dim < 0 or (cfg.scale_dim and cfg.scale_type_size not in (1, 2, 4, 8)):
+        raise ValueError(f"config.scale_dim/scale_type_size {cfg.scale_dim}/{cfg.scale_type_size} are invalid")
+    if cfg.block_num > MAX_BLOCKS:
+        raise ValueError(f"config.block_num {cfg.block_num} exceeds {MAX_BLOCKS}")
+    if cfg.max_total_recv_tokens < 0:
+        raise ValueError("config.max_total_recv_tokens must be >= 0")
+
+
+def kernel_module_source(cfg: EpDispatchCombineConfig, wave_size: int) -> str:
+    """The mori_ep module of every kernel this config can launch (one bundle, one module load)."""
+    common = (f"world_size = {cfg.world_size} : i64, hidden = {cfg.hidden_dim} : i64, top_k = "
+              f"{cfg.num_experts_per_token} : i64, experts_per_rank = {cfg.num_experts_per_rank} : i64, "
+              f"max_tokens_per_rank = {cfg.max_num_inp_token_per_rank} : i64, max_recv_per_rank = "
+              f"{cfg.max_recv_per_rank} : i64, warps_per_block = {cfg.warp_num_per_block} : i64, "
+              f"wave_size = {wave_size} : i64")  # fmt: skip
+    scale_bytes = cfg.scale_dim * cfg.scale_type_size
+    ops = []
+    for dtype in DISPATCH_DTYPES:
+        if {"bf16": 2, "f32": 4}.get(dtype, 1) <= cfg.max_token_type_size:
+            ops.append(f'    "mori_ep.dispatch"() {{{common}, dtype = "{dtype}", scale_bytes = {scale_bytes} : i64}} : () -> ()')
+    for dtype in COMBINE_DTYPES:
+        if {"bf16": 2, "f32": 4}[dtype] <= cfg.max_token_type_size:
+            for zero_copy in (1, 0):
+                ops.append(f'    "mori_ep.combine"() {{{common}, dtype = "{dtype}", zero_copy = {zero_copy} : i64, '
+                           f"max_blocks = {MAX_BLOCKS} : i64}} : () -> ()")  # fmt: skip
+    body = "\n".join(ops)
+    return f"module attributes {{gpu.container_module}} {{\n  gpu.module @mori_ep_intranode {{\n{body}\n  }}\n}}\n"
+
+
+@dataclass
+class _Buffers:
+    """Symmetric allocations (handles) of one op; per-PE addresses come from shmem_ptr_p2p."""
+
+    out_x: int
+    out_w: int
+    out_s: int
+    out_idx: int
+    src_pos: int
+    slot_ctrs: int
+    signals: int
+    dispatch_grid: int
+    round_ctr: int
+    fwd: int
+    dest_ctr: int
+    total: int
+    status: int
+    reg_x: int
+    reg_w: int
+    stage_x: int
+    stage_w: int
+    combine_grid: int
+    out_c: int
+    out_cw: int
+    zero_row: int
+    bar_slots: int
+    bar_epochs: int
+
+
+class EpDispatchCombineOp:
+    """IntraNode dispatch/combine (MORI's ``mori.ops.EpDispatchCombineOp`` API)."""
+
+    def __init__(self, config: EpDispatchCombineConfig, *, target: str | None = None, validate: bool = True):
+        import torch
+
+        from mori_compiler.cache import get_bundle
+        from mori_compiler.options import CompileOptions
+        from mori_compiler.runtime import shmem
+        from mori_compiler.runtime.launcher import KernelSet
+        from mori_compiler.targets import get_target
+
+        self.config = config
+        self.validate = validate
+        state = shmem.state()
+        if state.n_pes != config.world_size:
+            raise ValueError(f"config.world_size {config.world_size} differs from shmem_npes() {state.n_pes}")
+        self.virtual = bool(state.virtual)
+        if not self.virtual and shmem.shmem_mype() != config.rank:
+            raise ValueError(f"config.rank {config.rank} differs from shmem_mype() {shmem.shmem_mype()}")
+        self.target = get_target(target or ("sm_90" if state.driver.backend in ("nvvm", "cuda") else "gfx942"))
+        validate_config(config, self.target.wave_size)
+        self.source = kernel_module_source(config, self.target.wave_size)
+        options = CompileOptions(target=self.target.name, virtual_pes=self.virtual)
+        self.bundle = get_bundle(self.source, options, what=f"EP IntraNode kernels ({self.target.name})")
+        self._alloc()
+        self.kernels = KernelSet(self.bundle)
+        torch.cuda.synchronize()  # every PE's buffers are zeroed before any peer can write into them
+        shmem.shmem_barrier_all()
+        self._last_n = [0] * self.n_local
+
+    # ---- buffers ---------------------------------------------------------------------------------
+    @property
+    def n_local(self) -> int:
+        return self.config.world_size if self.virtual else 1
+
+    def _pes(self) -> list[int]:
+        from mori_compiler.runtime import shmem
+
+        return list(range(self.config.world_size)) if self.virtual else [shmem.shmem_mype()]
+
+    def _alloc(self) -> None:
+        from mori_compiler.runtime import shmem
+
+        c = self.config
+        W, K, M, R, H = c.world_size, c.num_experts_per_token, c.max_num_inp_token_per_rank, c.max_recv, c.hidden_dim
+        tok = H * c.max_token_type_size
+        push = W * M if c.use_external_inp_buf else 1
+        sizes = {
+            "out_x": R * tok, "out_w": R * K * 4, "out_s": max(R * c.scale_dim * c.scale_type_size, 16),
+            "out_idx": R * K * 4, "src_pos": R * 4, "slot_ctrs": 16, "signals": 8 * W, "dispatch_grid": 16,
+            "round_ctr": 16, "fwd": M * K * 4, "dest_ctr": 4 * W, "total": 16, "status": 16,
+            "reg_x": R * tok, "reg_w": R * K * 4, "stage_x": push * tok, "stage_w": push * K * 4,
+            "combine_grid": 16, "out_c": M * tok, "out_cw": M * K * 4, "zero_row": max(tok, 4 * K, 16),
+            "bar_slots": 8 * MAX_BLOCKS * W, "bar_epochs": 8 * MAX_BLOCKS,
+        }  # fmt: skip
+        handles = {name: shmem.shmem_malloc_align(256, size) for name, size in sizes.items()}
+        self.buffers = _Buffers(**handles)
+        self._sizes = sizes
+        import torch
+
+        for name in ("slot_ctrs", "signals", "dispatch_grid", "round_ctr", "dest_ctr", "total", "status",
+                     "combine_grid", "zero_row", "bar_slots", "bar_epochs", "fwd"):  # fmt: skip
+            for pe in self._pes():
+                shmem.shmem_tensor(handles[name], (sizes[name],), torch.uint8, pe=pe).zero_()
+
+    def _addr(self, name: str, pe: int) -> int:
+        from mori_compiler.runtime import shmem
+
+        handle = getattr(self.buffers, name)
+        return shmem.shmem_ptr_p2p(handle, 0, pe) if self.virtual else handle
+
+    def _view(self, name: str, pe: int, shape, dtype):
+        from mori_compiler.runtime import shmem
+
+        return shmem.shmem_tensor(getattr(self.buffers, name), shape, dtype, pe=pe if self.virtual else None)
+
+    # ---- argument checks ---------------------------------------------------------------------------
+    def _per_pe(self, value, what: str) -> list:
+        if self.virtual:
+            if value is None:
+                return [None] * self.n_local
+            if not isinstance(value, (list, tuple)) or len(value) != self.n_local:
+                raise ValueError(f"{what}: with {self.n_local} virtual PEs pass a list of {self.n_local} tensors "
+                                 "(one per PE) or None")  # fmt: skip
+            return list(value)
+        return [value]
+
+    @staticmethod
+    def _check_tensor(t, what: str, *, ndim: int, dtypes=None, shape0=None, dim1=None):
+        import torch
+
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise ValueError(f"{what} must be on a CUDA device, got {t.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{what} must be contiguous")
+        if t.dim() != ndim:
+            raise ValueError(f"{what} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+        if dtypes is not None and t.dtype not in dtypes:
+            raise ValueError(f"{what} has dtype {t.dtype}; allowed: {', '.join(str(d) for d in dtypes)}")
+        if shape0 is not None and t.shape[0] != shape0:
+            raise ValueError(f"{what} has {t.shape[0]} rows, expected {shape0}")
+        if dim1 is not None and t.shape[1] != dim1:
+            raise ValueError(f"{what} has {t.shape[1]} columns, expected {dim1}")
+
+    def _check_indices(self, idx, what: str) -> None:
+        import torch
+
+        if not self.validate or torch.cuda.is_current_stream_capturing() or idx.numel() == 0:
+            return
+        c = self.config
+        hi = int(idx.max())
+        if hi >= c.world_size * c.num_experts_per_rank:
+            raise ValueError(f"{what} holds expert id {hi}; experts are [0, {c.world_size * c.num_experts_per_rank}) "
+                             "(-1 drops a slot)")  # fmt: skip
+        if int(idx.min()) < -1:
+            raise ValueError(f"{what} holds {int(idx.min())}; use -1 to drop a slot")
+
+    # ---- dispatch ----------------------------------------------------------------------------------
+    def dispatch(self, input, weights, scales, indices, block_num: int = -1, rdma_block_num: int = -1,
+                 warp_per_block: int = -1, call_local_expert_count: bool = False):  # fmt: skip
+        """Send every token to the PEs of its experts. Returns (out, out_weights, out_scales, out_indices,
+        total_recv) per PE (a tuple, or a list of tuples with virtual PEs)."""
+        import torch
+
+        c = self.config
+        if warp_per_block not in (-1, c.warp_num_per_block):
+            raise ValueError(f"warp_per_block {warp_per_block}: the kernels were compiled for {c.warp_num_per_block}")
+        blocks = c.block_num if block_num in (-1, None) else int(block_num)
+        if not 1 <= blocks <= MAX_BLOCKS:
+            raise ValueError(f"block_num must be in [1, {MAX_BLOCKS}], got {blocks}")
+        xs, ws, ss, ids = (self._per_pe(a, n) for a, n in ((input, "input"), (weights, "weights"),
+                                                            (scales, "scales"), (indices, "indices")))  # fmt: skip
+        dtype = None
+        args, results = [], []
+        for i, pe in enumerate(self._pes()):
+            x, w, s, idx = xs[i], ws[i], ss[i], ids[i]
+            self._check_tensor(x, f"input[{pe}]", ndim=2, dim1=c.hidden_dim)
+            name = _dtype_name(x.dtype)
+            if name not in DISPATCH_DTYPES or x.element_size() > c.max_token_type_size:
+                raise ValueError(f"input[{pe}] dtype {x.dtype} is not supported with max_token_type_size "
+                                 f"{c.max_token_type_size}")  # fmt: skip
+            if dtype not in (None, name):
+                raise ValueError(f"all PEs must dispatch the same dtype ({dtype} vs {name})")
+            dtype = name
+            n = x.shape[0]
+            if n > c.max_num_inp_token_per_rank:
+                raise ValueError(f"input[{pe}] has {n} tokens, more than max_num_inp_token_per_rank "
+                                 f"{c.max_num_inp_token_per_rank}")  # fmt: skip
+            self._check_tensor(idx, f"indices[{pe}]", ndim=2, dtypes=(torch.int32,), shape0=n,
+                               dim1=c.num_experts_per_token)  # fmt: skip
+            self._check_indices(idx, f"indices[{pe}]")
+            if w is not None:
+                self._check_tensor(w, f"weights[{pe}]", ndim=2, dtypes=(torch.float32,), shape0=n,
+                                   dim1=c.num_experts_per_token)  # fmt: skip
+            if s is not None:
+                if not c.scale_dim:
+                    raise ValueError("scales were given but config.scale_dim is 0")
+                self._check_tensor(s, f"scales[{pe}]", ndim=2, shape0=n, dim1=c.scale_dim)
+                if s.element_size() != c.scale_type_size:
+                    raise ValueError(f"scales[{pe}] element size {s.element_size()} != scale_type_size {c.scale_type_size}")
+            if x.device.index != torch.cuda.current_device():
+                raise ValueError(f"input[{pe}] is on {x.device}, the op runs on cuda:{torch.cuda.current_device()}")
+            self._last_n[i] = n
+            a = self._addr
+            args.append((x.data_ptr(), 0 if w is None else w.data_ptr(), 0 if s is None else s.data_ptr(),
+                         idx.data_ptr(), n, a("out_x", pe), a("out_w", pe), a("out_s", pe), a("out_idx", pe),
+                         a("src_pos", pe), a("slot_ctrs", pe), a("signals", pe), a("dispatch_grid", pe),
+                         a("round_ctr", pe), a("fwd", pe), a("dest_ctr", pe), a("total", pe), a("status", pe)))  # fmt: skip
+            R, K = c.max_recv, c.num_experts_per_token
+            results.append((
+                self._view("out_x", pe, (R * c.hidden_dim * x.element_size(),), torch.uint8).view(x.dtype).view(R, c.hidden_dim),
+                self._view("out_w", pe, (R, K), torch.float32),
+                self._view("out_s", pe, (R, c.scale_dim), s.dtype) if s is not None else None,
+                self._view("out_idx", pe, (R, K), torch.int32),
+                self._view("total", pe, (1,), torch.int32),
+            ))  # fmt: skip
+        self._launch(f"ep_dispatch_{dtype}", args, blocks)
+        return results if self.virtual else results[0]
+
+    dispatch_send = dispatch
+
+    def dispatch_recv(self, *args, **kwargs):
+        raise RuntimeError("dispatch_recv is only used by the AsyncLL kernel type; IntraNode's dispatch_send "
+                           "(= dispatch) completes the whole exchange")  # fmt: skip
+
+    # ---- combine -----------------------------------------------------------------------------------
+    def combine(self, input, weights, indices, block_num: int = -1, rdma_block_num: int = -1,
+                warp_per_block: int = -1, use_external_inp_buf: int = -1, call_reset: bool = False):  # fmt: skip
+        """Sum each token's rows back from its destination PEs. Returns (out [M, H], out_weights [M, K] or
+        None) per PE."""
+        import torch
+
+        c = self.config
+        external = c.use_external_inp_buf if use_external_inp_buf in (-1, None) else bool(use_external_inp_buf)
+        if external and not c.use_external_inp_buf:
+            raise ValueError("use_external_inp_buf=1 needs the op built with config.use_external_inp_buf=True "
+                             "(the push staging buffer)")  # fmt: skip
+        blocks = c.block_num if block_num in (-1, None) else int(block_num)
+        if not 1 <= blocks <= MAX_BLOCKS:
+            raise ValueError(f"block_num must be in [1, {MAX_BLOCKS}], got {blocks}")
+        ys, ws, ids = (self._per_pe(a, n) for a, n in ((input, "input"), (weights, "weights"), (indices, "indices")))
+        dtype, args, results = None, [], []
+        for i, pe in enumerate(self._pes()):
+            y, w, idx = ys[i], ws[i], ids[i]
+            self._check_tensor(y, f"input[{pe}]", ndim=2, dim1=c.hidden_dim)
+            name = _dtype_name(y.dtype)
+            if name not in COMBINE_DTYPES or y.element_size() > c.max_token_type_size:
+                raise ValueError(f"combine input[{pe}] dtype {y.dtype}: combine takes bfloat16 or float32 "
+                                 f"(within max_token_type_size {c.max_token_type_size})")  # fmt: skip
+            if dtype not in (None, name):
+                raise ValueError(f"all PEs must combine the same dtype ({dtype} vs {name})")
+            dtype = name
+            self._check_tensor(idx, f"indices[{pe}]", ndim=2, dtypes=(torch.int32,), dim1=c.num_experts_per_token)
+            n = idx.shape[0]
+            if n != self._last_n[i]:
+                raise ValueError(f"indices[{pe}] has {n} tokens but the last dispatch sent {self._last_n[i]}; combine "
+                                 "takes the routing given to dispatch")  # fmt: skip
+            if y.shape[0] > c.max_recv:
+                raise ValueError(f"input[{pe}] has {y.shape[0]} rows, more than the receive capacity {c.max_recv}")
+            if w is not None:
+                self._check_tensor(w, f"weights[{pe}]", ndim=2, dtypes=(torch.float32,), dim1=c.num_experts_per_token)
+            a = self._addr
+            out_w = a("out_cw", pe) if w is not None else 0
+            if external:
+                args.append((y.data_ptr(), 0 if w is None else w.data_ptr(), a("stage_x", pe), a("stage_w", pe),
+                             a("src_pos", pe), a("fwd", pe), n, a("total", pe), a("out_c", pe), out_w, a("zero_row", pe),
+                             a("combine_grid", pe), a("bar_slots", pe), a("bar_epochs", pe)))  # fmt: skip
+            else:
+                reg = self.get_registered_combine_input_buffer(y.dtype, pe=pe)
+                if y.data_ptr() != reg.data_ptr():  # not written in place: copy into the registered buffer
+                    reg[: y.shape[0]].copy_(y)
+                args.append((0 if w is None else w.data_ptr(), a("reg_x", pe), a("reg_w", pe), a("fwd", pe), n,
+                             a("total", pe), a("out_c", pe), out_w, a("zero_row", pe), a("bar_slots", pe),
+                             a("bar_epochs", pe)))  # fmt: skip
+            M, K = c.max_num_inp_token_per_rank, c.num_experts_per_token
+            out = self._view("out_c", pe, (M * c.hidden_dim * y.element_size(),), torch.uint8).view(y.dtype)
+            results.append((out.view(M, c.hidden_dim), self._view("out_cw", pe, (M, K), torch.float32) if w is not None
+                            else None))  # fmt: skip
+        self._launch(f"ep_combine_{'push' if external else 'pull'}_{dtype}", args, blocks)
+        return results if self.virtual else results[0]
+
+    combine_send = combine
+
+    def combine_recv(self, *args, **kwargs):
+        raise RuntimeError("combine_recv is only used by the AsyncLL kernel type; IntraNode's combine_send "
+                           "(= combine) completes the whole exchange")  # fmt: skip
+
+    # ---- launch and state ----------------------------------------------------------------------------
+    def _launch(self, kernel: str, per_pe_args: list, blocks: int) -> None:
+        threads = self.config.warp_num_per_block * self.target.wave_size
+        if self.virtual:
+            self.kernels.launch_virtual(kernel, per_pe_args, grid=(blocks, 1), block=(threads, 1, 1))
+        else:
+            self.kernels.launch(kernel, list(per_pe_args[0]), grid=(blocks, 1, 1), block=(threads, 1, 1),
+                                cooperative=True)  # fmt: skip
+
+    def reset(self) -> None:
+        """Nothing to do: every kernel leaves its counters ready for the next call (as MORI's)."""
+
+    def get_registered_combine_input_buffer(self, dtype, hidden_dim: int = -1, *, pe: int | None = None):
+        """The [R, hidden] view of the symmetric buffer the zero-copy combine reads (per PE with virtual PEs)."""
+        import torch
+
+        c = self.config
+        hidden = c.hidden_dim if hidden_dim in (-1, None) else int(hidden_dim)
+        if hidden != c.hidden_dim:
+            raise ValueError(f"hidden_dim {hidden} != config.hidden_dim {c.hidden_dim} (compiled in)")
+        size = torch.empty((), dtype=dtype).element_size()
+        if size > c.max_token_type_size:
+            raise ValueError(f"dtype {dtype} is wider than max_token_type_size {c.max_token_type_size}")
+        if pe is None and self.virtual:
+            return [self.get_registered_combine_input_buffer(dtype, hidden, pe=p) for p in self._pes()]
+        pe = self._pes()[0] if pe is None else pe
+        raw = self._view("reg_x", pe, (c.max_recv * hidden * size,), torch.uint8)
+        return raw.view(dtype).view(c.max_recv, hidden)
+
+    def get_dispatch_src_token_pos(self):
+        """Synchronizes; int32 [total_recv] with srcRank * (W * M) + srcTok for every received row."""
+        import torch
+
+        torch.cuda.synchronize()
+        out = []
+        for pe in self._pes():
+            total = int(self._view("total", pe, (1,), torch.int32)[0])
+            out.append(self._view("src_pos", pe, (self.config.max_recv,), torch.int32)[:total].clone())
+        return out if self.virtual else out[0]
+
+    def dispatch_overflow(self):
+        """Tokens dropped since construction because a receiver's capacity (max_total_recv_tokens) was
+        exceeded: they are not written anywhere, and combine leaves them out (synchronizes)."""
+        import torch
+
+        torch.cuda.synchronize()
+        counts = [int(self._view("status", pe, (1,), torch.int32)[0]) for pe in self._pes()]
+        return counts if self.virtual else counts[0]
+
+    def close(self) -> None:
+        """Free the op's symmetric buffers (every PE must close its ops in the same order)."""
+        from mori_compiler.runtime import shmem
+
+        buffers, self.buffers = getattr(self, "buffers", None), None
+        if buffers is None or shmem.current_state() is None:
+            return
+        import torch
+
+        torch.cuda.synchronize()
+        for handle in reversed(dataclasses.astuple(buffers)):
+            shmem.shmem_free(handle)
+
+    def config_dict(self) -> dict:
+        return dataclasses.asdict(self.config) | {"target": self.target.name, "virtual_pes": self.virtual}
+

@@ -1,0 +1,458 @@
+"""``mori-ep-to-kernels``: expand mori_ep dispatch/combine ops into IntraNode kernels.
+
+Input: ``mori_ep.dispatch`` / ``mori_ep.combine`` ops (config in attributes) at the top of a gpu.module.
+Output: gpu.func kernels ``ep_dispatch_<dtype>``, ``ep_combine_pull_<dtype>`` (zero-copy) or
+``ep_combine_push_<dtype>`` (external input buffer), written with mori_ep building blocks, mori_shmem, gpu, scf, arith and llvm ops.
+Options: ``wave-size`` (the target's; must match the op's ``wave_size``).
+
+The protocols (ep-semantics.md §3.0-§3.2), with the ordering each block provides:
+
+* dispatch: one warp per token. Lanes < K read the expert ids, drop invalid ones and duplicates per
+  destination PE (lowest k is the representative), reserve a slot on each destination's counter
+  (``reserve_slot``: relaxed system-scope fetch-add), and record the forward map (pe * R + slot, or the
+  null W * R). The warp copies the token row and the scales to every destination (``row_copy``); lanes < K
+  store the K expert ids and weights, lane 0 the source position (src_pe * S + token), all as relaxed
+  system-scope stores. Then ``grid_barrier`` (release/acquire between this PE's blocks) and
+  ``count_signal`` (flow-controlled count + 1 per peer: release fence before, acquire fence after), so
+  every payload store a peer made to us is visible once its count has arrived. Slot counters are double
+  buffered by round parity: round r reserves on counter r % 2 and, at its start, clears counter
+  (r + 1) % 2, which nobody can touch then (round r - 1 is complete, and no peer starts round r + 1
+  before our round-r count reaches it, which is after the clear and a release fence). The round counter
+  is incremented on the device at the end, so CUDA-graph replay is correct.
+* combine, pull (zero-copy): the expert outputs are already in the registered symmetric buffer; weights
+  are copied next to them; ``device_barrier`` (release/acquire across PEs); each warp sums, per token,
+  the K source rows read directly from the peers (``accumulate_rows``, fp32), and the weights.
+* combine, push (external input): each received row is written (``row_copy``) into its owner's staging
+  row (our PE * M + token); ``grid_barrier`` then ``device_barrier``; each warp sums its tokens' staged
+  rows locally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from mori_compiler._mlir import ir
+from mori_compiler.dialects import mori_ep
+from mori_compiler.errors import MoriCompilerError
+
+from .ep_blocks import insert_functions
+
+P = "!llvm.ptr"
+
+
+@dataclass(frozen=True)
+class EpKernelConfig:
+    """The compile-time configuration of the IntraNode kernels (from the op's attributes)."""
+
+    world_size: int
+    hidden: int
+    dtype: str
+    top_k: int
+    experts_per_rank: int
+    max_tokens_per_rank: int
+    max_recv_per_rank: int
+    wave_size: int
+    warps_per_block: int = 8
+    scale_bytes: int = 0
+    zero_copy: int = 1
+    max_blocks: int = 1024
+
+    @property
+    def elem_bytes(self) -> int:
+        return {**mori_ep.DISPATCH_DTYPES, **mori_ep.COMBINE_DTYPES}[self.dtype]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.hidden * self.elem_bytes
+
+    @property
+    def recv_capacity(self) -> int:  # R
+        return self.world_size * self.max_recv_per_rank
+
+    @property
+    def send_stride(self) -> int:  # S = W * M: the source-position encoding's stride
+        return self.world_size * self.max_tokens_per_rank
+
+    @property
+    def null_fwd(self) -> int:
+        return self.world_size * self.recv_capacity
+
+    @classmethod
+    def from_op(cls, op: ir.Operation) -> "EpKernelConfig":
+        ints = mori_ep.int_attributes(op)
+        fields = {f: ints[f] for f in cls.__dataclass_fields__ if f in ints}
+        return cls(dtype=op.attributes["dtype"].value, **fields)
+
+
+def _prologue(cfg: EpKernelConfig) -> str:
+    return f"""      %qp = arith.constant 0 : i32
+      %me = "mori_shmem.my_pe"() : () -> i32
+      %c0i = arith.constant 0 : i32
+      %c1i = arith.constant 1 : i32
+      %false = arith.constant false
+      %true = arith.constant true
+      %K = arith.constant {cfg.top_k} : i32
+      %W = arith.constant {cfg.world_size} : i32
+      %R = arith.constant {cfg.recv_capacity} : i32
+      %NULL = arith.constant {cfg.null_fwd} : i32
+      %wave = arith.constant {cfg.wave_size} : i32
+      %c0x = arith.constant 0 : index
+      %c1x = arith.constant 1 : index
+      %Kx = arith.constant {cfg.top_k} : index
+      %tid_i = gpu.thread_id x
+      %lane_i = gpu.lane_id
+      %lane = arith.index_cast %lane_i : index to i32
+      %bid_i = gpu.block_id x
+      %nb_i = gpu.grid_dim x
+      %wpb = arith.constant {cfg.warps_per_block} : index
+      %wave_x = arith.constant {cfg.wave_size} : index
+      %warp_in_block = arith.divui %tid_i, %wave_x : index
+      %gw0 = arith.muli %bid_i, %wpb : index
+      %gw = arith.addi %gw0, %warp_in_block : index
+      %nw = arith.muli %nb_i, %wpb : index
+      %null_ptr = llvm.mlir.zero : {P}
+      %is_k = arith.cmpi ult, %lane, %K : i32
+      %lane0 = arith.cmpi eq, %lane, %c0i : i32
+"""
+
+
+def dispatch_kernel(cfg: EpKernelConfig) -> str:
+    scales = ""
+    if cfg.scale_bytes:
+        scales = f"""            scf.if %has_s {{
+              %sb = arith.constant {cfg.scale_bytes} : i64
+              %sdo = arith.muli %sl64, %sb : i64
+              %sdst = llvm.getelementptr %out_s[%sdo] : ({P}, i64) -> {P}, i8
+              %sso = arith.muli %t64, %sb : i64
+              %ssrc = llvm.getelementptr %s[%sso] : ({P}, i64) -> {P}, i8
+              "mori_ep.row_copy"(%sdst, %ssrc, %sb, %pek) : ({P}, {P}, i64, i32) -> ()
+            }}
+"""
+    return f"""    gpu.func @ep_dispatch_{cfg.dtype}(%x: {P}, %w: {P}, %s: {P}, %idx: {P}, %n: i32, %out_x: {P}, %out_w: {P}, %out_s: {P},
+        %out_idx: {P}, %src_pos: {P}, %slot_ctrs: {P}, %signals: {P}, %grid_ctr: {P}, %round_ctr: {P}, %fwd: {P},
+        %dest_ctr: {P}, %total: {P}, %status: {P}) kernel {{
+{_prologue(cfg)}      %Er = arith.constant {cfg.experts_per_rank} : i32
+      %S = arith.constant {cfg.send_stride} : i32
+      %row = arith.constant {cfg.row_bytes} : i64
+      %has_w = llvm.icmp "ne" %w, %null_ptr : {P}
+      %has_s = llvm.icmp "ne" %s, %null_ptr : {P}
+      // Round parity selects this round's slot counter; thread 0 of block 0 clears the other one.
+      %round = llvm.load %round_ctr : {P} -> i64
+      %one64 = arith.constant 1 : i64
+      %par64 = arith.andi %round, %one64 : i64
+      %par = arith.trunci %par64 : i64 to i32
+      %slot_ctr = llvm.getelementptr %slot_ctrs[%par] : ({P}, i32) -> {P}, i32
+      %other = arith.xori %par, %c1i : i32
+      %tid = arith.index_cast %tid_i : index to i32
+      %b0 = arith.cmpi eq, %bid_i, %c0x : index
+      %t0 = arith.cmpi eq, %tid, %c0i : i32
+      %first_thread = arith.andi %b0, %t0 : i1
+      scf.if %first_thread {{
+        %octr = llvm.getelementptr %slot_ctrs[%other] : ({P}, i32) -> {P}, i32
+        "mori_shmem.p"(%octr, %c0i, %me, %qp) {{c_type = "uint32"}} : ({P}, i32, i32, i32) -> ()
+      }}
+      %n_x = arith.index_cast %n : i32 to index
+      scf.for %t_x = %gw to %n_x step %nw {{
+        %t = arith.index_cast %t_x : index to i32
+        %tK = arith.muli %t, %K : i32
+        %slotidx = arith.addi %tK, %lane : i32
+        %e = scf.if %is_k -> (i32) {{
+          %ep = llvm.getelementptr %idx[%slotidx] : ({P}, i32) -> {P}, i32
+          %ev = llvm.load %ep : {P} -> i32
+          scf.yield %ev : i32
+        }} else {{
+          %m1 = arith.constant -1 : i32
+          scf.yield %m1 : i32
+        }}
+        %nonneg = arith.cmpi sge, %e, %c0i : i32
+        %pe_raw = arith.divsi %e, %Er : i32
+        %inrange = arith.cmpi slt, %pe_raw, %W : i32
+        %valid0 = arith.andi %nonneg, %inrange : i1
+        %valid = arith.andi %valid0, %is_k : i1
+        %pe = arith.select %valid, %pe_raw, %W : i32
+        %dup = scf.for %j = %c0x to %Kx step %c1x iter_args(%d = %false) -> (i1) {{
+          %j32 = arith.index_cast %j : index to i32
+          %pj, %okj = gpu.shuffle idx %pe, %j32, %wave : i32
+          %earlier = arith.cmpi ult, %j32, %lane : i32
+          %same = arith.cmpi eq, %pj, %pe : i32
+          %hit = arith.andi %earlier, %same : i1
+          %d2 = arith.ori %d, %hit : i1
+          scf.yield %d2 : i1
+        }}
+        %notdup = arith.xori %dup, %true : i1
+        %rep = arith.andi %valid, %notdup : i1
+        %slot = scf.if %rep -> (i32) {{
+          %sl = "mori_ep.reserve_slot"(%slot_ctr, %pe) : ({P}, i32) -> i32
+          scf.yield %sl : i32
+        }} else {{
+          scf.yield %c0i : i32
+        }}
+        %fits = arith.cmpi ult, %slot, %R : i32
+        %ok = arith.andi %rep, %fits : i1
+        %nofit = arith.xori %fits, %true : i1
+        %overflow = arith.andi %rep, %nofit : i1
+        scf.if %overflow {{
+          %ov = llvm.atomicrmw add %status, %c1i monotonic : {P}, i32
+        }}
+        scf.if %is_k {{
+          %code0 = arith.muli %pe, %R : i32
+          %code1 = arith.addi %code0, %slot : i32
+          %code = arith.select %ok, %code1, %NULL : i32
+          %fp = llvm.getelementptr %fwd[%slotidx] : ({P}, i32) -> {P}, i32
+          llvm.store %code, %fp : i32, {P}
+        }}
+        scf.if %ok {{
+          %dp = llvm.getelementptr %dest_ctr[%pe] : ({P}, i32) -> {P}, i32
+          %dc = llvm.atomicrmw add %dp, %c1i monotonic : {P}, i32
+        }}
+        %ok32 = arith.extui %ok : i1 to i32
+        %t64 = arith.extui %t : i32 to i64
+        %src_off = arith.muli %t64, %row : i64
+        %src_row = llvm.getelementptr %x[%src_off] : ({P}, i64) -> {P}, i8
+        %wv = scf.if %is_k -> (f32) {{
+          %wz = arith.constant 0.0 : f32
+          %wr = scf.if %has_w -> (f32) {{
+            %wsp = llvm.getelementptr %w[%slotidx] : ({P}, i32) -> {P}, f32
+            %wl = llvm.load %wsp : {P} -> f32
+            scf.yield %wl : f32
+          }} else {{
+            scf.yield %wz : f32
+          }}
+          scf.yield %wr : f32
+        }} else {{
+          %wz2 = arith.constant 0.0 : f32
+          scf.yield %wz2 : f32
+        }}
+        scf.for %k = %c0x to %Kx step %c1x {{
+          %k32 = arith.index_cast %k : index to i32
+          %okk, %v1 = gpu.shuffle idx %ok32, %k32, %wave : i32
+          %pek, %v2 = gpu.shuffle idx %pe, %k32, %wave : i32
+          %slk, %v3 = gpu.shuffle idx %slot, %k32, %wave : i32
+          %send = arith.cmpi ne, %okk, %c0i : i32
+          scf.if %send {{
+            %sl64 = arith.extui %slk : i32 to i64
+            %dst_off = arith.muli %sl64, %row : i64
+            %dst_row = llvm.getelementptr %out_x[%dst_off] : ({P}, i64) -> {P}, i8
+            "mori_ep.row_copy"(%dst_row, %src_row, %row, %pek) : ({P}, {P}, i64, i32) -> ()
+{scales}            scf.if %is_k {{
+              %mi0 = arith.muli %slk, %K : i32
+              %mi = arith.addi %mi0, %lane : i32
+              %ip = llvm.getelementptr %out_idx[%mi] : ({P}, i32) -> {P}, i32
+              "mori_shmem.p"(%ip, %e, %pek, %qp) {{c_type = "int32"}} : ({P}, i32, i32, i32) -> ()
+              scf.if %has_w {{
+                %owp = llvm.getelementptr %out_w[%mi] : ({P}, i32) -> {P}, f32
+                "mori_shmem.p"(%owp, %wv, %pek, %qp) {{c_type = "float"}} : ({P}, f32, i32, i32) -> ()
+              }}
+            }}
+            scf.if %lane0 {{
+              %pos0 = arith.muli %me, %S : i32
+              %pos = arith.addi %pos0, %t : i32
+              %pp = llvm.getelementptr %src_pos[%slk] : ({P}, i32) -> {P}, i32
+              "mori_shmem.p"(%pp, %pos, %pek, %qp) {{c_type = "int32"}} : ({P}, i32, i32, i32) -> ()
+            }}
+          }}
+        }}
+      }}
+      "mori_ep.grid_barrier"(%grid_ctr) : ({P}) -> ()
+      %w0 = arith.cmpi eq, %warp_in_block, %c0x : index
+      %first_warp = arith.andi %b0, %w0 : i1
+      scf.if %first_warp {{
+        "mori_ep.count_signal"(%signals, %dest_ctr, %total) {{world_size = {cfg.world_size} : i64}} : ({P}, {P}, {P}) -> ()
+        scf.if %lane0 {{
+          %next = arith.addi %round, %one64 : i64
+          llvm.store %next, %round_ctr : i64, {P}
+        }}
+      }}
+      gpu.return
+    }}
+"""
+
+
+def _reduce_tokens(cfg: EpKernelConfig, source_row: str) -> str:
+    """Per token: K source rows (valid ones from `source_row(k)`, else the zero row) summed in fp32, and
+    the K weight vectors. `source_row` is MLIR text computing %src{k}/%wsrc{k} from %pe{k}, %sl{k}, %t."""
+    lines = []
+    for k in range(cfg.top_k):
+        lines.append(f"""        %k{k} = arith.constant {k} : i32
+        %f{k}, %fv{k} = gpu.shuffle idx %fl, %k{k}, %wave : i32
+        %valid{k} = arith.cmpi ne, %f{k}, %NULL : i32
+        %pe{k} = arith.divui %f{k}, %R : i32
+        %sl{k} = arith.remui %f{k}, %R : i32
+        %sl64_{k} = arith.extui %sl{k} : i32 to i64
+{source_row.format(k=k)}        %src{k} = arith.select %valid{k}, %row{k}, %zero_row : {P}
+        %wsrc{k} = arith.select %valid{k}, %wrow{k}, %zero_row : {P}""")
+    srcs = ", ".join(f"%src{k}" for k in range(cfg.top_k))
+    types = ", ".join([P, "i64"] + [P] * cfg.top_k)
+    wsum, cur = [], "%wz"
+    for k in range(cfg.top_k):
+        wsum.append(f"""          %wp{k} = llvm.getelementptr %wsrc{k}[%lane] : ({P}, i32) -> {P}, f32
+          %wl{k} = llvm.load %wp{k} : {P} -> f32
+          %ws{k} = arith.addf {cur}, %wl{k} : f32""")
+        cur = f"%ws{k}"
+    per_token = "\n".join(lines)
+    return f"""      %n_x = arith.index_cast %n : i32 to index
+      scf.for %t_x = %gw to %n_x step %nw {{
+        %t = arith.index_cast %t_x : index to i32
+        %t64 = arith.extui %t : i32 to i64
+        %tK = arith.muli %t, %K : i32
+        %fidx = arith.addi %tK, %lane : i32
+        %fl = scf.if %is_k -> (i32) {{
+          %fp = llvm.getelementptr %fwd[%fidx] : ({P}, i32) -> {P}, i32
+          %fv = llvm.load %fp : {P} -> i32
+          scf.yield %fv : i32
+        }} else {{
+          scf.yield %NULL : i32
+        }}
+{per_token}
+        %oo = arith.muli %t64, %rowc : i64
+        %orow = llvm.getelementptr %out[%oo] : ({P}, i64) -> {P}, i8
+        "mori_ep.accumulate_rows"(%orow, %hidden, {srcs}) {{dtype = "{cfg.dtype}"}} : ({types}) -> ()
+        %want_w = llvm.icmp "ne" %out_w, %null_ptr : {P}
+        %lane_w = arith.andi %want_w, %is_k : i1
+        scf.if %lane_w {{
+          %wz = arith.constant 0.0 : f32
+{chr(10).join(wsum)}
+          %owp = llvm.getelementptr %out_w[%fidx] : ({P}, i32) -> {P}, f32
+          llvm.store {cur}, %owp : f32, {P}
+        }}
+      }}
+"""
+
+
+def combine_pull_kernel(cfg: EpKernelConfig) -> str:
+    # Rows are read from the peers' registered buffers: %row{k} = peer pe{k}'s address of reg_x[slot].
+    source = f"""        %xo{{k}} = arith.muli %sl64_{{k}}, %rowc : i64
+        %xl{{k}} = llvm.getelementptr %reg_x[%xo{{k}}] : ({P}, i64) -> {P}, i8
+        %xr{{k}} = "mori_shmem.ptr"(%xl{{k}}, %pe{{k}}) : ({P}, i32) -> {P}
+        %row{{k}} = arith.select %valid{{k}}, %xr{{k}}, %zero_row : {P}
+        %wo{{k}} = arith.muli %sl64_{{k}}, %kb : i64
+        %wloc{{k}} = llvm.getelementptr %reg_w[%wo{{k}}] : ({P}, i64) -> {P}, i8
+        %wrow{{k}} = "mori_shmem.ptr"(%wloc{{k}}, %pe{{k}}) : ({P}, i32) -> {P}
+"""
+    return f"""    gpu.func @ep_combine_pull_{cfg.dtype}(%inp_w: {P}, %reg_x: {P}, %reg_w: {P}, %fwd: {P}, %n: i32, %total: {P}, %out: {P},
+        %out_w: {P}, %zero_row: {P}, %bar_slots: {P}, %bar_epochs: {P}) kernel {{
+{_prologue(cfg)}      %rowc = arith.constant {cfg.row_bytes} : i64
+      %hidden = arith.constant {cfg.hidden} : i64
+      %kb = arith.constant {4 * cfg.top_k} : i64
+      // Weights to send back (optional) go next to the registered rows, then the PEs meet.
+      %has_iw = llvm.icmp "ne" %inp_w, %null_ptr : {P}
+      scf.if %has_iw {{
+        %tot = llvm.load %total : {P} -> i32
+        %nwk = arith.muli %tot, %K : i32
+        %nwk_x = arith.index_cast %nwk : i32 to index
+        %bdim = gpu.block_dim x
+        %gt0 = arith.muli %bid_i, %bdim : index
+        %gt = arith.addi %gt0, %tid_i : index
+        %gs = arith.muli %nb_i, %bdim : index
+        scf.for %i = %gt to %nwk_x step %gs {{
+          %i32 = arith.index_cast %i : index to i32
+          %sp = llvm.getelementptr %inp_w[%i32] : ({P}, i32) -> {P}, f32
+          %v = llvm.load %sp : {P} -> f32
+          %dp = llvm.getelementptr %reg_w[%i32] : ({P}, i32) -> {P}, f32
+          llvm.store %v, %dp : f32, {P}
+        }}
+      }}
+      "mori_ep.device_barrier"(%bar_slots, %bar_epochs) {{world_size = {cfg.world_size} : i64, max_blocks = {cfg.max_blocks} : i64}} : ({P}, {P}) -> ()
+{_reduce_tokens(cfg, source)}      gpu.return
+    }}
+"""
+
+
+def combine_push_kernel(cfg: EpKernelConfig) -> str:
+    # Each received row goes to its owner's staging row (our PE * M + token); then rows are summed locally.
+    M = cfg.max_tokens_per_rank
+    source = f"""        %spe{{k}} = arith.muli %pe{{k}}, %M : i32
+        %srow{{k}} = arith.addi %spe{{k}}, %t : i32
+        %srow64_{{k}} = arith.extui %srow{{k}} : i32 to i64
+        %xo{{k}} = arith.muli %srow64_{{k}}, %rowc : i64
+        %row{{k}} = llvm.getelementptr %stage_x[%xo{{k}}] : ({P}, i64) -> {P}, i8
+        %wo{{k}} = arith.muli %srow64_{{k}}, %kb : i64
+        %wrow{{k}} = llvm.getelementptr %stage_w[%wo{{k}}] : ({P}, i64) -> {P}, i8
+"""
+    return f"""    gpu.func @ep_combine_push_{cfg.dtype}(%inp: {P}, %inp_w: {P}, %stage_x: {P}, %stage_w: {P}, %src_pos: {P}, %fwd: {P},
+        %n: i32, %total: {P}, %out: {P}, %out_w: {P}, %zero_row: {P}, %grid_ctr: {P}, %bar_slots: {P},
+        %bar_epochs: {P}) kernel {{
+{_prologue(cfg)}      %rowc = arith.constant {cfg.row_bytes} : i64
+      %hidden = arith.constant {cfg.hidden} : i64
+      %kb = arith.constant {4 * cfg.top_k} : i64
+      %S = arith.constant {cfg.send_stride} : i32
+      %M = arith.constant {M} : i32
+      %has_iw = llvm.icmp "ne" %inp_w, %null_ptr : {P}
+      %tot = llvm.load %total : {P} -> i32
+      %tot_x = arith.index_cast %tot : i32 to index
+      scf.for %i_x = %gw to %tot_x step %nw {{
+        %i = arith.index_cast %i_x : index to i32
+        %i64 = arith.extui %i : i32 to i64
+        %pp = llvm.getelementptr %src_pos[%i] : ({P}, i32) -> {P}, i32
+        %pos = llvm.load %pp : {P} -> i32
+        %owner = arith.divui %pos, %S : i32
+        %tok = arith.remui %pos, %S : i32
+        %mine = arith.muli %me, %M : i32
+        %srow = arith.addi %mine, %tok : i32
+        %srow64 = arith.extui %srow : i32 to i64
+        %so = arith.muli %srow64, %rowc : i64
+        %dst = llvm.getelementptr %stage_x[%so] : ({P}, i64) -> {P}, i8
+        %io = arith.muli %i64, %rowc : i64
+        %src = llvm.getelementptr %inp[%io] : ({P}, i64) -> {P}, i8
+        "mori_ep.row_copy"(%dst, %src, %rowc, %owner) : ({P}, {P}, i64, i32) -> ()
+        %send_w = arith.andi %has_iw, %is_k : i1
+        scf.if %send_w {{
+          %iK = arith.muli %i, %K : i32
+          %wi = arith.addi %iK, %lane : i32
+          %wsp = llvm.getelementptr %inp_w[%wi] : ({P}, i32) -> {P}, f32
+          %wv = llvm.load %wsp : {P} -> f32
+          %sK = arith.muli %srow, %K : i32
+          %swi = arith.addi %sK, %lane : i32
+          %dwp = llvm.getelementptr %stage_w[%swi] : ({P}, i32) -> {P}, f32
+          "mori_shmem.p"(%dwp, %wv, %owner, %qp) {{c_type = "float"}} : ({P}, f32, i32, i32) -> ()
+        }}
+      }}
+      "mori_ep.grid_barrier"(%grid_ctr) : ({P}) -> ()
+      "mori_ep.device_barrier"(%bar_slots, %bar_epochs) {{world_size = {cfg.world_size} : i64, max_blocks = {cfg.max_blocks} : i64}} : ({P}, {P}) -> ()
+{_reduce_tokens(cfg, source)}      gpu.return
+    }}
+"""
+
+
+def kernels_for(op: ir.Operation) -> str:
+    cfg = EpKernelConfig.from_op(op)
+    short = op.name.split(".", 1)[1]
+    if short == "dispatch":
+        return dispatch_kernel(cfg)
+    if short == "combine":
+        return combine_pull_kernel(cfg) if cfg.zero_copy else combine_push_kernel(cfg)
+    raise MoriCompilerError(f"'{op.name}' has no lowering in this version (IntraNode dispatch and combine only)")
+
+
+@dataclass(frozen=True)
+class MoriEpToKernels:
+    """Expand mori_ep.dispatch/combine into IntraNode gpu.func kernels built from mori_ep blocks.
+
+    Input: mori_ep EP ops at the top of gpu.module. Output: gpu.func kernels using mori_ep blocks,
+    mori_shmem, gpu, scf, arith, llvm. Options: wave-size (the target's).
+    """
+
+    name: ClassVar[str] = "mori-ep-to-kernels"
+    wave_size: int = 64
+
+    def __call__(self, op: ir.Operation, pass_=None) -> None:
+        with op.context:
+            for gm in op.operation.regions[0].blocks[0].operations:
+                if gm.operation.name != "gpu.module":
+                    continue
+                for ep in [o.operation for o in gm.regions[0].blocks[0].operations]:
+                    if not ep.name.startswith("mori_ep.") or ep.name.split(".", 1)[1] not in mori_ep.EP_OPS:
+                        continue
+                    cfg = EpKernelConfig.from_op(ep)
+                    if cfg.wave_size != self.wave_size:
+                        raise MoriCompilerError(f"'{ep.name}' was configured for wave size {cfg.wave_size}, the "
+                                                f"target runs {self.wave_size}")  # fmt: skip
+                    text = "module {\n  gpu.module @tmp {\n" + kernels_for(ep) + "  }\n}\n"
+                    parsed = ir.Module.parse(text)
+                    funcs = parsed.body.operations[0]
+                    body = gm.regions[0].blocks[0]
+                    for f in list(funcs.regions[0].blocks[0].operations):
+                        f.operation.move_before(ep)
+                    del parsed
+                    ep.erase()
