@@ -42,3 +42,18 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def bundle_root() -> Path:
     return BUNDLES
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _gpu_bundle_cache(_session_cache_dir):
+    """GPU tests load (or, with the compiler, build) their kernels in BUNDLES, not the session's fresh
+    cache: on the GPU machine that is where the precompiled bundles are."""
+    saved = os.environ.get("MORI_COMPILER_CACHE_DIR")
+    os.environ["MORI_COMPILER_CACHE_DIR"] = str(BUNDLES)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("MORI_COMPILER_CACHE_DIR", None)
+        else:
+            os.environ["MORI_COMPILER_CACHE_DIR"] = saved
