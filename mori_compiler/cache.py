@@ -46,12 +46,16 @@ def bundle_key(source: str, options: CompileOptions, bitcode_paths, extra: dict 
 
 
 def kernel_signatures(source: str) -> dict[str, KernelInfo]:
-    """Parameter types and block size of every gpu.func kernel of the (verified) source."""
-    from ._mlir import ir
-    from .dialects import registry
+    """Parameter types and block size of every kernel of the (verified) source, after the EP stage has
+    turned mori_ep ops into kernels (before any argument-table rewriting)."""
+    from .pipeline import compile_source
 
-    ctx = ir.Context()
-    module = registry.parse_source(source, ctx)
+    result = compile_source(source, stop_after="ep")
+    return result.signatures
+
+
+def signatures_of_module(module) -> dict[str, KernelInfo]:
+    """KernelInfo of every gpu.func kernel of an MLIR module (ptr/integer/float parameters only)."""
     kernels = {}
     for gm in module.body.operations:
         if gm.operation.name != "gpu.module":
@@ -122,7 +126,7 @@ def compile_bundle(source: str, options: CompileOptions, *, config: dict | None 
             record_request(root, request, key)
         return cached
     result = compile_source(source, options)
-    kernels = kernel_signatures(source)
+    kernels = result.signatures
     state = [{"symbol": STATE_SYMBOL, "size": STATE_SIZE}] if not options.bitcode and options.device_library else []
     return publish_bundle(
         root, key, target=options.target, backend=options.gpu_target.backend, binary=result.binary,

@@ -98,6 +98,7 @@ class CompileResult:
     kernels: tuple[str, ...] = ()
     bitcode: tuple[str, ...] = ()
     timings: dict[str, float] = field(default_factory=dict)
+    signatures: dict = field(default_factory=dict)  # kernel name -> KernelInfo, read after the ep stage
 
 
 def stage_output(result: CompileResult) -> str | bytes:
@@ -172,6 +173,10 @@ def compile_source(
                 f"{filename} --mlir-print-ir-after-all",
                 err.location,
             ) from None
+        if stage == "ep":  # host-visible kernel signatures, before argument tables replace them
+            from .cache import signatures_of_module
+
+            result.signatures = signatures_of_module(module)
         if lap(stage):
             result.mlir = str(module)
             return result
