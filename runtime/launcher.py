@@ -277,7 +277,7 @@ class KernelSet:
         after uploading it for next time. Only with torch, whose allocator keeps the buffer alive here."""
         if not self.driver.torch_interop:
             return None
-        key = (name, table, int(stream))  # per stream: an evicted buffer is only reused after that stream's work
+        key = (name, table)  # any stream: graph capture runs on a side stream and must find the eager upload
         dev = self._tables.get(key)
         if dev is not None:
             self._tables.move_to_end(key)
@@ -289,9 +289,10 @@ class KernelSet:
         with torch.cuda.stream(on) if on is not None else contextlib.nullcontext():
             dev = torch.frombuffer(bytearray(table), dtype=torch.uint8).to(torch.device("cuda", self.driver.device))
         self._tables[key] = dev  # a synchronous upload: ready before any launch that uses it
-        if len(self._tables) > _MAX_CACHED_TABLES:
-            self._tables.popitem(last=False)  # the stream order keeps earlier launches safe: see _device_table
-            return None
+        if len(self._tables) > _MAX_CACHED_TABLES and not self._capturing():
+            # Launches on any stream may still read the oldest table: let them finish before freeing it.
+            torch.cuda.synchronize()
+            self._tables.popitem(last=False)
         return int(dev.data_ptr())
 
     def _check_coresident(self, name: str, fn, blocks: int, block3, shared_mem: int) -> None:
