@@ -421,6 +421,85 @@ class EpDispatchCombineOp:
         raise RuntimeError("combine_recv is only used by the AsyncLL kernel type; IntraNode's combine_send "
                            "(= combine) completes the whole exchange")  # fmt: skip
 
+    # ---- standard-MoE (DeepEP) layout -------------------------------------------------------------------
+    # Per local expert e, the received (row, k) pairs whose expert is e, in (row, k) order:
+    # packed_recv_x[e, j] = out[row], packed_recv_src_info[e, j] = row (our convention: the recv row),
+    # packed_recv_count[e] = the number of pairs. Built with device tensor ops only (no host sync).
+
+    def _local_pairs(self, out_idx, total, rank: int):
+        import torch
+
+        c = self.config
+        R, K, Er = out_idx.shape[0], c.num_experts_per_token, c.num_experts_per_rank
+        rows = torch.arange(R, device=out_idx.device)
+        valid = (rows < total.to(rows.dtype)).unsqueeze(1) & (out_idx >= 0) & (out_idx // Er == rank)
+        expert = torch.where(valid, out_idx % Er, torch.full_like(out_idx, Er)).reshape(-1).long()
+        onehot = torch.nn.functional.one_hot(expert, Er + 1).int()
+        pos = (torch.cumsum(onehot, 0) - 1).gather(1, expert.unsqueeze(1)).squeeze(1)
+        counts = onehot[:, :Er].sum(0, dtype=torch.int32)
+        return valid.reshape(-1), expert, pos, counts, rows.repeat_interleave(K)
+
+    def convert_dispatch_output(self, dispatch_out_x, dispatch_out_topk_idx, *, pe: int | None = None):
+        """(packed_recv_x [Er, W*M, H], packed_recv_count [Er], packed_recv_src_info [Er, W*M],
+        packed_recv_layout_range (empty)) from a dispatch's outputs (one PE's, ``pe`` with virtual PEs)."""
+        import torch
+
+        c = self.config
+        rank = self._pes()[0] if pe is None else pe
+        total = self._view("total", rank, (1,), torch.int32)
+        valid, expert, pos, counts, rows = self._local_pairs(dispatch_out_topk_idx, total, rank)
+        cap, H, Er = c.world_size * c.max_num_inp_token_per_rank, c.hidden_dim, c.num_experts_per_rank
+        dev = dispatch_out_x.device
+        packed = torch.zeros((Er + 1, cap, H), dtype=dispatch_out_x.dtype, device=dev)
+        src_info = torch.full((Er + 1, cap), -1, dtype=torch.int32, device=dev)
+        slot = torch.where(valid, pos, torch.zeros_like(pos)).clamp_(max=cap - 1)
+        packed[expert, slot] = dispatch_out_x[rows]
+        src_info[expert, slot] = rows.to(torch.int32)
+        return packed[:Er], counts, src_info[:Er], torch.empty(0, dtype=torch.int64, device=dev)
+
+    def convert_combine_input(self, packed_recv_x, packed_recv_src_info, packed_recv_layout_range, *,
+                              pe: int | None = None):  # fmt: skip
+        """The registered combine input [R, H], each received row i set to sum over its local experts k of
+        w[i, k] * packed_recv_x[e_k][position of row i] (fp32 accumulate), ready for a zero-copy combine."""
+        import torch
+
+        c = self.config
+        rank = self._pes()[0] if pe is None else pe
+        R, K = c.max_recv, c.num_experts_per_token
+        out_idx = self._view("out_idx", rank, (R, K), torch.int32)
+        out_w = self._view("out_w", rank, (R, K), torch.float32)
+        total = self._view("total", rank, (1,), torch.int32)
+        valid, expert, pos, _, rows = self._local_pairs(out_idx, total, rank)
+        cap = packed_recv_x.shape[1]
+        slot = torch.where(valid, pos, torch.zeros_like(pos)).clamp_(max=cap - 1)
+        e = torch.where(valid, expert, torch.zeros_like(expert))
+        contrib = packed_recv_x[e, slot].float() * (out_w.reshape(-1) * valid).unsqueeze(1)
+        acc = torch.zeros((R, c.hidden_dim), dtype=torch.float32, device=packed_recv_x.device)
+        acc.index_add_(0, rows, contrib)
+        reg = self.get_registered_combine_input_buffer(packed_recv_x.dtype, pe=rank)
+        reg.copy_(acc.to(packed_recv_x.dtype))
+        return reg
+
+    def dispatch_standard_moe(self, input, weights, scales, indices, **kwargs):
+        """dispatch, then the DeepEP layout of its output (per PE with virtual PEs)."""
+        outs = self.dispatch(input, weights, scales, indices, **kwargs)
+        outs = outs if self.virtual else [outs]
+        conv = [self.convert_dispatch_output(o[0], o[3], pe=pe) for o, pe in zip(outs, self._pes())]
+        return conv if self.virtual else conv[0]
+
+    def combine_standard_moe(self, input, weights, indices, **kwargs):
+        """Expert outputs in the DeepEP layout [Er, W*M, H] (routing weights applied here, as MORI's) →
+        (out [M, H], None)."""
+        if self.config.use_external_inp_buf:
+            raise ValueError("combine_standard_moe uses the zero-copy combine: build the op with "
+                             "use_external_inp_buf=False")  # fmt: skip
+        packed = self._per_pe(input, "input")
+        regs = [self.convert_combine_input(x, None, None, pe=pe) for x, pe in zip(packed, self._pes())]
+        res = self.combine(regs if self.virtual else regs[0], None, indices, **kwargs)
+        res = res if self.virtual else [res]
+        out = [(o, None) for o, _ in res]
+        return out if self.virtual else out[0]
+
     # ---- launch and state ----------------------------------------------------------------------------
     def _launch(self, kernel: str, per_pe_args: list, blocks: int) -> None:
         threads = self.config.warp_num_per_block * self.target.wave_size

@@ -167,6 +167,7 @@ def all_configs(pes_counts=(2, 4, 8)):
         yield _config(n, hidden=4096, k=4, m=32)
         yield _config(n, hidden=4096, k=n, m=16, cap=n * 16 // 2)
         yield _config(n, hidden=4096, k=4, m=8)
+        yield _config(n, hidden=4096, k=4, m=16)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(x) for x in c[:4]) + f"-h{c[4]}-{'zc' if c[5] else 'push'}")
@@ -289,5 +290,49 @@ def test_bad_inputs_raise_before_launch(pes):
             c = _config(pes, hidden=4096, m=8)
             c.kernel_type = EpDispatchCombineKernelType.AsyncLL
             EpDispatchCombineOp(c)
+    finally:
+        op.close()
+
+
+def test_standard_moe_layout(pes):
+    """dispatch_standard_moe / combine_standard_moe against the NumPy reference: identity experts give
+    (sum of local weights) * x per received row, and combine then sums over destination PEs."""
+    import torch
+
+    from mori_compiler.ops import EpDispatchCombineOp
+    from mori_compiler.ops import reference as ref
+
+    cfg = _config(pes, hidden=4096, k=4, m=16)
+    op = EpDispatchCombineOp(cfg)
+    shape = _shape(cfg)
+    try:
+        ns = [cfg.max_num_inp_token_per_rank] * pes
+        idx_np = ref.make_routing("random", ns, shape, 5)
+        vals = [ref.make_tokens(n, cfg.hidden_dim, "bf16", 50 + p) for p, n in enumerate(ns)]
+        xs = [_to_torch(v, "bf16") for v in vals]
+        ws = [torch.from_numpy(np.random.default_rng(p).random((n, 4), dtype=np.float32)).cuda() for p, n in enumerate(ns)]
+        idxs = [torch.from_numpy(np.ascontiguousarray(v, dtype=np.int32)).cuda() for v in idx_np]
+        conv = op.dispatch_standard_moe(xs, ws, None, idxs)
+        torch.cuda.synchronize()
+        for p in range(pes):
+            packed, counts, src_info, _ = conv[p]
+            out_idx = op._view("out_idx", p, (cfg.max_recv, 4), torch.int32).cpu().numpy()
+            out_x = op._view("out_x", p, (cfg.max_recv * cfg.hidden_dim * 2,), torch.uint8).view(torch.bfloat16)
+            out_x = out_x.view(cfg.max_recv, cfg.hidden_dim).float().cpu().numpy()
+            total = int(op._view("total", p, (1,), torch.int32).item())
+            rx, rc, rs = ref.convert_dispatch_output_ref(out_x, out_idx, total, p, shape)
+            assert counts.cpu().tolist() == rc.tolist(), f"PE {p} expert counts"
+            assert np.array_equal(src_info.cpu().numpy(), rs), f"PE {p} src info"
+            assert np.array_equal(packed.float().cpu().numpy(), rx), f"PE {p} packed rows"
+        res = op.combine_standard_moe([c[0] for c in conv], None, idxs)
+        torch.cuda.synchronize()
+        for p in range(pes):
+            wsum = np.zeros(ns[p], dtype=np.float64)
+            w_np = ws[p].cpu().numpy()
+            for t in range(ns[p]):  # every valid k's expert ran on the token's destination PE
+                wsum[t] = sum(float(w_np[t, k]) for k in range(4) if idx_np[p][t, k] >= 0)
+            want = vals[p] * wsum[:, None]
+            got = res[p][0][: ns[p]].float().cpu().numpy()
+            np.testing.assert_allclose(got, want, atol=5e-2, rtol=5e-2, err_msg=f"PE {p}")
     finally:
         op.close()
