@@ -197,31 +197,38 @@ def device_barrier(world: int, max_blocks: int) -> str:
 
 
 def accumulate_rows(dtype: str, k: int, wave: int) -> str:
-    # Warp-cooperative, lane-strided 16-byte vectors; for each vector all K source loads are issued
-    # before the fp32 adds, then one rounding to the output dtype. No ordering of its own: the caller
-    # has acquired the sources (device barrier) before.
+    # Warp-cooperative, lane-strided 16-byte vectors, two per lane per iteration (j and j + wave): all
+    # 2K source loads are issued before the fp32 adds, then one rounding to the output dtype. When the
+    # second vector is past the end it re-reads the first (loads stay unconditional) and is not stored.
+    # No ordering of its own: the caller has acquired the sources (device barrier) before.
     per_vec, vty = (8, "bf16") if dtype == "bf16" else (4, "f32")
     srcs = ", ".join(f"%s{i}: {P}" for i in range(k))
-    loads, exts = [], []
-    for i in range(k):
-        loads.append(f"    %p{i} = llvm.getelementptr %s{i}[%off] : ({P}, i64) -> {P}, i8")
-        loads.append(f"    %l{i} = llvm.load %p{i} {{alignment = 16 : i64}} : {P} -> vector<4xi32>")
-    for i in range(k):
-        exts.append(f"    %c{i} = llvm.bitcast %l{i} : vector<4xi32> to vector<{per_vec}x{vty}>")
+
+    def vector(tag: str, off: str) -> tuple[list[str], list[str], str]:
+        loads, math = [], []
+        for i in range(k):
+            loads.append(f"    %p{tag}{i} = llvm.getelementptr %s{i}[{off}] : ({P}, i64) -> {P}, i8")
+            loads.append(f"    %l{tag}{i} = llvm.load %p{tag}{i} {{alignment = 16 : i64}} : {P} -> vector<4xi32>")
+        for i in range(k):
+            math.append(f"    %c{tag}{i} = llvm.bitcast %l{tag}{i} : vector<4xi32> to vector<{per_vec}x{vty}>")
+            if dtype == "bf16":
+                math.append(f"    %f{tag}{i} = arith.extf %c{tag}{i} : vector<8xbf16> to vector<8xf32>")
+            else:
+                math.append(f"    %f{tag}{i} = arith.addf %c{tag}{i}, %zero : vector<4xf32>")
+        cur = f"%f{tag}0"
+        for i in range(1, k):
+            math.append(f"    %acc{tag}{i} = arith.addf {cur}, %f{tag}{i} : vector<{per_vec}xf32>")
+            cur = f"%acc{tag}{i}"
         if dtype == "bf16":
-            exts.append(f"    %f{i} = arith.extf %c{i} : vector<8xbf16> to vector<8xf32>")
+            math.append(f"    %rt{tag} = arith.truncf {cur} : vector<8xf32> to vector<8xbf16>")
+            math.append(f"    %ro{tag} = llvm.bitcast %rt{tag} : vector<8xbf16> to vector<4xi32>")
         else:
-            exts.append(f"    %f{i} = arith.addf %c{i}, %zero : vector<4xf32>")
-    sums, cur = [], "%f0"
-    for i in range(1, k):
-        sums.append(f"    %acc{i} = arith.addf {cur}, %f{i} : vector<{per_vec}xf32>")
-        cur = f"%acc{i}"
-    if dtype == "bf16":
-        tail = [f"    %rt = arith.truncf {cur} : vector<8xf32> to vector<8xbf16>",
-                "    %ro = llvm.bitcast %rt : vector<8xbf16> to vector<4xi32>"]  # fmt: skip
-    else:
-        tail = [f"    %ro = llvm.bitcast {cur} : vector<4xf32> to vector<4xi32>"]
-    body = "\n".join(loads + exts + sums + tail)
+            math.append(f"    %ro{tag} = llvm.bitcast {cur} : vector<4xf32> to vector<4xi32>")
+        return loads, math, f"%ro{tag}"
+
+    la, ma, ra = vector("a", "%offa")
+    lb, mb, rb = vector("b", "%offb")
+    body = "\n".join(la + lb + ma + mb)
     return f"""func.func @{PREFIX}accumulate_rows_{dtype}_k{k}(%out: {P}, %elems: i64, {srcs}) {{
   %lane_i = gpu.lane_id
   %lane = arith.index_cast %lane_i : index to i64
@@ -229,15 +236,24 @@ def accumulate_rows(dtype: str, k: int, wave: int) -> str:
   %nvec = arith.divui %elems, %per : i64
   %lb = arith.index_cast %lane : i64 to index
   %ub = arith.index_cast %nvec : i64 to index
-  %step = arith.constant {wave} : index
+  %step = arith.constant {2 * wave} : index
+  %wave = arith.constant {wave} : i64
+  %sixteen = arith.constant 16 : i64
   %zero = arith.constant dense<0.0> : vector<4xf32>
   scf.for %j = %lb to %ub step %step {{
-    %j64 = arith.index_cast %j : index to i64
-    %sixteen = arith.constant 16 : i64
-    %off = arith.muli %j64, %sixteen : i64
+    %ja = arith.index_cast %j : index to i64
+    %jb0 = arith.addi %ja, %wave : i64
+    %second = arith.cmpi ult, %jb0, %nvec : i64
+    %jb = arith.select %second, %jb0, %ja : i64
+    %offa = arith.muli %ja, %sixteen : i64
+    %offb = arith.muli %jb, %sixteen : i64
 {body}
-    %po = llvm.getelementptr %out[%off] : ({P}, i64) -> {P}, i8
-    llvm.store %ro, %po {{alignment = 16 : i64}} : vector<4xi32>, {P}
+    %poa = llvm.getelementptr %out[%offa] : ({P}, i64) -> {P}, i8
+    llvm.store {ra}, %poa {{alignment = 16 : i64}} : vector<4xi32>, {P}
+    scf.if %second {{
+      %pob = llvm.getelementptr %out[%offb] : ({P}, i64) -> {P}, i8
+      llvm.store {rb}, %pob {{alignment = 16 : i64}} : vector<4xi32>, {P}
+    }}
   }}
   return
 }}

@@ -282,8 +282,10 @@ def _reduce_tokens(cfg: EpKernelConfig, source_row: str) -> str:
         %sl64_{k} = arith.extui %sl{k} : i32 to i64
 {source_row.format(k=k)}        %src{k} = arith.select %valid{k}, %row{k}, %zero_row : {P}
         %wsrc{k} = arith.select %valid{k}, %wrow{k}, %zero_row : {P}""")
-    srcs = ", ".join(f"%src{k}" for k in range(cfg.top_k))
+    srcs = ", ".join(f"%srco{k}" for k in range(cfg.top_k))
     types = ", ".join([P, "i64"] + [P] * cfg.top_k)
+    offs = "\n".join(f"        %srco{k} = llvm.getelementptr %src{k}[%boff] : ({P}, i64) -> {P}, i8"
+                      for k in range(cfg.top_k))
     wsum, cur = [], "%wz"
     for k in range(cfg.top_k):
         wsum.append(f"""          %wp{k} = llvm.getelementptr %wsrc{k}[%lane] : ({P}, i32) -> {P}, f32
@@ -291,8 +293,28 @@ def _reduce_tokens(cfg: EpKernelConfig, source_row: str) -> str:
           %ws{k} = arith.addf {cur}, %wl{k} : f32""")
         cur = f"%ws{k}"
     per_token = "\n".join(lines)
+    nvec = cfg.row_bytes // 16
+    per_vec = 16 // cfg.elem_bytes
+    # Work items are (token, slice of the row): with few tokens, several warps share a token, so that
+    # every warp of the grid has loads in flight (the latency of a row is then split, not serialized).
     return f"""      %n_x = arith.index_cast %n : i32 to index
-      scf.for %t_x = %gw to %n_x step %nw {{
+      %nvec = arith.constant {nvec} : index
+      %n1 = arith.maxui %n_x, %c1x : index
+      %spt0 = arith.divui %nw, %n1 : index
+      %spt1 = arith.maxui %spt0, %c1x : index
+      %spt = arith.minui %spt1, %nvec : index
+      %chunk0 = arith.addi %nvec, %spt : index
+      %chunk1 = arith.subi %chunk0, %c1x : index
+      %chunk = arith.divui %chunk1, %spt : index
+      %items = arith.muli %n_x, %spt : index
+      scf.for %it = %gw to %items step %nw {{
+        %t_x = arith.divui %it, %spt : index
+        %sl_x = arith.remui %it, %spt : index
+        %v0 = arith.muli %sl_x, %chunk : index
+        %v1a = arith.addi %v0, %chunk : index
+        %v1 = arith.minui %v1a, %nvec : index
+        %nonempty = arith.cmpi ult, %v0, %v1 : index
+        scf.if %nonempty {{
         %t = arith.index_cast %t_x : index to i32
         %t64 = arith.extui %t : i32 to i64
         %tK = arith.muli %t, %K : i32
@@ -305,16 +327,28 @@ def _reduce_tokens(cfg: EpKernelConfig, source_row: str) -> str:
           scf.yield %NULL : i32
         }}
 {per_token}
+        %v0_64 = arith.index_cast %v0 : index to i64
+        %sixteen = arith.constant 16 : i64
+        %boff = arith.muli %v0_64, %sixteen : i64
+        %nv = arith.subi %v1, %v0 : index
+        %nv64 = arith.index_cast %nv : index to i64
+        %pervec = arith.constant {per_vec} : i64
+        %elems = arith.muli %nv64, %pervec : i64
+{offs}
         %oo = arith.muli %t64, %rowc : i64
-        %orow = llvm.getelementptr %out[%oo] : ({P}, i64) -> {P}, i8
-        "mori_ep.accumulate_rows"(%orow, %hidden, {srcs}) {{dtype = "{cfg.dtype}"}} : ({types}) -> ()
+        %oo2 = arith.addi %oo, %boff : i64
+        %orow = llvm.getelementptr %out[%oo2] : ({P}, i64) -> {P}, i8
+        "mori_ep.accumulate_rows"(%orow, %elems, {srcs}) {{dtype = "{cfg.dtype}"}} : ({types}) -> ()
         %want_w = llvm.icmp "ne" %out_w, %null_ptr : {P}
-        %lane_w = arith.andi %want_w, %is_k : i1
+        %first_slice = arith.cmpi eq, %sl_x, %c0x : index
+        %lane_w0 = arith.andi %want_w, %is_k : i1
+        %lane_w = arith.andi %lane_w0, %first_slice : i1
         scf.if %lane_w {{
           %wz = arith.constant 0.0 : f32
 {chr(10).join(wsum)}
           %owp = llvm.getelementptr %out_w[%fidx] : ({P}, i32) -> {P}, f32
           llvm.store {cur}, %owp : f32, {P}
+        }}
         }}
       }}
 """
