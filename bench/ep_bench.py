@@ -79,7 +79,7 @@ def copy_bandwidth() -> float:
     return best
 
 
-def run(world: int, tokens: int, blocks: int, warps: int, reps: int, copy_bps: float) -> list[dict]:
+def run(world: int, tokens: int, blocks: int, warps: int, reps: int, copy_bps: float, cblocks: int) -> list[dict]:
     import numpy as np
     import torch
 
@@ -100,7 +100,7 @@ def run(world: int, tokens: int, blocks: int, warps: int, reps: int, copy_bps: f
             outs = op.dispatch(xs, ws, None, idxs)  # eager warm-up: uploads argument tables
             for p in range(world):
                 regs[p].copy_(outs[p][0].to(torch.bfloat16))
-            res = op.combine(regs, None, idxs)
+            res = op.combine(regs, None, idxs, block_num=cblocks)
             torch.cuda.synchronize()
             totals = [int(o[4].item()) for o in outs]
             # correctness gate at every point: identity expert => U * x
@@ -111,7 +111,7 @@ def run(world: int, tokens: int, blocks: int, warps: int, reps: int, copy_bps: f
             with torch.cuda.graph(gd):
                 op.dispatch(xs, ws, None, idxs)
             with torch.cuda.graph(gc):
-                op.combine(regs, None, idxs)
+                op.combine(regs, None, idxs, block_num=cblocks)
             for leg, graph, elem in (("dispatch", gd, dtype.itemsize), ("combine", gc, 2)):
                 if leg == "combine" and dname != "bf16":
                     continue
@@ -123,7 +123,7 @@ def run(world: int, tokens: int, blocks: int, warps: int, reps: int, copy_bps: f
                 rows.append({"leg": leg, "dtype": dname if leg == "dispatch" else "bf16", "tokens": tokens,
                              "us": us, "GBps_mori": sum(per_rank) / world,
                              "roofline": moved / (us * 1e-6) / copy_bps, "total_recv": totals,
-                             "blocks": blocks, "warps": warps})  # fmt: skip
+                             "blocks": blocks if leg == "dispatch" else cblocks, "warps": warps})  # fmt: skip
     finally:
         op.close()
     return rows
@@ -133,7 +133,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=int, default=8)
     ap.add_argument("--tokens", default="128,512,4096")
-    ap.add_argument("--blocks", type=int, default=64)
+    ap.add_argument("--blocks", type=int, default=32, help="blocks per PE for dispatch")
+    ap.add_argument("--combine-blocks", type=int, default=16, help="blocks per PE for combine")
     ap.add_argument("--warps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
@@ -156,11 +157,11 @@ def main(argv=None) -> int:
         copy_bps = copy_bandwidth()
         rows = []
         for tokens in tokens_list:
-            rows += run(args.world, tokens, args.blocks, args.warps, args.reps, copy_bps)
+            rows += run(args.world, tokens, args.blocks, args.warps, args.reps, copy_bps, args.combine_blocks)
     finally:
         shmem.shmem_finalize()
     print(f"{torch.cuda.get_device_name()}: {args.world} virtual PEs, hidden {HIDDEN}, top-{TOPK}, {EXPERTS} experts, "
-          f"{args.blocks} blocks x {args.warps} warps per PE, graph replay median of {args.reps}; "
+          f"{args.blocks} (dispatch) / {args.combine_blocks} (combine) blocks x {args.warps} warps per PE, graph replay median of {args.reps}; "
           f"D2D copy {copy_bps / 1e9:.0f} GB/s (read+write)")  # fmt: skip
     print(f"{'leg':<9}{'dtype':<6}{'tokens':>7}{'us':>10}{'GB/s (MORI)':>13}{'vs copy':>9}")
     for r in rows:
