@@ -18,39 +18,15 @@ from __future__ import annotations
 import importlib
 import threading
 
-from .driver import Driver, DriverError, Function, Module, marshal_params, params_address, torch_cuda
+from .driver import (Driver, DriverError, Function, LoadedModule, Module, call_checked, marshal_params, params_address,
+                     torch_cuda)
 
 PTX_NUL = b"\0"
 
 
-class CudaModule(Module):
-    def __init__(self, driver: "CudaDriver", handle):
-        self._driver = driver
-        self.handle = handle
-        self._functions: dict[str, Function] = {}
-        self._unloaded = False
-
-    def _live(self):
-        if self._unloaded:
-            raise RuntimeError("this CUDA module was unloaded")
-        return self.handle
-
-    def function(self, name: str) -> Function:
-        fn = self._functions.get(name)
-        if fn is None:
-            handle = self._driver._call("cuModuleGetFunction", self._live(), name.encode())
-            fn = self._functions[name] = Function(name, handle, self)
-        return fn
-
-    def global_address(self, name: str) -> tuple[int, int]:
-        ptr, size = self._driver._call("cuModuleGetGlobal", self._live(), name.encode())
-        return int(ptr), int(size)
-
-    def unload(self) -> None:
-        if not self._unloaded:
-            self._driver._call("cuModuleUnload", self.handle)
-            self._unloaded = True
-            self._functions.clear()
+class CudaModule(LoadedModule):
+    prefix = "cu"
+    api = "CUDA"
 
 
 class CudaDriver(Driver):
@@ -84,23 +60,8 @@ class CudaDriver(Driver):
     def _raw(self, call: str, *args):
         """Call ``cuda.bindings.driver.<call>`` and check its CUresult; returns the out-values
         (None, one value, or a tuple)."""
-        fn = getattr(self._cu, call, None)
-        if fn is None:
-            raise DriverError(call, "NOT_AVAILABLE", "this cuda-bindings version has no such function")
-        try:
-            result = fn(*args)
-        except RuntimeError as exc:  # e.g. "Failed to dlopen libcuda.so.1": no NVIDIA driver
-            raise DriverError(call, "CUDA_DRIVER_UNAVAILABLE", str(exc)) from exc
-        if isinstance(result, tuple):
-            err, values = result[0], result[1:]
-        else:
-            err, values = result, ()
-        if int(err) != int(self._cu.CUresult.CUDA_SUCCESS):
-            name, desc = self._error_text(err)
-            raise DriverError(call, name, desc, int(err))
-        if not values:
-            return None
-        return values[0] if len(values) == 1 else values
+        return call_checked(self._cu, call, args, success=int(self._cu.CUresult.CUDA_SUCCESS),
+                            error_text=self._error_text, unavailable="CUDA_DRIVER_UNAVAILABLE", package="cuda-bindings")
 
     def _call(self, call: str, *args):
         self._ensure_context()

@@ -68,6 +68,61 @@ class Module(ABC):
         """Unload the code object; its functions and globals become invalid."""
 
 
+def call_checked(bindings, call: str, args, *, success: int, error_text, unavailable: str, package: str):
+    """Call ``bindings.<call>(*args)`` of a binding whose functions return (status, *values) and turn a
+    failure into a DriverError. Returns None, the one value, or the tuple of values."""
+    fn = getattr(bindings, call, None)
+    if fn is None:
+        raise DriverError(call, "NOT_AVAILABLE", f"this {package} version has no such function")
+    try:
+        result = fn(*args)
+    except RuntimeError as exc:  # e.g. the driver library cannot be loaded on this machine
+        raise DriverError(call, unavailable, str(exc)) from exc
+    err, values = (result[0], result[1:]) if isinstance(result, tuple) else (result, ())
+    if int(err) != success:
+        name, desc = error_text(err)
+        raise DriverError(call, name, desc, int(err))
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+class LoadedModule(Module):
+    """A module loaded through a driver API whose module calls are ``<prefix>ModuleGetFunction``,
+    ``<prefix>ModuleGetGlobal`` and ``<prefix>ModuleUnload`` (CUDA: ``cu``, HIP: ``hip``)."""
+
+    prefix = ""
+    api = ""
+
+    def __init__(self, driver, handle):
+        self._driver = driver
+        self.handle = handle
+        self._functions: dict[str, Function] = {}
+        self._unloaded = False
+
+    def _live(self):
+        if self._unloaded:
+            raise RuntimeError(f"this {self.api} module was unloaded")
+        return self.handle
+
+    def function(self, name: str) -> Function:
+        fn = self._functions.get(name)
+        if fn is None:
+            handle = self._driver._call(f"{self.prefix}ModuleGetFunction", self._live(), name.encode())
+            fn = self._functions[name] = Function(name, handle, self)
+        return fn
+
+    def global_address(self, name: str) -> tuple[int, int]:
+        ptr, size = self._driver._call(f"{self.prefix}ModuleGetGlobal", self._live(), name.encode())
+        return int(ptr), int(size)
+
+    def unload(self) -> None:
+        if not self._unloaded:
+            self._driver._call(f"{self.prefix}ModuleUnload", self.handle)
+            self._unloaded = True
+            self._functions.clear()
+
+
 # ctypes type of each kernel parameter type: the driver copies sizeof(parameter) bytes from the
 # address in kernelParams[i], so each value needs a scalar of exactly its size.
 CTYPES = {

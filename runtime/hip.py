@@ -21,37 +21,13 @@ from __future__ import annotations
 import importlib
 import threading
 
-from .driver import Driver, DriverError, Function, Module, marshal_params, params_address, torch_cuda
+from .driver import (Driver, DriverError, Function, LoadedModule, Module, call_checked, marshal_params, params_address,
+                     torch_cuda)
 
 
-class HipModule(Module):
-    def __init__(self, driver: "HipDriver", handle):
-        self._driver = driver
-        self.handle = handle
-        self._functions: dict[str, Function] = {}
-        self._unloaded = False
-
-    def _live(self):
-        if self._unloaded:
-            raise RuntimeError("this HIP module was unloaded")
-        return self.handle
-
-    def function(self, name: str) -> Function:
-        fn = self._functions.get(name)
-        if fn is None:
-            handle = self._driver._call("hipModuleGetFunction", self._live(), name.encode())
-            fn = self._functions[name] = Function(name, handle, self)
-        return fn
-
-    def global_address(self, name: str) -> tuple[int, int]:
-        ptr, size = self._driver._call("hipModuleGetGlobal", self._live(), name.encode())
-        return int(ptr), int(size)
-
-    def unload(self) -> None:
-        if not self._unloaded:
-            self._driver._call("hipModuleUnload", self.handle)
-            self._unloaded = True
-            self._functions.clear()
+class HipModule(LoadedModule):
+    prefix = "hip"
+    api = "HIP"
 
 
 def _text(value) -> str:
@@ -84,23 +60,8 @@ class HipDriver(Driver):
         return name, desc
 
     def _raw(self, call: str, *args):
-        fn = getattr(self._hip, call, None)
-        if fn is None:
-            raise DriverError(call, "NOT_AVAILABLE", "this hip-python version has no such function")
-        try:
-            result = fn(*args)
-        except RuntimeError as exc:  # e.g. "failed to dlopen libamdhip64.so": no ROCm
-            raise DriverError(call, "HIP_RUNTIME_UNAVAILABLE", str(exc)) from exc
-        if isinstance(result, tuple):
-            err, values = result[0], result[1:]
-        else:
-            err, values = result, ()
-        if int(err) != int(self._hip.hipError_t.hipSuccess):
-            name, desc = self._error_text(err)
-            raise DriverError(call, name, desc, int(err))
-        if not values:
-            return None
-        return values[0] if len(values) == 1 else values
+        return call_checked(self._hip, call, args, success=int(self._hip.hipError_t.hipSuccess),
+                            error_text=self._error_text, unavailable="HIP_RUNTIME_UNAVAILABLE", package="hip-python")
 
     def _call(self, call: str, *args):
         self._ensure_device()

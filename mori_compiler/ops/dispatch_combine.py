@@ -278,6 +278,24 @@ class EpDispatchCombineOp:
         if dim1 is not None and t.shape[1] != dim1:
             raise ValueError(f"{what} has {t.shape[1]} columns, expected {dim1}")
 
+    def _grid(self, block_num) -> int:
+        blocks = self.config.block_num if block_num in (-1, None) else int(block_num)
+        if not 1 <= blocks <= MAX_BLOCKS:
+            raise ValueError(f"block_num must be in [1, {MAX_BLOCKS}], got {blocks}")
+        return blocks
+
+    def _token_dtype(self, t, what: str, allowed, leg: str, previous: str | None) -> str:
+        """The dtype name of token tensor ``t`` ([n, hidden]), checked against the leg and the other PEs."""
+        c = self.config
+        self._check_tensor(t, what, ndim=2, dim1=c.hidden_dim)
+        name = _dtype_name(t.dtype)
+        if name not in allowed or t.element_size() > c.max_token_type_size:
+            raise ValueError(f"{leg} {what} dtype {t.dtype} is not supported: {leg} takes "
+                             f"{', '.join(allowed)} within max_token_type_size {c.max_token_type_size}")  # fmt: skip
+        if previous not in (None, name):
+            raise ValueError(f"all PEs must {leg} the same dtype ({previous} vs {name})")
+        return name
+
     def _check_indices(self, idx, what: str) -> None:
         import torch
 
@@ -301,23 +319,14 @@ class EpDispatchCombineOp:
         c = self.config
         if warp_per_block not in (-1, c.warp_num_per_block):
             raise ValueError(f"warp_per_block {warp_per_block}: the kernels were compiled for {c.warp_num_per_block}")
-        blocks = c.block_num if block_num in (-1, None) else int(block_num)
-        if not 1 <= blocks <= MAX_BLOCKS:
-            raise ValueError(f"block_num must be in [1, {MAX_BLOCKS}], got {blocks}")
+        blocks = self._grid(block_num)
         xs, ws, ss, ids = (self._per_pe(a, n) for a, n in ((input, "input"), (weights, "weights"),
                                                             (scales, "scales"), (indices, "indices")))  # fmt: skip
         dtype = None
         args, results = [], []
         for i, pe in enumerate(self._pes()):
             x, w, s, idx = xs[i], ws[i], ss[i], ids[i]
-            self._check_tensor(x, f"input[{pe}]", ndim=2, dim1=c.hidden_dim)
-            name = _dtype_name(x.dtype)
-            if name not in DISPATCH_DTYPES or x.element_size() > c.max_token_type_size:
-                raise ValueError(f"input[{pe}] dtype {x.dtype} is not supported with max_token_type_size "
-                                 f"{c.max_token_type_size}")  # fmt: skip
-            if dtype not in (None, name):
-                raise ValueError(f"all PEs must dispatch the same dtype ({dtype} vs {name})")
-            dtype = name
+            dtype = self._token_dtype(x, f"input[{pe}]", DISPATCH_DTYPES, "dispatch", dtype)
             n = x.shape[0]
             if n > c.max_num_inp_token_per_rank:
                 raise ValueError(f"input[{pe}] has {n} tokens, more than max_num_inp_token_per_rank "
@@ -371,21 +380,12 @@ class EpDispatchCombineOp:
         if external and not c.use_external_inp_buf:
             raise ValueError("use_external_inp_buf=1 needs the op built with config.use_external_inp_buf=True "
                              "(the push staging buffer)")  # fmt: skip
-        blocks = c.block_num if block_num in (-1, None) else int(block_num)
-        if not 1 <= blocks <= MAX_BLOCKS:
-            raise ValueError(f"block_num must be in [1, {MAX_BLOCKS}], got {blocks}")
+        blocks = self._grid(block_num)
         ys, ws, ids = (self._per_pe(a, n) for a, n in ((input, "input"), (weights, "weights"), (indices, "indices")))
         dtype, args, results = None, [], []
         for i, pe in enumerate(self._pes()):
             y, w, idx = ys[i], ws[i], ids[i]
-            self._check_tensor(y, f"input[{pe}]", ndim=2, dim1=c.hidden_dim)
-            name = _dtype_name(y.dtype)
-            if name not in COMBINE_DTYPES or y.element_size() > c.max_token_type_size:
-                raise ValueError(f"combine input[{pe}] dtype {y.dtype}: combine takes bfloat16 or float32 "
-                                 f"(within max_token_type_size {c.max_token_type_size})")  # fmt: skip
-            if dtype not in (None, name):
-                raise ValueError(f"all PEs must combine the same dtype ({dtype} vs {name})")
-            dtype = name
+            dtype = self._token_dtype(y, f"input[{pe}]", COMBINE_DTYPES, "combine", dtype)
             self._check_tensor(idx, f"indices[{pe}]", ndim=2, dtypes=(torch.int32,), dim1=c.num_experts_per_token)
             n = idx.shape[0]
             if n != self._last_n[i]:

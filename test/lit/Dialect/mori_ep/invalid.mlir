@@ -1,0 +1,289 @@
+// RUN: not mori-opt --split-input-file %s 2>&1 | FileCheck %s --implicit-check-not=error:
+// RUN: %exit-status mori-opt --split-input-file %s 2>&1 | FileCheck %s --check-prefix=EXIT
+
+// Every chunk is rejected with `error: <file>:<line>:<col>: '<op>' <field> ...` naming the op, the field
+// and what is allowed (the IRDL constraints, then the config rules of dialects/mori_ep.py); exit status 1.
+// EXIT: exit status: 1
+// EXIT-NOT: internal compiler error
+// CHECK-NOT: Traceback
+// CHECK-NOT: internal compiler error
+
+// ---- building blocks: operand, result and attribute constraints ----------------------------------
+
+// row_copy: `bytes` is i64.
+func.func @row_copy_bytes(%d: !llvm.ptr, %pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.row_copy' operand 'bytes' must be i64, got i32
+  "mori_ep.row_copy"(%d, %d, %pe, %pe) : (!llvm.ptr, !llvm.ptr, i32, i32) -> ()
+  return
+}
+
+// -----
+// row_copy: `dest` is a pointer.
+func.func @row_copy_dest(%n: i64, %d: !llvm.ptr, %pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.row_copy' operand 'dest' must be !llvm.ptr, got i64
+  "mori_ep.row_copy"(%n, %d, %n, %pe) : (i64, !llvm.ptr, i64, i32) -> ()
+  return
+}
+
+// -----
+// row_copy: too few operands; the message lists the operand names.
+func.func @row_copy_count(%d: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.row_copy' expected 4 operands (dest, source, bytes, pe), got 3
+  "mori_ep.row_copy"(%d, %d, %n) : (!llvm.ptr, !llvm.ptr, i64) -> ()
+  return
+}
+
+// -----
+// reserve_slot: the slot is i32 (the counter is 32-bit).
+func.func @reserve_slot_result(%d: !llvm.ptr, %pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_ep.reserve_slot' result 'slot' must be i32, got i64
+  %s = "mori_ep.reserve_slot"(%d, %pe) : (!llvm.ptr, i32) -> i64
+  return
+}
+
+// -----
+// reserve_slot: `pe` is i32.
+func.func @reserve_slot_pe(%d: !llvm.ptr, %pe: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_ep.reserve_slot' operand 'pe' must be i32, got i64
+  %s = "mori_ep.reserve_slot"(%d, %pe) : (!llvm.ptr, i64) -> i32
+  return
+}
+
+// -----
+// count_signal: world_size is required.
+func.func @count_signal_missing(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.count_signal' missing attribute 'world_size'
+  "mori_ep.count_signal"(%d, %d, %d) : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// count_signal: one lane per peer, so at most 32 PEs.
+func.func @count_signal_world(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.count_signal' attribute 'world_size' must be in [1, 32], got 33
+  "mori_ep.count_signal"(%d, %d, %d) {world_size = 33 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// count_signal: world_size must be an integer (a float is not).
+func.func @count_signal_float(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.count_signal' attribute 'world_size' must be an integer, got 1.500000e+00 : f32
+  "mori_ep.count_signal"(%d, %d, %d) {world_size = 1.5 : f32} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// grid_barrier takes no attribute.
+func.func @grid_barrier_unknown(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.grid_barrier' unknown attribute 'scope' (allowed: none)
+  "mori_ep.grid_barrier"(%d) {scope = "grid"} : (!llvm.ptr) -> ()
+  return
+}
+
+// -----
+// grid_barrier: one counter operand.
+func.func @grid_barrier_count(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.grid_barrier' expected 1 operands (counter), got 2
+  "mori_ep.grid_barrier"(%d, %d) : (!llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// device_barrier: both attributes are required; an unknown one is named with the allowed ones.
+func.func @device_barrier_attrs(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 2]]:3: 'mori_ep.device_barrier' missing attribute 'max_blocks'
+  // CHECK-NEXT: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.device_barrier' unknown attribute 'blocks' (allowed: 'world_size', 'max_blocks')
+  "mori_ep.device_barrier"(%d, %d) {world_size = 8 : i64, blocks = 80 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// device_barrier: world_size 0 is out of range.
+func.func @device_barrier_world(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.device_barrier' attribute 'world_size' must be in [1, 32], got 0
+  "mori_ep.device_barrier"(%d, %d) {world_size = 0 : i64, max_blocks = 80 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// accumulate_rows: dtype is bf16 or f32 (the allowed values are listed).
+func.func @accumulate_dtype(%d: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.accumulate_rows' attribute 'dtype' must be one of "bf16", "f32", got "f16"
+  "mori_ep.accumulate_rows"(%d, %n, %d) {dtype = "f16"} : (!llvm.ptr, i64, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// accumulate_rows: dtype is required.
+func.func @accumulate_no_dtype(%d: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.accumulate_rows' missing attribute 'dtype' (one of "bf16", "f32")
+  "mori_ep.accumulate_rows"(%d, %n, %d) : (!llvm.ptr, i64, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// accumulate_rows: at least one source row.
+func.func @accumulate_no_source(%d: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.accumulate_rows' needs at least one source row
+  "mori_ep.accumulate_rows"(%d, %n) {dtype = "bf16"} : (!llvm.ptr, i64) -> ()
+  return
+}
+
+// -----
+// accumulate_rows: every source is a pointer (the variadic operand is checked value by value).
+func.func @accumulate_source_type(%d: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.accumulate_rows' operand 'sources' must be !llvm.ptr, got i64
+  "mori_ep.accumulate_rows"(%d, %n, %d, %n) {dtype = "f32"} : (!llvm.ptr, i64, !llvm.ptr, i64) -> ()
+  return
+}
+
+// -----
+// ---- EP ops: config attributes --------------------------------------------------------------------
+
+// dispatch: a dtype outside bf16/f32/fp8 (the allowed ones are listed).
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch' attribute 'dtype' must be one of 'bf16', 'f32', 'fp8_e4m3fn', 'fp8_e4m3fnuz', got 'f16'
+    "mori_ep.dispatch"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "f16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64} : () -> ()
+  }
+}
+
+// -----
+// combine: fp8 is a dispatch dtype only.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine' attribute 'dtype' must be one of 'bf16', 'f32', got 'fp8_e4m3fn'
+    "mori_ep.combine"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "fp8_e4m3fn", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, zero_copy = 1 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, max_blocks = 1024 : i64} : () -> ()
+  }
+}
+
+// -----
+// dispatch: a missing config attribute (scale_bytes) and an unknown one, with the allowed names.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 2]]:5: 'mori_ep.dispatch' missing attribute 'scale_bytes'
+    // CHECK-NEXT: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch' unknown attribute 'scale_dim' (allowed: 'world_size', 'hidden', 'dtype', 'top_k', 'experts_per_rank', 'max_tokens_per_rank', 'max_recv_per_rank', 'scale_bytes', 'warps_per_block', 'wave_size')
+    "mori_ep.dispatch"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_dim = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64} : () -> ()
+  }
+}
+
+// -----
+// combine: zero_copy is required.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine' missing attribute 'zero_copy'
+    "mori_ep.combine"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, max_blocks = 1024 : i64} : () -> ()
+  }
+}
+
+// -----
+// top_k must be smaller than the wave size (wave64: 64 is rejected).
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch' attribute 'top_k' (64) must be smaller than the wave size (64)
+    "mori_ep.dispatch"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 64 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64} : () -> ()
+  }
+}
+
+// -----
+// top_k vs wave32: 32 is rejected on combine too.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine' attribute 'top_k' (32) must be smaller than the wave size (32)
+    "mori_ep.combine"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 32 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, zero_copy = 0 : i64, warps_per_block = 8 : i64, wave_size = 32 : i64, max_blocks = 1024 : i64} : () -> ()
+  }
+}
+
+// -----
+// world_size above 32 (wave64): the count handshake has one lane per peer and gfx12 runs wave32.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch' attribute 'world_size' must be in [1, 32], got 48
+    "mori_ep.dispatch"() {world_size = 48 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64} : () -> ()
+  }
+}
+
+// -----
+// world_size above the wave size (wave32): both rules are reported.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 2]]:5: 'mori_ep.combine' attribute 'world_size' must be in [1, 32], got 40
+    // CHECK-NEXT: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine' attribute 'world_size' (40) must not exceed the wave size (32)
+    "mori_ep.combine"() {world_size = 40 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, zero_copy = 1 : i64, warps_per_block = 8 : i64, wave_size = 32 : i64, max_blocks = 1024 : i64} : () -> ()
+  }
+}
+
+// -----
+// wave_size is 32 or 64.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch' attribute 'wave_size' must be 32 or 64, got 48
+    "mori_ep.dispatch"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 0 : i64, warps_per_block = 8 : i64, wave_size = 48 : i64} : () -> ()
+  }
+}
+
+// -----
+// A token row that is not a multiple of 16 bytes: 7 x bf16 = 14 bytes.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch' a token row (7 x bf16) must be a multiple of 16 bytes
+    "mori_ep.dispatch"() {world_size = 8 : i64, hidden = 7 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64} : () -> ()
+  }
+}
+
+// -----
+// The same rule with the element size: 8 x fp8 = 8 bytes is rejected, 8 x bf16 (16 bytes) would not be.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch' a token row (8 x fp8_e4m3fnuz) must be a multiple of 16 bytes
+    "mori_ep.dispatch"() {world_size = 8 : i64, hidden = 8 : i64, dtype = "fp8_e4m3fnuz", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64} : () -> ()
+  }
+}
+
+// -----
+// max_recv_per_rank may not exceed max_tokens_per_rank.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine' attribute 'max_recv_per_rank' must not exceed 'max_tokens_per_rank'
+    "mori_ep.combine"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 129 : i64, zero_copy = 1 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, max_blocks = 1024 : i64} : () -> ()
+  }
+}
+
+// -----
+// zero_copy is 0 or 1.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine' attribute 'zero_copy' must be 0 or 1
+    "mori_ep.combine"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, zero_copy = 2 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, max_blocks = 1024 : i64} : () -> ()
+  }
+}
+
+// -----
+// zero_copy is an integer, not a bool.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine' attribute 'zero_copy' must be an integer, got true
+    "mori_ep.combine"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, zero_copy = true, warps_per_block = 8 : i64, wave_size = 64 : i64, max_blocks = 1024 : i64} : () -> ()
+  }
+}
+
+// -----
+// Counts are >= 1, scale_bytes >= 0: every violation of one op is reported.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 3]]:5: 'mori_ep.dispatch' attribute 'experts_per_rank' must be >= 1, got 0
+    // CHECK-NEXT: {{.*}}invalid.mlir:[[# @LINE + 2]]:5: 'mori_ep.dispatch' attribute 'warps_per_block' must be >= 1, got 0
+    // CHECK-NEXT: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch' attribute 'scale_bytes' must be >= 0
+    "mori_ep.dispatch"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 0 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = -4 : i64, warps_per_block = 0 : i64, wave_size = 64 : i64} : () -> ()
+  }
+}
+
+// -----
+// The send/recv halves are verified with the same rules (here: combine dtypes and top_k vs nothing).
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine_recv' attribute 'dtype' must be one of 'bf16', 'f32', got 'fp8_e4m3fn'
+    "mori_ep.combine_recv"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "fp8_e4m3fn", top_k = 8 : i64} : () -> ()
+  }
+}
