@@ -67,11 +67,9 @@ def extra_verify(op: ir.Operation) -> list[str]:
     short = name.split(".", 1)[1]
     ints, strs = int_attributes(op), _str_attributes(op)
     errors: list[str] = []
-    declared = [n for n in op.attributes if n not in ("dtype",)]
-    for field in declared:
-        if field in ints or field in strs:
-            continue
-        errors.append(f"'{name}' attribute '{field}' must be an integer, got {op.attributes[field]}")
+    for field in op.attributes:
+        if field != "dtype" and field not in ints:
+            errors.append(f"'{name}' attribute '{field}' must be an integer, got {op.attributes[field]}")
     if errors:
         return errors
 
@@ -85,7 +83,13 @@ def extra_verify(op: ir.Operation) -> list[str]:
     if short in EP_OPS:
         dtypes = COMBINE_DTYPES if short.startswith("combine") else DISPATCH_DTYPES
         dtype = strs.get("dtype")
-        need(dtype in dtypes, f"attribute 'dtype' must be one of {', '.join(map(repr, dtypes))}, got {dtype!r}")
+        shown = repr(dtype) if dtype is not None or "dtype" not in op.attributes else str(op.attributes["dtype"])
+        need(dtype in dtypes, f"attribute 'dtype' must be one of {', '.join(map(repr, dtypes))}, got {shown}")
+        if short in ("dispatch", "combine"):
+            needed = ("world_size", "hidden", "top_k", "experts_per_rank", "max_tokens_per_rank",
+                      "max_recv_per_rank", "warps_per_block", "wave_size")  # fmt: skip
+            missing = [f for f in needed if f not in ints]
+            need(not missing, f"needs the config attributes {', '.join(missing)}")
         for field in ("hidden", "top_k", "experts_per_rank", "max_tokens_per_rank", "max_recv_per_rank",
                       "warps_per_block", "wave_size", "max_blocks"):  # fmt: skip
             if field in ints:

@@ -54,8 +54,9 @@ def kernel_signatures(source: str) -> dict[str, KernelInfo]:
     return result.signatures
 
 
-def signatures_of_module(module) -> dict[str, KernelInfo]:
-    """KernelInfo of every gpu.func kernel of an MLIR module (ptr/integer/float parameters only)."""
+def signatures_of_module(module, *, strict: bool = True) -> dict[str, KernelInfo]:
+    """KernelInfo of every gpu.func kernel of an MLIR module (ptr/integer/float parameters only; with
+    ``strict=False`` kernels with other parameter types are left out instead of rejected)."""
     kernels = {}
     for gm in module.body.operations:
         if gm.operation.name != "gpu.module":
@@ -67,12 +68,17 @@ def signatures_of_module(module) -> dict[str, KernelInfo]:
             params = []
             for i, arg in enumerate(fn.regions[0].blocks[0].arguments):
                 ty = MLIR_PARAM_TYPES.get(str(arg.type))
+                if ty is None and not strict:
+                    params = None
+                    break
                 if ty is None:
                     raise MoriCompilerError(
                         f"kernel '{name}' parameter {i} has type {arg.type}; bundles support "
                         + ", ".join(MLIR_PARAM_TYPES)
                     )
                 params.append(KernelParam(f"arg{i}", ty))
+            if params is None:
+                continue
             block = None
             if "known_block_size" in fn.attributes:
                 block = tuple(int(x) for x in fn.attributes["known_block_size"])
@@ -127,6 +133,11 @@ def compile_bundle(source: str, options: CompileOptions, *, config: dict | None 
         return cached
     result = compile_source(source, options)
     kernels = result.signatures
+    if len(kernels) != len(result.kernels):  # a kernel parameter the bundle format cannot carry
+        from ._mlir import ir
+        from .dialects import registry
+
+        signatures_of_module(registry.parse_source(source, ir.Context()))  # raises, naming it
     state = [{"symbol": STATE_SYMBOL, "size": STATE_SIZE}] if not options.bitcode and options.device_library else []
     return publish_bundle(
         root, key, target=options.target, backend=options.gpu_target.backend, binary=result.binary,

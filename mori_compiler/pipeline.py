@@ -176,7 +176,7 @@ def compile_source(
         if stage == "ep":  # host-visible kernel signatures, before argument tables replace them
             from .cache import signatures_of_module
 
-            result.signatures = signatures_of_module(module)
+            result.signatures = signatures_of_module(module, strict=False)
         if lap(stage):
             result.mlir = str(module)
             return result

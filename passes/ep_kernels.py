@@ -85,6 +85,12 @@ class EpKernelConfig:
         return cls(dtype=op.attributes["dtype"].value, **fields)
 
 
+def _block(cfg: EpKernelConfig) -> str:
+    """The kernels' fixed block size: it bounds the AMDGPU workgroup (flat-work-group-size) and the
+    NVPTX maxntid, and the launcher uses it."""
+    return f"array<i32: {cfg.warps_per_block * cfg.wave_size}, 1, 1>"
+
+
 def _prologue(cfg: EpKernelConfig) -> str:
     return f"""      %qp = arith.constant 0 : i32
       %me = "mori_shmem.my_pe"() : () -> i32
@@ -131,7 +137,7 @@ def dispatch_kernel(cfg: EpKernelConfig) -> str:
 """
     return f"""    gpu.func @ep_dispatch_{cfg.dtype}(%x: {P}, %w: {P}, %s: {P}, %idx: {P}, %n: i32, %out_x: {P}, %out_w: {P}, %out_s: {P},
         %out_idx: {P}, %src_pos: {P}, %slot_ctrs: {P}, %signals: {P}, %grid_ctr: {P}, %round_ctr: {P}, %fwd: {P},
-        %dest_ctr: {P}, %total: {P}, %status: {P}) kernel {{
+        %dest_ctr: {P}, %total: {P}, %status: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
 {_prologue(cfg)}      %Er = arith.constant {cfg.experts_per_rank} : i32
       %S = arith.constant {cfg.send_stride} : i32
       %row = arith.constant {cfg.row_bytes} : i64
@@ -365,7 +371,7 @@ def combine_pull_kernel(cfg: EpKernelConfig) -> str:
         %wrow{{k}} = "mori_shmem.ptr"(%wloc{{k}}, %pe{{k}}) : ({P}, i32) -> {P}
 """
     return f"""    gpu.func @ep_combine_pull_{cfg.dtype}(%inp_w: {P}, %reg_x: {P}, %reg_w: {P}, %fwd: {P}, %n: i32, %total: {P}, %out: {P},
-        %out_w: {P}, %zero_row: {P}, %bar_slots: {P}, %bar_epochs: {P}) kernel {{
+        %out_w: {P}, %zero_row: {P}, %bar_slots: {P}, %bar_epochs: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
 {_prologue(cfg)}      %rowc = arith.constant {cfg.row_bytes} : i64
       %hidden = arith.constant {cfg.hidden} : i64
       %kb = arith.constant {4 * cfg.top_k} : i64
@@ -406,7 +412,7 @@ def combine_push_kernel(cfg: EpKernelConfig) -> str:
 """
     return f"""    gpu.func @ep_combine_push_{cfg.dtype}(%inp: {P}, %inp_w: {P}, %stage_x: {P}, %stage_w: {P}, %src_pos: {P}, %fwd: {P},
         %n: i32, %total: {P}, %out: {P}, %out_w: {P}, %zero_row: {P}, %grid_ctr: {P}, %bar_slots: {P},
-        %bar_epochs: {P}) kernel {{
+        %bar_epochs: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
 {_prologue(cfg)}      %rowc = arith.constant {cfg.row_bytes} : i64
       %hidden = arith.constant {cfg.hidden} : i64
       %kb = arith.constant {4 * cfg.top_k} : i64
@@ -478,6 +484,10 @@ class MoriEpToKernels:
                 for ep in [o.operation for o in gm.regions[0].blocks[0].operations]:
                     if not ep.name.startswith("mori_ep.") or ep.name.split(".", 1)[1] not in mori_ep.EP_OPS:
                         continue
+                    if ep.name not in ("mori_ep.dispatch", "mori_ep.combine"):
+                        raise MoriCompilerError(f"'{ep.name}' has no lowering in this version (IntraNode "
+                                                "dispatch and combine only; the send/recv halves come with the "
+                                                "AsyncLL kernels)")  # fmt: skip
                     cfg = EpKernelConfig.from_op(ep)
                     if cfg.wave_size != self.wave_size:
                         raise MoriCompilerError(f"'{ep.name}' was configured for wave size {cfg.wave_size}, the "

@@ -46,7 +46,7 @@
 
 // --stop-after: a stage of another target (the target's stages are listed).
 // STAGE-NOT: Traceback
-// STAGE: error: unknown stage 'ptx' for target gfx942; stages: mori, abi, rocdl, llvm-ir, link, opt, isa, object, hsaco
+// STAGE: error: unknown stage 'ptx' for target gfx942; stages: mori, ep, abi, rocdl, llvm-ir, link, opt, isa, object, hsaco
 
 // Unknown flags, for both tools.
 // FLAG-NOT: Traceback

@@ -1,4 +1,3 @@
-// XFAIL: *
 // Compiler bug (dialects/mori_ep.py, extra_verify): a dtype that is not a string is reported as
 // "got None" (the check reads the value from the string attributes only) instead of the attribute given.
 // Today: `'mori_ep.dispatch_send' attribute 'dtype' must be one of 'bf16', 'f32', 'fp8_e4m3fn',

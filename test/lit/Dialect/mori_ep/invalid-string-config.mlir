@@ -1,4 +1,3 @@
-// XFAIL: *
 // Compiler bug (dialects/mori_ep.py, extra_verify): an integer config attribute given as a string is
 // accepted. The "must be an integer" check skips every attribute found among the *string* attributes
 // (`if field in ints or field in strs: continue`), and the range/relation rules only look at integer

@@ -1,0 +1,299 @@
+// REQUIRES: amdgpu-target, nvptx-target
+// RUN: mori-compile %s --target=gfx942 --emit=isa -o - > %t.gfx942.s
+// RUN: FileCheck %s --check-prefix=RES --input-file=%t.gfx942.s
+// RUN: FileCheck %s --check-prefix=COPY --input-file=%t.gfx942.s
+// RUN: FileCheck %s --check-prefix=PULL --input-file=%t.gfx942.s
+// RUN: sed -e 's/wave_size = 64/wave_size = 32/' %s | mori-compile - --target=sm_90 --emit=ptx -o - > %t.sm_90.ptx
+// RUN: FileCheck %s --check-prefix=PTX --input-file=%t.sm_90.ptx
+
+// Code-quality pins of the IntraNode EP kernels (world 8, hidden 7168 bf16 = 14336-byte rows, top-k 8,
+// 32 experts per rank): the default bf16 bundle for gfx942 (wave64) and, with wave_size rewritten to 32,
+// for sm_90. Properties that do not hold today are pinned, XFAIL, in ep-kernels-isa-accumulate.mlir (K
+// loads in flight in the combine accumulate loops), ep-kernels-isa-combine-bytes.mlir (no byte loop in
+// combine) and ep-kernels-isa-workgroup.mlir (the kernels' workgroup-size bound vs. the launch).
+
+// ---- gfx942: no scratch, no VGPR spill (kernel descriptor, .set symbols, AMDHSA metadata) ---------
+// SGPR spills are allowed when they go to VGPR lanes (private segment 0 says they do). The
+// scratch_load/store_dwordx2 in dispatch and push are not spills: LLVM expands the 64-bit flat fetch-add
+// of grid_barrier with a run-time "is this address private?" branch; that path is dead.
+// RES-LABEL: .amdhsa_kernel ep_dispatch_bf16{{$}}
+// RES-NEXT: .amdhsa_group_segment_fixed_size 0
+// RES-NEXT: .amdhsa_private_segment_fixed_size 0
+// RES: .amdhsa_user_sgpr_private_segment_size 0
+// RES: .amdhsa_enable_private_segment 0
+// RES: .end_amdhsa_kernel
+// RES: .set ep_dispatch_bf16.private_seg_size, 0
+// RES: .set ep_dispatch_bf16.uses_flat_scratch, 0
+// RES: .set ep_dispatch_bf16.has_dyn_sized_stack, 0
+// RES-LABEL: .amdhsa_kernel ep_combine_pull_bf16{{$}}
+// RES-NEXT: .amdhsa_group_segment_fixed_size 0
+// RES-NEXT: .amdhsa_private_segment_fixed_size 0
+// RES: .amdhsa_user_sgpr_private_segment_size 0
+// RES: .amdhsa_enable_private_segment 0
+// RES: .end_amdhsa_kernel
+// RES: .set ep_combine_pull_bf16.private_seg_size, 0
+// RES: .set ep_combine_pull_bf16.uses_flat_scratch, 0
+// RES: .set ep_combine_pull_bf16.has_dyn_sized_stack, 0
+// RES-LABEL: .amdhsa_kernel ep_combine_push_bf16{{$}}
+// RES-NEXT: .amdhsa_group_segment_fixed_size 0
+// RES-NEXT: .amdhsa_private_segment_fixed_size 0
+// RES: .amdhsa_user_sgpr_private_segment_size 0
+// RES: .amdhsa_enable_private_segment 0
+// RES: .end_amdhsa_kernel
+// RES: .set ep_combine_push_bf16.private_seg_size, 0
+// RES: .set ep_combine_push_bf16.uses_flat_scratch, 0
+// RES: .set ep_combine_push_bf16.has_dyn_sized_stack, 0
+// RES-LABEL: amdhsa.kernels:
+// RES: .name: ep_dispatch_bf16{{$}}
+// RES-NEXT: .private_segment_fixed_size: 0
+// RES: .sgpr_count: {{[0-9]+}}
+// RES-NEXT: .sgpr_spill_count: {{[0-9]+}}
+// RES-NEXT: .symbol: ep_dispatch_bf16.kd
+// RES: .vgpr_count: {{[0-9]+}}
+// RES-NEXT: .vgpr_spill_count: 0
+// RES: .name: ep_combine_pull_bf16{{$}}
+// RES-NEXT: .private_segment_fixed_size: 0
+// RES: .sgpr_count: {{[0-9]+}}
+// RES-NEXT: .sgpr_spill_count: {{[0-9]+}}
+// RES-NEXT: .symbol: ep_combine_pull_bf16.kd
+// RES: .vgpr_count: {{[0-9]+}}
+// RES-NEXT: .vgpr_spill_count: 0
+// RES: .name: ep_combine_push_bf16{{$}}
+// RES-NEXT: .private_segment_fixed_size: 0
+// RES: .sgpr_count: {{[0-9]+}}
+// RES-NEXT: .sgpr_spill_count: {{[0-9]+}}
+// RES-NEXT: .symbol: ep_combine_push_bf16.kd
+// RES: .vgpr_count: {{[0-9]+}}
+// RES-NEXT: .vgpr_spill_count: 0
+// RES: amdhsa.target: amdgcn-amd-amdhsa--gfx942
+
+// ---- gfx942: row_copy (dispatch: the token row to each destination; push: a received row to its owner)
+// The peer base comes from a per-lane load of the heap-base table (VGPR address); between the copy's
+// loads there is no v_readfirstlane (no waterfall loop around the peer address). (A readfirstlane of the
+// wave-uniform warp index before the copy is fine: it only moves a uniform value to a scalar register.) The
+// aligned body issues eight 16-byte global loads (lane-strided, 1 KiB apart) before its first wait, then
+// eight 16-byte flat stores to the peer; the remainder loop moves one 16-byte vector per lane.
+// COPY-LABEL: {{^}}ep_dispatch_bf16:
+// COPY: flat_load_dwordx2 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: s_waitcnt vmcnt(0)
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NOT: v_readfirstlane
+// COPY: {{^}}[[REM0:\.LBB0_[0-9]+]]:{{[[:space:]]+}}global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
+// COPY-NOT: v_readfirstlane
+// COPY: flat_store_dwordx4
+// COPY-NOT: v_readfirstlane
+// COPY: s_cbranch_execnz [[REM0]]{{$}}
+// COPY-LABEL: {{^}}ep_combine_push_bf16:
+// COPY: flat_load_dwordx2 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NOT: v_readfirstlane
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
+// COPY: s_waitcnt vmcnt(0)
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NOT: v_readfirstlane
+// COPY: {{^}}[[REM2:\.LBB2_[0-9]+]]:{{[[:space:]]+}}global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
+// COPY-NOT: v_readfirstlane
+// COPY: flat_store_dwordx4
+// COPY-NOT: v_readfirstlane
+// COPY: s_cbranch_execnz [[REM2]]{{$}}
+
+// ---- gfx942: pull combine ------------------------------------------------------------------------
+// No scratch and no sub-dword access at all (rows are a multiple of 16 bytes); the accumulate loop reads
+// the peers' rows with 16-byte flat loads and writes 16-byte global stores, and there is no
+// v_readfirstlane from its first load to the end of the kernel.
+// PULL-LABEL: {{^}}ep_combine_pull_bf16:
+// PULL-NOT: {{scratch_|_ubyte|_sbyte|_ushort|_sshort|_byte |_short }}
+// PULL: flat_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// PULL-NOT: {{scratch_|_ubyte|_sbyte|_ushort|_sshort|_byte |_short |v_readfirstlane}}
+// PULL: global_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
+// PULL-NOT: {{scratch_|_ubyte|_sbyte|_ushort|_sshort|_byte |_short |v_readfirstlane}}
+// PULL: .amdhsa_kernel ep_combine_pull_bf16
+
+// ---- sm_90 (wave32) ---------------------------------------------------------------------------------
+// Dispatch: relaxed system-scope fetch-add for the slot (reserve_slot); the row copy loop moves eight
+// 16-byte vectors per lane per iteration (ld.global.v4 from the local row, st.v4 to the peer). The loop
+// label is the first one followed, before any other label or load, by a 16-byte load.
+// PTX-LABEL: .visible .entry ep_dispatch_bf16(
+// PTX: atom.relaxed.sys.add.u32
+// PTX: {{^}}[[PLOOP:\$L__BB[0-9]+_[0-9]+]]:{{([[:space:]]+[^$l[:space:]].*)*[[:space:]]+}}ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX-NOT: {{^\$L__BB|ld\.}}
+// PTX: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
+// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
+// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
+// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
+// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
+// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
+// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
+// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
+// PTX-NOT: {{^\$L__BB}}
+// PTX: bra [[PLOOP]];
+// Grid barrier (sense reversal): bar.sync; generation read; fence; u64 arrival fetch-add; the last
+// arriver resets the count and, after a fence, publishes; the others poll relaxed at system scope;
+// fence; bar.sync.
+// PTX: bar.sync 0;
+// PTX: ld.relaxed.sys.global.b64 %rd{{[0-9]+}}, [%rd{{[0-9]+}}+8];
+// PTX-NEXT: fence.sc.sys;
+// PTX: atom.relaxed.sys.add.u64
+// PTX: st.relaxed.sys.b64 [%rd{{[0-9]+}}], 0;
+// PTX: fence.sc.sys;
+// PTX: st.relaxed.sys.b64
+// PTX: ld.relaxed.sys.global.b64
+// PTX: fence.sc.sys;
+// PTX: bar.sync 0;
+// Count handshake: poll the peer's slot (generic address from mori_shmem.ptr) until 0, fence, send
+// count + 1; poll our slot until > 0, fence, reset it; sum the counts with 32-lane butterflies.
+// PTX: ld.relaxed.sys.b64
+// PTX: fence.sc.sys;
+// PTX: st.relaxed.sys.b64
+// PTX: ld.relaxed.sys.global.b64
+// PTX: fence.sc.sys;
+// PTX: st.relaxed.sys.b64 [%rd{{[0-9]+}}], 0;
+// PTX: shfl.sync.bfly.b32 {{.*}}, 16, 31, -1;
+// Pull combine: device barrier (fence, relaxed store to each peer, relaxed poll, fence, bar.sync), then
+// the accumulate loop issues its 2K = 16 loads of 16 bytes (generic: the peers' rows) before the first
+// f32 operation, and stores 16-byte vectors.
+// PTX-LABEL: .visible .entry ep_combine_pull_bf16(
+// PTX: bar.sync 0;
+// PTX: fence.sc.sys;
+// PTX: st.relaxed.sys.b64
+// PTX: ld.relaxed.sys.global.b64
+// PTX: fence.sc.sys;
+// PTX: bar.sync 0;
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX: st.global.v4.b32
+// Push combine: row copy (ld.global.v4 / st.v4), grid barrier, device barrier, then 2K = 16 local
+// 16-byte loads before the first f32 operation.
+// PTX-LABEL: .visible .entry ep_combine_push_bf16(
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX: st.v4.b32
+// PTX: atom.relaxed.sys.add.u64
+// PTX: st.relaxed.sys.b64
+// PTX: bar.sync 0;
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX-NOT: {{\.f32}}
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX: st.global.v4.b32
+
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    "mori_ep.dispatch"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 4096 : i64, max_recv_per_rank = 4096 : i64, scale_bytes = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64} : () -> ()
+    "mori_ep.combine"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 4096 : i64, max_recv_per_rank = 4096 : i64, zero_copy = 1 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, max_blocks = 1024 : i64} : () -> ()
+    "mori_ep.combine"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 4096 : i64, max_recv_per_rank = 4096 : i64, zero_copy = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, max_blocks = 1024 : i64} : () -> ()
+  }
+}
