@@ -45,15 +45,6 @@ def bundle_key(source: str, options: CompileOptions, bitcode_paths, extra: dict 
     return h.hexdigest()
 
 
-def kernel_signatures(source: str) -> dict[str, KernelInfo]:
-    """Parameter types and block size of every kernel of the (verified) source, after the EP stage has
-    turned mori_ep ops into kernels (before any argument-table rewriting)."""
-    from .pipeline import compile_source
-
-    result = compile_source(source, stop_after="ep")
-    return result.signatures
-
-
 def signatures_of_module(module, *, strict: bool = True) -> dict[str, KernelInfo]:
     """KernelInfo of every gpu.func kernel of an MLIR module (ptr/integer/float parameters only; with
     ``strict=False`` kernels with other parameter types are left out instead of rejected)."""
