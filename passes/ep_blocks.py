@@ -34,6 +34,52 @@ def row_copy() -> str:
 """
 
 
+def row_copy_vec16(wave: int) -> str:
+    # The variant for rows whose size is a constant multiple of 16 bytes (token rows; buffers are
+    # 256-byte aligned): the peer address once (mori_shmem.ptr), then lane-strided 16-byte vectors, eight
+    # loads in flight per lane before the stores, a one-vector remainder loop, and no byte loops. Plain
+    # stores: the caller publishes them (release fence before its signal).
+    loads = "\n".join(f"    %i{u} = arith.addi %j, %o{u} : i64\n"
+                       f"    %s{u} = llvm.getelementptr %src[%i{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
+                       f"    %v{u} = llvm.load %s{u} {{alignment = 16 : i64}} : {P} -> vector<4xi32>" for u in range(8))
+    stores = "\n".join(f"    %d{u} = llvm.getelementptr %peer[%i{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
+                        f"    llvm.store %v{u}, %d{u} {{alignment = 16 : i64}} : vector<4xi32>, {P}" for u in range(8))
+    offs = "\n".join(f"  %o{u} = arith.constant {u * wave} : i64" for u in range(8))
+    return f"""func.func @{PREFIX}row_copy_vec16(%dst: {P}, %src: {P}, %bytes: i64, %pe: i32) {{
+  %peer = "mori_shmem.ptr"(%dst, %pe) : ({P}, i32) -> {P}
+  %lane_i = gpu.lane_id
+  %lane = arith.index_cast %lane_i : index to i64
+  %sixteen = arith.constant 16 : i64
+  %nvec = arith.divui %bytes, %sixteen : i64
+{offs}
+  %step8 = arith.constant {8 * wave} : i64
+  %wave = arith.constant {wave} : i64
+  %j8 = scf.while (%j = %lane) : (i64) -> i64 {{
+    %last = arith.addi %j, %o7 : i64
+    %more = arith.cmpi ult, %last, %nvec : i64
+    scf.condition(%more) %j : i64
+  }} do {{
+  ^bb0(%j: i64):
+{loads}
+{stores}
+    %next = arith.addi %j, %step8 : i64
+    scf.yield %next : i64
+  }}
+  %lb = arith.index_cast %j8 : i64 to index
+  %ub = arith.index_cast %nvec : i64 to index
+  %st = arith.index_cast %wave : i64 to index
+  scf.for %k = %lb to %ub step %st {{
+    %k64 = arith.index_cast %k : index to i64
+    %sk = llvm.getelementptr %src[%k64] : ({P}, i64) -> {P}, vector<4xi32>
+    %vk = llvm.load %sk {{alignment = 16 : i64}} : {P} -> vector<4xi32>
+    %dk = llvm.getelementptr %peer[%k64] : ({P}, i64) -> {P}, vector<4xi32>
+    llvm.store %vk, %dk {{alignment = 16 : i64}} : vector<4xi32>, {P}
+  }}
+  return
+}}
+"""
+
+
 def reserve_slot() -> str:
     # Relaxed system-scope fetch-add on the peer's counter: slots are unique per destination and round;
     # ordering comes later from the count handshake (release fence + acquire fence).
@@ -197,38 +243,33 @@ def device_barrier(world: int, max_blocks: int) -> str:
 
 
 def accumulate_rows(dtype: str, k: int, wave: int) -> str:
-    # Warp-cooperative, lane-strided 16-byte vectors, two per lane per iteration (j and j + wave): all
-    # 2K source loads are issued before the fp32 adds, then one rounding to the output dtype. When the
-    # second vector is past the end it re-reads the first (loads stay unconditional) and is not stored.
-    # No ordering of its own: the caller has acquired the sources (device barrier) before.
-    per_vec, vty = (8, "bf16") if dtype == "bf16" else (4, "f32")
+    # Warp-cooperative, lane-strided 16-byte vectors; for each vector all K source loads are issued
+    # before the fp32 adds, then one rounding to the output dtype. (Two vectors per iteration doubled the
+    # loads in flight but pushed registers past 128 per thread on sm_90, halving the resident warps; the
+    # combine kernel splits rows across warps instead.) No ordering of its own: the caller has acquired
+    # the sources (device barrier) before.
+    per_vec = 8 if dtype == "bf16" else 4
     srcs = ", ".join(f"%s{i}: {P}" for i in range(k))
-
-    def vector(tag: str, off: str) -> tuple[list[str], list[str], str]:
-        loads, math = [], []
-        for i in range(k):
-            loads.append(f"    %p{tag}{i} = llvm.getelementptr %s{i}[{off}] : ({P}, i64) -> {P}, i8")
-            loads.append(f"    %l{tag}{i} = llvm.load %p{tag}{i} {{alignment = 16 : i64}} : {P} -> vector<4xi32>")
-        for i in range(k):
-            math.append(f"    %c{tag}{i} = llvm.bitcast %l{tag}{i} : vector<4xi32> to vector<{per_vec}x{vty}>")
-            if dtype == "bf16":
-                math.append(f"    %f{tag}{i} = arith.extf %c{tag}{i} : vector<8xbf16> to vector<8xf32>")
-            else:
-                math.append(f"    %f{tag}{i} = arith.addf %c{tag}{i}, %zero : vector<4xf32>")
-        cur = f"%f{tag}0"
-        for i in range(1, k):
-            math.append(f"    %acc{tag}{i} = arith.addf {cur}, %f{tag}{i} : vector<{per_vec}xf32>")
-            cur = f"%acc{tag}{i}"
+    loads, math = [], []
+    for i in range(k):
+        loads.append(f"    %p{i} = llvm.getelementptr %s{i}[%off] : ({P}, i64) -> {P}, i8")
+        loads.append(f"    %l{i} = llvm.load %p{i} {{alignment = 16 : i64}} : {P} -> vector<4xi32>")
+    for i in range(k):
         if dtype == "bf16":
-            math.append(f"    %rt{tag} = arith.truncf {cur} : vector<8xf32> to vector<8xbf16>")
-            math.append(f"    %ro{tag} = llvm.bitcast %rt{tag} : vector<8xbf16> to vector<4xi32>")
+            math.append(f"    %c{i} = llvm.bitcast %l{i} : vector<4xi32> to vector<8xbf16>")
+            math.append(f"    %f{i} = arith.extf %c{i} : vector<8xbf16> to vector<8xf32>")
         else:
-            math.append(f"    %ro{tag} = llvm.bitcast {cur} : vector<4xf32> to vector<4xi32>")
-        return loads, math, f"%ro{tag}"
-
-    la, ma, ra = vector("a", "%offa")
-    lb, mb, rb = vector("b", "%offb")
-    body = "\n".join(la + lb + ma + mb)
+            math.append(f"    %f{i} = llvm.bitcast %l{i} : vector<4xi32> to vector<4xf32>")
+    cur = "%f0"
+    for i in range(1, k):
+        math.append(f"    %acc{i} = arith.addf {cur}, %f{i} : vector<{per_vec}xf32>")
+        cur = f"%acc{i}"
+    if dtype == "bf16":
+        math += [f"    %rt = arith.truncf {cur} : vector<8xf32> to vector<8xbf16>",
+                 "    %ro = llvm.bitcast %rt : vector<8xbf16> to vector<4xi32>"]  # fmt: skip
+    else:
+        math.append(f"    %ro = llvm.bitcast {cur} : vector<4xf32> to vector<4xi32>")
+    body = "\n".join(loads + math)
     return f"""func.func @{PREFIX}accumulate_rows_{dtype}_k{k}(%out: {P}, %elems: i64, {srcs}) {{
   %lane_i = gpu.lane_id
   %lane = arith.index_cast %lane_i : index to i64
@@ -236,37 +277,34 @@ def accumulate_rows(dtype: str, k: int, wave: int) -> str:
   %nvec = arith.divui %elems, %per : i64
   %lb = arith.index_cast %lane : i64 to index
   %ub = arith.index_cast %nvec : i64 to index
-  %step = arith.constant {2 * wave} : index
-  %wave = arith.constant {wave} : i64
+  %step = arith.constant {wave} : index
   %sixteen = arith.constant 16 : i64
-  %zero = arith.constant dense<0.0> : vector<4xf32>
   scf.for %j = %lb to %ub step %step {{
-    %ja = arith.index_cast %j : index to i64
-    %jb0 = arith.addi %ja, %wave : i64
-    %second = arith.cmpi ult, %jb0, %nvec : i64
-    %jb = arith.select %second, %jb0, %ja : i64
-    %offa = arith.muli %ja, %sixteen : i64
-    %offb = arith.muli %jb, %sixteen : i64
+    %j64 = arith.index_cast %j : index to i64
+    %off = arith.muli %j64, %sixteen : i64
 {body}
-    %poa = llvm.getelementptr %out[%offa] : ({P}, i64) -> {P}, i8
-    llvm.store {ra}, %poa {{alignment = 16 : i64}} : vector<4xi32>, {P}
-    scf.if %second {{
-      %pob = llvm.getelementptr %out[%offb] : ({P}, i64) -> {P}, i8
-      llvm.store {rb}, %pob {{alignment = 16 : i64}} : vector<4xi32>, {P}
-    }}
+    %po = llvm.getelementptr %out[%off] : ({P}, i64) -> {P}, i8
+    llvm.store %ro, %po {{alignment = 16 : i64}} : vector<4xi32>, {P}
   }}
   return
 }}
 """
 
 
-# ---- the pass -------------------------------------------------------------------------------------
+def _constant_multiple_of_16(value: ir.Value) -> bool:
+    owner = value.owner
+    if not isinstance(owner, ir.Block) and owner.name == "arith.constant":
+        return isinstance(owner.attributes["value"], ir.IntegerAttr) and owner.attributes["value"].value % 16 == 0
+    return False
+
 
 def helper_for(op: ir.Operation, wave: int) -> tuple[str, str]:
     """(helper symbol, helper text) for a block op."""
     name = op.name.split(".", 1)[1]
     attrs = op.attributes
     if name == "row_copy":
+        if _constant_multiple_of_16(op.operands[2]):
+            return f"{PREFIX}row_copy_vec16", row_copy_vec16(wave)
         return f"{PREFIX}row_copy", row_copy()
     if name == "reserve_slot":
         return f"{PREFIX}reserve_slot", reserve_slot()

@@ -279,70 +279,40 @@ module attributes {gpu.container_module} {
 
 // -----
 
-// accumulate_rows bf16, K = 3: lane-strided 16-byte vectors (8 bf16), two per lane per iteration (j and
-// j + wave; step 2 x wave). All 2K loads come first (the second vector re-reads the first when it is past
-// the end), then per vector the widening to f32, the K - 1 adds and one rounding back to bf16; one store
-// per vector, the second only when it exists.
+// accumulate_rows bf16, K = 3: lane-strided 16-byte vectors (8 bf16), step = wave. All K loads of a
+// vector come first, then the widening to f32, the K - 1 adds and one rounding back to bf16; one store.
 // CHECK-LABEL: func.func @__mori_ep_accumulate_rows_bf16_k3(
 // CHECK-SAME: %[[OUT:[^:]+]]: !llvm.ptr, %[[N:[^:]+]]: i64, %[[S0:[^:]+]]: !llvm.ptr, %[[S1:[^:]+]]: !llvm.ptr, %[[S2:[^:]+]]: !llvm.ptr) {
 // CHECK: %[[PER:.*]] = arith.constant 8 : i64
 // CHECK-NEXT: %[[NVEC:.*]] = arith.divui %[[N]], %[[PER]] : i64
 // CHECK: %[[UB:.*]] = arith.index_cast %[[NVEC]] : i64 to index
-// CHECK-NEXT: %[[STEP:.*]] = arith.constant 128 : index
-// CHECK-NEXT: %[[WAVE:.*]] = arith.constant 64 : i64
+// CHECK-NEXT: %[[STEP:.*]] = arith.constant 64 : index
 // CHECK: scf.for %[[J:.*]] = %{{.*}} to %[[UB]] step %[[STEP]] {
-// CHECK-NEXT: %[[JA:.*]] = arith.index_cast %[[J]] : index to i64
-// CHECK-NEXT: %[[JB0:.*]] = arith.addi %[[JA]], %[[WAVE]] : i64
-// CHECK-NEXT: %[[SECOND:.*]] = arith.cmpi ult, %[[JB0]], %[[NVEC]] : i64
-// CHECK-NEXT: %[[JB:.*]] = arith.select %[[SECOND]], %[[JB0]], %[[JA]] : i64
-// CHECK-NEXT: %[[OFFA:.*]] = arith.muli %[[JA]], %{{.*}} : i64
-// CHECK-NEXT: %[[OFFB:.*]] = arith.muli %[[JB]], %{{.*}} : i64
-// CHECK-NEXT: %[[PA0:.*]] = llvm.getelementptr %[[S0]][%[[OFFA]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: %[[LA0:.*]] = llvm.load %[[PA0]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
-// CHECK-NEXT: %[[PA1:.*]] = llvm.getelementptr %[[S1]][%[[OFFA]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: %[[LA1:.*]] = llvm.load %[[PA1]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
-// CHECK-NEXT: %[[PA2:.*]] = llvm.getelementptr %[[S2]][%[[OFFA]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: %[[LA2:.*]] = llvm.load %[[PA2]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
-// CHECK-NEXT: %[[PB0:.*]] = llvm.getelementptr %[[S0]][%[[OFFB]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: %[[LB0:.*]] = llvm.load %[[PB0]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
-// CHECK-NEXT: %[[PB1:.*]] = llvm.getelementptr %[[S1]][%[[OFFB]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: %[[LB1:.*]] = llvm.load %[[PB1]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
-// CHECK-NEXT: %[[PB2:.*]] = llvm.getelementptr %[[S2]][%[[OFFB]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: %[[LB2:.*]] = llvm.load %[[PB2]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
-// CHECK-NEXT: %[[CA0:.*]] = llvm.bitcast %[[LA0]] : vector<4xi32> to vector<8xbf16>
-// CHECK-NEXT: %[[FA0:.*]] = arith.extf %[[CA0]] : vector<8xbf16> to vector<8xf32>
-// CHECK-NEXT: %[[CA1:.*]] = llvm.bitcast %[[LA1]] : vector<4xi32> to vector<8xbf16>
-// CHECK-NEXT: %[[FA1:.*]] = arith.extf %[[CA1]] : vector<8xbf16> to vector<8xf32>
-// CHECK-NEXT: %[[CA2:.*]] = llvm.bitcast %[[LA2]] : vector<4xi32> to vector<8xbf16>
-// CHECK-NEXT: %[[FA2:.*]] = arith.extf %[[CA2]] : vector<8xbf16> to vector<8xf32>
-// CHECK-NEXT: %[[AA1:.*]] = arith.addf %[[FA0]], %[[FA1]] : vector<8xf32>
-// CHECK-NEXT: %[[AA2:.*]] = arith.addf %[[AA1]], %[[FA2]] : vector<8xf32>
-// CHECK-NEXT: %[[TA:.*]] = arith.truncf %[[AA2]] : vector<8xf32> to vector<8xbf16>
-// CHECK-NEXT: %[[RA:.*]] = llvm.bitcast %[[TA]] : vector<8xbf16> to vector<4xi32>
-// CHECK-NEXT: %[[CB0:.*]] = llvm.bitcast %[[LB0]] : vector<4xi32> to vector<8xbf16>
-// CHECK-NEXT: %[[FB0:.*]] = arith.extf %[[CB0]] : vector<8xbf16> to vector<8xf32>
-// CHECK-NEXT: %[[CB1:.*]] = llvm.bitcast %[[LB1]] : vector<4xi32> to vector<8xbf16>
-// CHECK-NEXT: %[[FB1:.*]] = arith.extf %[[CB1]] : vector<8xbf16> to vector<8xf32>
-// CHECK-NEXT: %[[CB2:.*]] = llvm.bitcast %[[LB2]] : vector<4xi32> to vector<8xbf16>
-// CHECK-NEXT: %[[FB2:.*]] = arith.extf %[[CB2]] : vector<8xbf16> to vector<8xf32>
-// CHECK-NEXT: %[[AB1:.*]] = arith.addf %[[FB0]], %[[FB1]] : vector<8xf32>
-// CHECK-NEXT: %[[AB2:.*]] = arith.addf %[[AB1]], %[[FB2]] : vector<8xf32>
-// CHECK-NEXT: %[[TB:.*]] = arith.truncf %[[AB2]] : vector<8xf32> to vector<8xbf16>
-// CHECK-NEXT: %[[RB:.*]] = llvm.bitcast %[[TB]] : vector<8xbf16> to vector<4xi32>
-// CHECK-NEXT: %[[POA:.*]] = llvm.getelementptr %[[OUT]][%[[OFFA]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: llvm.store %[[RA]], %[[POA]] {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
-// CHECK-NEXT: scf.if %[[SECOND]] {
-// CHECK-NEXT: %[[POB:.*]] = llvm.getelementptr %[[OUT]][%[[OFFB]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: llvm.store %[[RB]], %[[POB]] {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
-// CHECK-NEXT: }
+// CHECK-NEXT: %[[J64:.*]] = arith.index_cast %[[J]] : index to i64
+// CHECK-NEXT: %[[OFF:.*]] = arith.muli %[[J64]], %{{.*}} : i64
+// CHECK-NEXT: %[[P0:.*]] = llvm.getelementptr %[[S0]][%[[OFF]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
+// CHECK-NEXT: %[[L0:.*]] = llvm.load %[[P0]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
+// CHECK-NEXT: %[[P1:.*]] = llvm.getelementptr %[[S1]][%[[OFF]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
+// CHECK-NEXT: %[[L1:.*]] = llvm.load %[[P1]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
+// CHECK-NEXT: %[[P2:.*]] = llvm.getelementptr %[[S2]][%[[OFF]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
+// CHECK-NEXT: %[[L2:.*]] = llvm.load %[[P2]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
+// CHECK-NEXT: %[[C0:.*]] = llvm.bitcast %[[L0]] : vector<4xi32> to vector<8xbf16>
+// CHECK-NEXT: %[[F0:.*]] = arith.extf %[[C0]] : vector<8xbf16> to vector<8xf32>
+// CHECK-NEXT: %[[C1:.*]] = llvm.bitcast %[[L1]] : vector<4xi32> to vector<8xbf16>
+// CHECK-NEXT: %[[F1:.*]] = arith.extf %[[C1]] : vector<8xbf16> to vector<8xf32>
+// CHECK-NEXT: %[[C2:.*]] = llvm.bitcast %[[L2]] : vector<4xi32> to vector<8xbf16>
+// CHECK-NEXT: %[[F2:.*]] = arith.extf %[[C2]] : vector<8xbf16> to vector<8xf32>
+// CHECK-NEXT: %[[A1:.*]] = arith.addf %[[F0]], %[[F1]] : vector<8xf32>
+// CHECK-NEXT: %[[A2:.*]] = arith.addf %[[A1]], %[[F2]] : vector<8xf32>
+// CHECK-NEXT: %[[T:.*]] = arith.truncf %[[A2]] : vector<8xf32> to vector<8xbf16>
+// CHECK-NEXT: %[[R:.*]] = llvm.bitcast %[[T]] : vector<8xbf16> to vector<4xi32>
+// CHECK-NEXT: %[[PO:.*]] = llvm.getelementptr %[[OUT]][%[[OFF]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
+// CHECK-NEXT: llvm.store %[[R]], %[[PO]] {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
 // CHECK-NEXT: }
 // CHECK-NEXT: return
 // W32-LABEL: func.func @__mori_ep_accumulate_rows_bf16_k3(
-// W32: %[[STEP:.*]] = arith.constant 64 : index
-// W32-NEXT: %[[WAVE:.*]] = arith.constant 32 : i64
+// W32: %[[STEP:.*]] = arith.constant 32 : index
 // W32: scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step %[[STEP]] {
-// W32-NEXT: %[[JA:.*]] = arith.index_cast %[[J]] : index to i64
-// W32-NEXT: arith.addi %[[JA]], %[[WAVE]] : i64
 // ONCE-LABEL: gpu.module @accumulate_bf16
 // ONCE-NEXT: func.func @__mori_ep_accumulate_rows_bf16_k3(
 module attributes {gpu.container_module} {
@@ -356,44 +326,25 @@ module attributes {gpu.container_module} {
 
 // -----
 
-// accumulate_rows f32, K = 2: 4 floats per vector; the 2K loads first, no extf/truncf (each source is
-// "widened" by adding +0.0), one store per vector (the second only when it exists).
+// accumulate_rows f32, K = 2: 4 floats per vector; the K loads first, no extf/truncf (bitcasts), one
+// store per vector.
 // CHECK-LABEL: func.func @__mori_ep_accumulate_rows_f32_k2(
 // CHECK-SAME: %[[OUT:[^:]+]]: !llvm.ptr, %[[N:[^:]+]]: i64, %[[S0:[^:]+]]: !llvm.ptr, %[[S1:[^:]+]]: !llvm.ptr) {
 // CHECK: %[[PER:.*]] = arith.constant 4 : i64
 // CHECK-NEXT: arith.divui %[[N]], %[[PER]] : i64
-// CHECK: %[[ZERO:.*]] = arith.constant dense<0.000000e+00> : vector<4xf32>
-// CHECK-NEXT: scf.for
-// CHECK: %[[OFFA:.*]] = arith.muli %{{.*}}, %{{.*}} : i64
-// CHECK-NEXT: %[[OFFB:.*]] = arith.muli %{{.*}}, %{{.*}} : i64
-// CHECK-NEXT: %[[PA0:.*]] = llvm.getelementptr %[[S0]][%[[OFFA]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: %[[LA0:.*]] = llvm.load %[[PA0]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
-// CHECK-NEXT: %[[PA1:.*]] = llvm.getelementptr %[[S1]][%[[OFFA]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: %[[LA1:.*]] = llvm.load %[[PA1]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
-// CHECK-NEXT: %[[PB0:.*]] = llvm.getelementptr %[[S0]][%[[OFFB]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: %[[LB0:.*]] = llvm.load %[[PB0]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
-// CHECK-NEXT: %[[PB1:.*]] = llvm.getelementptr %[[S1]][%[[OFFB]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: %[[LB1:.*]] = llvm.load %[[PB1]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
-// CHECK-NEXT: %[[CA0:.*]] = llvm.bitcast %[[LA0]] : vector<4xi32> to vector<4xf32>
-// CHECK-NEXT: %[[FA0:.*]] = arith.addf %[[CA0]], %[[ZERO]] : vector<4xf32>
-// CHECK-NEXT: %[[CA1:.*]] = llvm.bitcast %[[LA1]] : vector<4xi32> to vector<4xf32>
-// CHECK-NEXT: %[[FA1:.*]] = arith.addf %[[CA1]], %[[ZERO]] : vector<4xf32>
-// CHECK-NEXT: %[[SUMA:.*]] = arith.addf %[[FA0]], %[[FA1]] : vector<4xf32>
-// CHECK-NEXT: %[[RA:.*]] = llvm.bitcast %[[SUMA]] : vector<4xf32> to vector<4xi32>
-// CHECK-NEXT: %[[CB0:.*]] = llvm.bitcast %[[LB0]] : vector<4xi32> to vector<4xf32>
-// CHECK-NEXT: %[[FB0:.*]] = arith.addf %[[CB0]], %[[ZERO]] : vector<4xf32>
-// CHECK-NEXT: %[[CB1:.*]] = llvm.bitcast %[[LB1]] : vector<4xi32> to vector<4xf32>
-// CHECK-NEXT: %[[FB1:.*]] = arith.addf %[[CB1]], %[[ZERO]] : vector<4xf32>
-// CHECK-NEXT: %[[SUMB:.*]] = arith.addf %[[FB0]], %[[FB1]] : vector<4xf32>
-// CHECK-NEXT: %[[RB:.*]] = llvm.bitcast %[[SUMB]] : vector<4xf32> to vector<4xi32>
-// CHECK-NEXT: %[[POA:.*]] = llvm.getelementptr %[[OUT]][%[[OFFA]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: llvm.store %[[RA]], %[[POA]] {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
-// CHECK-NEXT: scf.if %{{.*}} {
-// CHECK-NEXT: %[[POB:.*]] = llvm.getelementptr %[[OUT]][%[[OFFB]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: llvm.store %[[RB]], %[[POB]] {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
-// CHECK-NEXT: }
-// CHECK-NEXT: }
-// CHECK-NEXT: return
+// CHECK: scf.for
+// CHECK: %[[OFF:.*]] = arith.muli %{{.*}}, %{{.*}} : i64
+// CHECK-NEXT: %[[P0:.*]] = llvm.getelementptr %[[S0]][%[[OFF]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
+// CHECK-NEXT: %[[L0:.*]] = llvm.load %[[P0]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
+// CHECK-NEXT: %[[P1:.*]] = llvm.getelementptr %[[S1]][%[[OFF]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
+// CHECK-NEXT: %[[L1:.*]] = llvm.load %[[P1]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
+// CHECK-NOT: arith.extf
+// CHECK: %[[F0:.*]] = llvm.bitcast %[[L0]] : vector<4xi32> to vector<4xf32>
+// CHECK: %[[F1:.*]] = llvm.bitcast %[[L1]] : vector<4xi32> to vector<4xf32>
+// CHECK-NEXT: %[[A1:.*]] = arith.addf %[[F0]], %[[F1]] : vector<4xf32>
+// CHECK-NEXT: %[[R:.*]] = llvm.bitcast %[[A1]] : vector<4xf32> to vector<4xi32>
+// CHECK-NEXT: %[[PO:.*]] = llvm.getelementptr %[[OUT]][%[[OFF]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
+// CHECK-NEXT: llvm.store %[[R]], %[[PO]] {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
 // ONCE-LABEL: gpu.module @accumulate_f32
 // ONCE-NEXT: func.func @__mori_ep_accumulate_rows_f32_k2(
 module attributes {gpu.container_module} {

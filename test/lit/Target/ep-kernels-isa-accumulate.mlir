@@ -1,4 +1,3 @@
-// XFAIL: *
 // REQUIRES: amdgpu-target
 // RUN: mori-compile %s --target=gfx942 --emit=isa -o - | FileCheck %s
 

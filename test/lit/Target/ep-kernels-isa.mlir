@@ -72,7 +72,7 @@
 // loads there is no v_readfirstlane (no waterfall loop around the peer address). (A readfirstlane of the
 // wave-uniform warp index before the copy is fine: it only moves a uniform value to a scalar register.) The
 // aligned body issues eight 16-byte global loads (lane-strided, 1 KiB apart) before its first wait, then
-// eight 16-byte flat stores to the peer; the remainder loop moves one 16-byte vector per lane.
+// the 16-byte flat stores to the peer; the remainder loop moves one 16-byte vector per lane.
 // COPY-LABEL: {{^}}ep_dispatch_bf16:
 // COPY: flat_load_dwordx2 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
 // COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
@@ -91,14 +91,7 @@
 // COPY-NOT: {{s_waitcnt|v_readfirstlane}}
 // COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
 // COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: s_waitcnt vmcnt(0)
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY: s_waitcnt vmcnt({{[0-7]}}){{$}}
 // COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
 // COPY-NOT: v_readfirstlane
 // COPY: {{^}}[[REM0:\.LBB0_[0-9]+]]:{{[[:space:]]+}}global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
@@ -107,32 +100,23 @@
 // COPY-NOT: v_readfirstlane
 // COPY: s_cbranch_execnz [[REM0]]{{$}}
 // COPY-LABEL: {{^}}ep_combine_push_bf16:
-// COPY: flat_load_dwordx2 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NOT: v_readfirstlane
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
 // COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
 // COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
 // COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
 // COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
 // COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
 // COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
 // COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
 // COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: s_waitcnt vmcnt(0)
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY: s_waitcnt vmcnt({{[0-7]}}){{$}}
 // COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
 // COPY-NOT: v_readfirstlane
 // COPY: {{^}}[[REM2:\.LBB2_[0-9]+]]:{{[[:space:]]+}}global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
@@ -155,29 +139,14 @@
 
 // ---- sm_90 (wave32) ---------------------------------------------------------------------------------
 // Dispatch: relaxed system-scope fetch-add for the slot (reserve_slot); the row copy loop moves eight
-// 16-byte vectors per lane per iteration (ld.global.v4 from the local row, st.v4 to the peer). The loop
-// label is the first one followed, before any other label or load, by a 16-byte load.
+// 16-byte vectors per lane per iteration (ld.global.v4 from the local row, st.v4 to the peer).
 // PTX-LABEL: .visible .entry ep_dispatch_bf16(
 // PTX: atom.relaxed.sys.add.u32
-// PTX: {{^}}[[PLOOP:\$L__BB[0-9]+_[0-9]+]]:{{([[:space:]]+[^$l[:space:]].*)*[[:space:]]+}}ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
-// PTX-NOT: {{^\$L__BB|ld\.}}
-// PTX: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
-// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
-// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
-// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
-// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
-// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
-// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
-// PTX-NEXT: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
+// PTX-COUNT-8: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
 // PTX-NOT: {{^\$L__BB}}
-// PTX: bra [[PLOOP]];
+// PTX: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
+// PTX-NOT: {{^\$L__BB}}
+// PTX: bra $L__BB{{[0-9]+_[0-9]+}};
 // Grid barrier (sense reversal): bar.sync; generation read; fence; u64 arrival fetch-add; the last
 // arriver resets the count and, after a fence, publishes; the others poll relaxed at system scope;
 // fence; bar.sync.
@@ -201,7 +170,7 @@
 // PTX: st.relaxed.sys.b64 [%rd{{[0-9]+}}], 0;
 // PTX: shfl.sync.bfly.b32 {{.*}}, 16, 31, -1;
 // Pull combine: device barrier (fence, relaxed store to each peer, relaxed poll, fence, bar.sync), then
-// the accumulate loop issues its 2K = 16 loads of 16 bytes (generic: the peers' rows) before the first
+// the accumulate loop issues its K = 8 loads of 16 bytes (generic: the peers' rows) before the first
 // f32 operation, and stores 16-byte vectors.
 // PTX-LABEL: .visible .entry ep_combine_pull_bf16(
 // PTX: bar.sync 0;
@@ -225,69 +194,37 @@
 // PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
 // PTX-NOT: {{\.f32}}
 // PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
 // PTX: st.global.v4.b32
-// Push combine: row copy (ld.global.v4 / st.v4), grid barrier, device barrier, then 2K = 16 local
+// Push combine: row copy (ld.global.v4 / st.v4), grid barrier, device barrier, then K = 8 local
 // 16-byte loads before the first f32 operation.
 // PTX-LABEL: .visible .entry ep_combine_push_bf16(
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
-// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}+{{[0-9]+}}];
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
+// PTX-NEXT: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
 // PTX: st.v4.b32
 // PTX: atom.relaxed.sys.add.u64
 // PTX: st.relaxed.sys.b64
 // PTX: bar.sync 0;
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
 // PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
 // PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
 // PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
 // PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
 // PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
 // PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
 // PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
-// PTX-NOT: {{\.f32}}
-// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
+// PTX: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
 // PTX: st.global.v4.b32
 
 module attributes {gpu.container_module} {
