@@ -134,7 +134,8 @@ def main(argv=None) -> int:
     ap.add_argument("--world", type=int, default=8)
     ap.add_argument("--tokens", default="128,512,4096")
     ap.add_argument("--blocks", type=int, default=32, help="blocks per PE for dispatch")
-    ap.add_argument("--combine-blocks", type=int, default=16, help="blocks per PE for combine")
+    ap.add_argument("--combine-blocks", type=int, default=16,
+                    help="blocks per PE for combine (16 x 8 PEs: one 256-thread block per SM is what fits on H200)")
     ap.add_argument("--warps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
