@@ -242,49 +242,58 @@ def device_barrier(world: int, max_blocks: int) -> str:
 """
 
 
-def accumulate_rows(dtype: str, k: int, wave: int) -> str:
-    # Warp-cooperative, lane-strided 16-byte vectors; for each vector all K source loads are issued
-    # before the fp32 adds, then one rounding to the output dtype. (Two vectors per iteration doubled the
-    # loads in flight but pushed registers past 128 per thread on sm_90, halving the resident warps; the
-    # combine kernel splits rows across warps instead.) No ordering of its own: the caller has acquired
-    # the sources (device barrier) before.
+def _vector_sum(dtype: str, k: int, tag: str, off: str) -> tuple[list[str], list[str], str]:
+    """MLIR lines of one 16-byte vector summed over K sources at byte offset ``off``: (the K loads, the
+    widening/adds/rounding, the name of the 4 x i32 result). ``tag`` keeps SSA names apart."""
     per_vec = 8 if dtype == "bf16" else 4
-    srcs = ", ".join(f"%s{i}: {P}" for i in range(k))
     loads, math = [], []
     for i in range(k):
-        loads.append(f"    %p{i} = llvm.getelementptr %s{i}[%off] : ({P}, i64) -> {P}, i8")
-        loads.append(f"    %l{i} = llvm.load %p{i} {{alignment = 16 : i64}} : {P} -> vector<4xi32>")
+        loads.append(f"    %p{tag}{i} = llvm.getelementptr %s{i}[{off}] : ({P}, i64) -> {P}, i8")
+        loads.append(f"    %l{tag}{i} = llvm.load %p{tag}{i} {{alignment = 16 : i64}} : {P} -> vector<4xi32>")
     for i in range(k):
         if dtype == "bf16":
-            math.append(f"    %c{i} = llvm.bitcast %l{i} : vector<4xi32> to vector<8xbf16>")
-            math.append(f"    %f{i} = arith.extf %c{i} : vector<8xbf16> to vector<8xf32>")
+            math.append(f"    %c{tag}{i} = llvm.bitcast %l{tag}{i} : vector<4xi32> to vector<8xbf16>")
+            math.append(f"    %f{tag}{i} = arith.extf %c{tag}{i} : vector<8xbf16> to vector<8xf32>")
         else:
-            math.append(f"    %f{i} = llvm.bitcast %l{i} : vector<4xi32> to vector<4xf32>")
-    cur = "%f0"
+            math.append(f"    %f{tag}{i} = llvm.bitcast %l{tag}{i} : vector<4xi32> to vector<4xf32>")
+    cur = f"%f{tag}0"
     for i in range(1, k):
-        math.append(f"    %acc{i} = arith.addf {cur}, %f{i} : vector<{per_vec}xf32>")
-        cur = f"%acc{i}"
+        math.append(f"    %acc{tag}{i} = arith.addf {cur}, %f{tag}{i} : vector<{per_vec}xf32>")
+        cur = f"%acc{tag}{i}"
     if dtype == "bf16":
-        math += [f"    %rt = arith.truncf {cur} : vector<8xf32> to vector<8xbf16>",
-                 "    %ro = llvm.bitcast %rt : vector<8xbf16> to vector<4xi32>"]  # fmt: skip
+        math.append(f"    %rt{tag} = arith.truncf {cur} : vector<8xf32> to vector<8xbf16>")
+        math.append(f"    %ro{tag} = llvm.bitcast %rt{tag} : vector<8xbf16> to vector<4xi32>")
     else:
-        math.append(f"    %ro = llvm.bitcast {cur} : vector<4xf32> to vector<4xi32>")
-    body = "\n".join(loads + math)
+        math.append(f"    %ro{tag} = llvm.bitcast {cur} : vector<4xf32> to vector<4xi32>")
+    return loads, math, f"%ro{tag}"
+
+
+def _accumulate_prologue(dtype: str, k: int, step: int) -> str:
+    srcs = ", ".join(f"%s{i}: {P}" for i in range(k))
     return f"""func.func @{PREFIX}accumulate_rows_{dtype}_k{k}(%out: {P}, %elems: i64, {srcs}) {{
   %lane_i = gpu.lane_id
   %lane = arith.index_cast %lane_i : index to i64
-  %per = arith.constant {per_vec} : i64
+  %per = arith.constant {8 if dtype == "bf16" else 4} : i64
   %nvec = arith.divui %elems, %per : i64
   %lb = arith.index_cast %lane : i64 to index
   %ub = arith.index_cast %nvec : i64 to index
-  %step = arith.constant {wave} : index
+  %step = arith.constant {step} : index
   %sixteen = arith.constant 16 : i64
-  scf.for %j = %lb to %ub step %step {{
+"""
+
+
+def accumulate_rows(dtype: str, k: int, wave: int) -> str:
+    # Warp-cooperative, lane-strided 16-byte vectors; for each vector all K source loads are issued
+    # before the fp32 adds, then one rounding to the output dtype. No ordering of its own: the caller
+    # has acquired the sources (device barrier) before.
+    loads, math, result = _vector_sum(dtype, k, "", "%off")
+    body = "\n".join(loads + math)
+    return _accumulate_prologue(dtype, k, wave) + f"""  scf.for %j = %lb to %ub step %step {{
     %j64 = arith.index_cast %j : index to i64
     %off = arith.muli %j64, %sixteen : i64
 {body}
     %po = llvm.getelementptr %out[%off] : ({P}, i64) -> {P}, i8
-    llvm.store %ro, %po {{alignment = 16 : i64}} : vector<4xi32>, {P}
+    llvm.store {result}, %po {{alignment = 16 : i64}} : vector<4xi32>, {P}
   }}
   return
 }}
@@ -292,49 +301,13 @@ def accumulate_rows(dtype: str, k: int, wave: int) -> str:
 
 
 def accumulate_rows_x2(dtype: str, k: int, wave: int) -> str:
-    # Warp-cooperative, lane-strided 16-byte vectors, two per lane per iteration (j and j + wave): all
-    # 2K source loads are issued before the fp32 adds, then one rounding to the output dtype. When the
-    # second vector is past the end it re-reads the first (loads stay unconditional) and is not stored.
-    # No ordering of its own: the caller has acquired the sources (device barrier) before.
-    per_vec, vty = (8, "bf16") if dtype == "bf16" else (4, "f32")
-    srcs = ", ".join(f"%s{i}: {P}" for i in range(k))
-
-    def vector(tag: str, off: str) -> tuple[list[str], list[str], str]:
-        loads, math = [], []
-        for i in range(k):
-            loads.append(f"    %p{tag}{i} = llvm.getelementptr %s{i}[{off}] : ({P}, i64) -> {P}, i8")
-            loads.append(f"    %l{tag}{i} = llvm.load %p{tag}{i} {{alignment = 16 : i64}} : {P} -> vector<4xi32>")
-        for i in range(k):
-            math.append(f"    %c{tag}{i} = llvm.bitcast %l{tag}{i} : vector<4xi32> to vector<{per_vec}x{vty}>")
-            if dtype == "bf16":
-                math.append(f"    %f{tag}{i} = arith.extf %c{tag}{i} : vector<8xbf16> to vector<8xf32>")
-            else:
-                math[-1] = f"    %f{tag}{i} = llvm.bitcast %l{tag}{i} : vector<4xi32> to vector<4xf32>"
-        cur = f"%f{tag}0"
-        for i in range(1, k):
-            math.append(f"    %acc{tag}{i} = arith.addf {cur}, %f{tag}{i} : vector<{per_vec}xf32>")
-            cur = f"%acc{tag}{i}"
-        if dtype == "bf16":
-            math.append(f"    %rt{tag} = arith.truncf {cur} : vector<8xf32> to vector<8xbf16>")
-            math.append(f"    %ro{tag} = llvm.bitcast %rt{tag} : vector<8xbf16> to vector<4xi32>")
-        else:
-            math.append(f"    %ro{tag} = llvm.bitcast {cur} : vector<4xf32> to vector<4xi32>")
-        return loads, math, f"%ro{tag}"
-
-    la, ma, ra = vector("a", "%offa")
-    lb, mb, rb = vector("b", "%offb")
+    # As accumulate_rows with two vectors per lane per iteration (j and j + wave): all 2K loads before the
+    # adds. When the second vector is past the end it re-reads the first (loads stay unconditional) and
+    # is not stored.
+    la, ma, ra = _vector_sum(dtype, k, "a", "%offa")
+    lb, mb, rb = _vector_sum(dtype, k, "b", "%offb")
     body = "\n".join(la + lb + ma + mb)
-    return f"""func.func @{PREFIX}accumulate_rows_{dtype}_k{k}(%out: {P}, %elems: i64, {srcs}) {{
-  %lane_i = gpu.lane_id
-  %lane = arith.index_cast %lane_i : index to i64
-  %per = arith.constant {per_vec} : i64
-  %nvec = arith.divui %elems, %per : i64
-  %lb = arith.index_cast %lane : i64 to index
-  %ub = arith.index_cast %nvec : i64 to index
-  %step = arith.constant {2 * wave} : index
-  %wave = arith.constant {wave} : i64
-  %sixteen = arith.constant 16 : i64
-  %zero = arith.constant dense<0.0> : vector<4xf32>
+    return _accumulate_prologue(dtype, k, 2 * wave) + f"""  %wave = arith.constant {wave} : i64
   scf.for %j = %lb to %ub step %step {{
     %ja = arith.index_cast %j : index to i64
     %jb0 = arith.addi %ja, %wave : i64
