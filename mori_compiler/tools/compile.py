@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--list-examples", action="store_true", help="list the built-in examples and exit")
     p.add_argument("--no-report", action="store_true", help="do not print the resource report")
     p.add_argument("--precompile", metavar="CONFIGS_JSON",
-                   help="build the bundles for a JSON list of configs ({\"kernel\": example or file, \"target\": ...})")  # fmt: skip
+                   help="build the bundles for a JSON list of configs: {\"kernel\": example or file, \"target\": ...} "
+                        "or {\"ep\": {EpDispatchCombineConfig fields}, \"target\": \"sm_90\", \"virtual_pes\": true}")  # fmt: skip
     error_on_bad_args(p)
     return p
 
@@ -76,8 +77,22 @@ def _report(binary: bytes, stream) -> None:
     print(format_resource_report(read_amdgpu_code_object(binary)), file=stream)
 
 
+def _ep_source(fields, options, index: int) -> str:
+    from mori_compiler.errors import MoriCompilerError
+    from mori_compiler.ops import EpDispatchCombineConfig, kernel_module_source, validate_config
+
+    if not isinstance(fields, dict):
+        raise MoriCompilerError(f"config {index}: 'ep' must be an object of EpDispatchCombineConfig fields")
+    try:
+        cfg = EpDispatchCombineConfig(**({"data_type": "bf16", "rank": 0} | fields))
+        validate_config(cfg, options.gpu_target.wave_size)
+    except (TypeError, ValueError) as exc:
+        raise MoriCompilerError(f"config {index}: invalid EP config: {exc}") from None
+    return kernel_module_source(cfg, options.gpu_target.wave_size)
+
+
 def precompile(configs_path: str) -> int:
-    from mori_compiler.cache import compile_bundle
+    from mori_compiler.cache import compile_bundle, get_bundle
     from mori_compiler.errors import MoriCompilerError
     from mori_compiler.options import CompileOptions
 
@@ -88,16 +103,22 @@ def precompile(configs_path: str) -> int:
         raise MoriCompilerError(f"{configs_path} is not valid JSON: {exc}") from None
     if not isinstance(configs, list) or not all(isinstance(c, dict) for c in configs):
         raise MoriCompilerError(f"{configs_path} must hold a JSON list of objects")
-    allowed = {"kernel", "target", "code_object_version", "opt_level", "bitcode", "device_library"}
+    allowed = {"kernel", "ep", "target", "code_object_version", "opt_level", "bitcode", "device_library",
+               "virtual_pes"}  # fmt: skip
     for i, config in enumerate(configs, 1):
         unknown = set(config) - allowed
         if unknown:
             raise MoriCompilerError(f"config {i} has unknown fields {sorted(unknown)}; allowed: {sorted(allowed)}")
-        source, display, _ = _source(config.get("kernel"))
-        fields = {k: v for k, v in config.items() if k != "kernel"}
+        fields = {k: v for k, v in config.items() if k not in ("kernel", "ep")}
         if isinstance(fields.get("bitcode"), list):
             fields["bitcode"] = tuple(fields["bitcode"])
-        bundle = compile_bundle(source, CompileOptions(**fields), config={"kernel": config.get("kernel")})
+        options = CompileOptions(**fields)
+        if "ep" in config:  # the kernels an EpDispatchCombineOp with this config loads
+            source, display = _ep_source(config["ep"], options, i), "EP IntraNode kernels"
+            bundle = get_bundle(source, options)
+        else:
+            source, display, _ = _source(config.get("kernel"))
+            bundle = compile_bundle(source, options, config={"kernel": config.get("kernel")})
         bar = "#" * (30 * i // len(configs))
         print(f"\r[{bar:<30}] {i}/{len(configs)} {display} {fields.get('target', 'gfx942')}", end="", file=sys.stderr)
         print(bundle.path)

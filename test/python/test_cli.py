@@ -476,3 +476,25 @@ def test_opt_list_passes_and_dialects(in_tmp, capsys):
     assert "mori-shmem-to-abi" in out and "Input:" in out
     assert mori_opt.entry(["--show-dialects"]) == 0
     assert capsys.readouterr().out.split() == ["mori_shmem", "mori_ep"]
+
+
+def test_precompile_ep_configs_are_found_by_the_op(tmp_path, monkeypatch):
+    """An "ep" precompile entry builds exactly the bundle EpDispatchCombineOp looks up on a GPU machine."""
+    from mori_compiler.cache import bundle_request
+    from mori_compiler.ops import EpDispatchCombineConfig, kernel_module_source
+    from mori_compiler.options import CompileOptions
+    from mori_compiler.runtime.bundle import find_bundle_by_request
+
+    fields = {"world_size": 4, "hidden_dim": 4096, "scale_dim": 0, "scale_type_size": 4, "max_token_type_size": 2,
+              "max_num_inp_token_per_rank": 16, "num_experts_per_rank": 8, "num_experts_per_token": 4,
+              "warp_num_per_block": 4, "use_external_inp_buf": False}  # fmt: skip
+    configs = tmp_path / "configs.json"
+    configs.write_text(json.dumps([{"ep": fields, "target": "sm_90", "virtual_pes": True}]))
+    monkeypatch.setenv("MORI_COMPILER_CACHE_DIR", str(tmp_path / "cache"))
+    assert mori_compile.entry(["--precompile", str(configs)]) == 0
+    cfg = EpDispatchCombineConfig(data_type="bf16", rank=0, **fields)
+    request = bundle_request(kernel_module_source(cfg, 32), CompileOptions(target="sm_90", virtual_pes=True))
+    bundle = find_bundle_by_request(tmp_path / "cache", request)
+    assert bundle is not None and "ep_dispatch_bf16" in bundle.kernels
+    configs.write_text(json.dumps([{"ep": {"world_size": 4}, "target": "sm_90"}]))
+    assert mori_compile.entry(["--precompile", str(configs)]) == 1
