@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Everything the shmem issue checks on a GPU machine, in one call: environment, install, the GPU tests,
-# compute-sanitizer memcheck on the test kernels, and the shmem benchmark. Logs go to $OUT (or ./gpu-logs).
-# Bundles must have been precompiled on a machine with the compiler:
-#   python test/python/gpu/kernels.py .bundles && python bench/shmem_kernels.py .bundles
+# Everything the shmem and EP issues check on a GPU machine, in one call: environment, install, the GPU
+# tests, compute-sanitizer memcheck on the test kernels, and the shmem and EP benchmarks. Logs go to $OUT
+# (or ./gpu-logs). Bundles must have been precompiled on a machine with the compiler:
+#   python test/python/gpu/kernels.py .bundles && python bench/shmem_kernels.py .bundles \
+#     && python bench/ep_bench.py --precompile .bundles
 set -uo pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MORI_COMPILER_CACHE_DIR=$PWD/.bundles MORI_TEST_BUNDLES=$PWD/.bundles
@@ -18,6 +19,11 @@ if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
   timeout 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 20 \
     python3 -m pytest test/python/gpu/test_shmem_gpu.py -q -p no:cacheprovider -k "2pes and ${MEMCHECK_K:-not thread}" \
     2>&1 | tee "$OUT/memcheck.log" | tail -8 || status=1
+  timeout 200 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 20 \
+    python3 -m pytest test/python/gpu/test_ep_gpu.py -q -p no:cacheprovider -k "2pes and not graph" \
+    2>&1 | tee "$OUT/ep_memcheck.log" | tail -4 || status=1
 fi
 for b in ${BENCH_BLOCKS:-264}; do timeout 120 python3 bench/shmem_bench.py --blocks $b --json "$OUT/shmem_bench_$b.json" 2>&1 | tee -a "$OUT/bench.log" || status=1; done
+timeout 150 python3 bench/ep_bench.py --json "$OUT/ep_bench.json" --png "$OUT/ep_bench.png" 2>&1 \
+  | tee "$OUT/ep_bench.log" | tail -11 || status=1
 exit $status
