@@ -23,7 +23,7 @@ if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
     python3 -m pytest test/python/gpu/test_ep_gpu.py -q -p no:cacheprovider -k "2pes and not graph" \
     2>&1 | tee "$OUT/ep_memcheck.log" | tail -4 || status=1
 fi
-for b in ${BENCH_BLOCKS:-264}; do timeout 120 python3 bench/shmem_bench.py --blocks $b --json "$OUT/shmem_bench_$b.json" 2>&1 | tee -a "$OUT/bench.log" || status=1; done
+for b in ${BENCH_BLOCKS:-132}; do timeout 120 python3 bench/shmem_bench.py --blocks $b --json "$OUT/shmem_bench_$b.json" 2>&1 | tee -a "$OUT/bench.log" || status=1; done
 timeout 150 python3 bench/ep_bench.py --json "$OUT/ep_bench.json" --png "$OUT/ep_bench.png" 2>&1 \
   | tee "$OUT/ep_bench.log" | tail -11 || status=1
 exit $status
