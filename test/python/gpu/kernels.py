@@ -247,7 +247,7 @@ def ring_bundle(cache_root=None):
     return get_bundle(example_source("ring_put_signal"), options(), cache_root=cache_root, what="ring_put_signal")
 
 
-def ep_bundles(cache_root, configs) -> list:
+def ep_bundles(cache_root, configs, *, virtual_pes: bool = True) -> list:
     """The EP kernel bundles of ``configs`` (EpDispatchCombineConfig), as EpDispatchCombineOp builds them."""
     from mori_compiler.cache import get_bundle
     from mori_compiler.ops import kernel_module_source
@@ -256,16 +256,19 @@ def ep_bundles(cache_root, configs) -> list:
 
     wave = get_target(TARGET).wave_size
     sources = dict.fromkeys(kernel_module_source(c, wave) for c in configs)
-    opts = CompileOptions(target=TARGET, virtual_pes=True)
+    opts = CompileOptions(target=TARGET, virtual_pes=virtual_pes)
     return [get_bundle(src, opts, cache_root=cache_root, what="EP kernels") for src in sources]
 
 
 def precompile_all(cache_root) -> list:
     """Every bundle the GPU tests load."""
     import test_ep_gpu
+    import test_ep_multigpu
 
     bundles = [bundle(cache_root), bundle(cache_root, virtual_pes=False), ring_bundle(cache_root)]
-    return bundles + ep_bundles(cache_root, list(test_ep_gpu.all_configs()))
+    multi = [test_ep_multigpu.multi_gpu_config(w, 0) for w in (2, 4, 8)]
+    return (bundles + ep_bundles(cache_root, list(test_ep_gpu.all_configs()))
+            + ep_bundles(cache_root, multi, virtual_pes=False))  # fmt: skip
 
 
 if __name__ == "__main__":
