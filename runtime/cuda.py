@@ -18,8 +18,7 @@ from __future__ import annotations
 import importlib
 import threading
 
-from .driver import (Driver, DriverError, Function, LoadedModule, Module, call_checked, marshal_params, params_address,
-                     torch_cuda)
+from .driver import BindingsDriver, Function, LoadedModule, Module, call_checked, torch_cuda
 
 PTX_NUL = b"\0"
 
@@ -29,9 +28,10 @@ class CudaModule(LoadedModule):
     api = "CUDA"
 
 
-class CudaDriver(Driver):
+class CudaDriver(BindingsDriver):
     backend = "nvvm"
     api = "CUDA"
+    prefix = "cu"
 
     def __init__(self, bindings=None):
         # ``bindings``: the cuda.bindings.driver module (tests pass a fake); imported here, lazily.
@@ -119,10 +119,6 @@ class CudaDriver(Driver):
                 return
             self._bind(int(ordinal))
 
-    @property
-    def torch_interop(self) -> bool:
-        return torch_cuda() is not None
-
     # ---- modules -------------------------------------------------------------------------------
     def load_module(self, image: bytes) -> Module:
         image = bytes(image)
@@ -139,47 +135,13 @@ class CudaDriver(Driver):
     def free(self, ptr: int) -> None:
         self._call("cuMemFree", int(ptr))
 
-    def memcpy_htod(self, dst: int, data: bytes, stream: int | None = None) -> None:
-        data = bytes(data)
-        if not data:
-            return
-        if stream is None:
-            self._call("cuMemcpyHtoD", int(dst), data, len(data))
-        else:
-            self._call("cuMemcpyHtoDAsync", int(dst), data, len(data), int(stream))
-
-    def memcpy_dtoh(self, src: int, n: int, stream: int | None = None) -> bytes:
-        buf = bytearray(n)
-        if n == 0:
-            return b""
-        if stream is None:
-            self._call("cuMemcpyDtoH", buf, int(src), n)
-        else:
-            self._call("cuMemcpyDtoHAsync", buf, int(src), n, int(stream))
-            self._call("cuStreamSynchronize", int(stream))
-        return bytes(buf)
-
-    def memset_d8(self, ptr: int, value: int, n: int, stream: int | None = None) -> None:
-        if stream is None:
-            self._call("cuMemsetD8", int(ptr), value & 0xFF, int(n))
-        else:
-            self._call("cuMemsetD8Async", int(ptr), value & 0xFF, int(n), int(stream))
-
     # ---- launch --------------------------------------------------------------------------------
     def launch(self, fn: Function, grid, block, params, *, shared_mem: int = 0, stream: int | None = None,
                cooperative: bool = False) -> None:  # fmt: skip
-        gx, gy, gz = (int(v) for v in grid)
-        bx, by, bz = (int(v) for v in block)
-        array, keep = marshal_params(params)
-        kernel_params = params_address(array) or None
-        hstream = 0 if stream is None else int(stream)
         if cooperative:
-            self._call("cuLaunchCooperativeKernel", fn.handle, gx, gy, gz, bx, by, bz, int(shared_mem), hstream,
-                       kernel_params)  # fmt: skip
+            self._launch("cuLaunchCooperativeKernel", fn, grid, block, params, shared_mem, stream)
         else:
-            self._call("cuLaunchKernel", fn.handle, gx, gy, gz, bx, by, bz, int(shared_mem), hstream,
-                       kernel_params, 0)  # fmt: skip
-        del array, keep  # alive until here: the driver copied the values during the call
+            self._launch("cuLaunchKernel", fn, grid, block, params, shared_mem, stream, 0)  # extra = NULL
 
     def max_active_blocks_per_sm(self, fn: Function, block_threads: int, shared_mem: int = 0) -> int:
         return int(self._call("cuOccupancyMaxActiveBlocksPerMultiprocessor", fn.handle, int(block_threads),
@@ -191,10 +153,6 @@ class CudaDriver(Driver):
         return int(self._call("cuDeviceGetAttribute", attr, self._cudevice))
 
     # ---- IPC -----------------------------------------------------------------------------------
-    def ipc_get_mem_handle(self, ptr: int) -> bytes:
-        handle = self._call("cuIpcGetMemHandle", int(ptr))
-        return bytes(handle.reserved)
-
     def ipc_open_mem_handle(self, handle: bytes) -> int:
         handle = bytes(handle)
         if len(handle) != 64:
@@ -204,12 +162,6 @@ class CudaDriver(Driver):
         flags = int(self._cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
         return int(self._call("cuIpcOpenMemHandle", h, flags))
 
-    def ipc_close_mem_handle(self, ptr: int) -> None:
-        self._call("cuIpcCloseMemHandle", int(ptr))
-
     # ---- synchronization -----------------------------------------------------------------------
-    def stream_synchronize(self, stream: int | None) -> None:
-        self._call("cuStreamSynchronize", 0 if stream is None else int(stream))
-
     def device_synchronize(self) -> None:
         self._call("cuCtxSynchronize")

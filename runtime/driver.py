@@ -284,6 +284,71 @@ class Driver(ABC):
             return 0
 
 
+
+class BindingsDriver(Driver):
+    """The part of the CUDA and HIP drivers that only differs by name: both bindings spell their copy, memset,
+    stream-sync and IPC calls ``<prefix><Name>`` with the same arguments and out-values, and launch kernels
+    with the same argument list. Subclasses set ``prefix`` and implement ``_call(name, *args)`` (which binds
+    their context or device first and checks the result)."""
+
+    prefix: str = ""
+
+    def _call(self, call: str, *args):
+        raise NotImplementedError
+
+    def memcpy_htod(self, dst: int, data: bytes, stream: int | None = None) -> None:
+        data = bytes(data)
+        if not data:
+            return
+        if stream is None:
+            self._call(f"{self.prefix}MemcpyHtoD", int(dst), data, len(data))
+        else:
+            self._call(f"{self.prefix}MemcpyHtoDAsync", int(dst), data, len(data), int(stream))
+
+    def memcpy_dtoh(self, src: int, n: int, stream: int | None = None) -> bytes:
+        if n == 0:
+            return b""
+        buf = bytearray(n)
+        if stream is None:
+            self._call(f"{self.prefix}MemcpyDtoH", buf, int(src), n)
+        else:
+            # The host buffer is only valid after the copy: wait for the stream before returning it.
+            self._call(f"{self.prefix}MemcpyDtoHAsync", buf, int(src), n, int(stream))
+            self._call(f"{self.prefix}StreamSynchronize", int(stream))
+        return bytes(buf)
+
+    def memset_d8(self, ptr: int, value: int, n: int, stream: int | None = None) -> None:
+        if stream is None:
+            self._call(f"{self.prefix}MemsetD8", int(ptr), value & 0xFF, int(n))
+        else:
+            self._call(f"{self.prefix}MemsetD8Async", int(ptr), value & 0xFF, int(n), int(stream))
+
+    def _launch(self, call: str, fn: Function, grid, block, params, shared_mem: int, stream: int | None,
+                *trailing) -> None:  # fmt: skip
+        """``call(f, gx, gy, gz, bx, by, bz, shared_mem, stream, kernel_params, *trailing)``."""
+        gx, gy, gz = (int(v) for v in grid)
+        bx, by, bz = (int(v) for v in block)
+        array, keep = marshal_params(params)
+        kernel_params = params_address(array) or None
+        hstream = 0 if stream is None else int(stream)
+        self._call(call, fn.handle, gx, gy, gz, bx, by, bz, int(shared_mem), hstream, kernel_params, *trailing)
+        del array, keep  # alive until here: the driver copied the values during the call
+
+    def ipc_get_mem_handle(self, ptr: int) -> bytes:
+        handle = self._call(f"{self.prefix}IpcGetMemHandle", int(ptr))
+        return bytes(handle.reserved)
+
+    def ipc_close_mem_handle(self, ptr: int) -> None:
+        self._call(f"{self.prefix}IpcCloseMemHandle", int(ptr))
+
+    def stream_synchronize(self, stream: int | None) -> None:
+        self._call(f"{self.prefix}StreamSynchronize", 0 if stream is None else int(stream))
+
+    @property
+    def torch_interop(self) -> bool:
+        return torch_cuda() is not None
+
+
 _DRIVER_MODULES = {"nvvm": ("mori_compiler.runtime.cuda", "CudaDriver"),
                    "rocdl": ("mori_compiler.runtime.hip", "HipDriver")}  # fmt: skip
 _ALIASES = {"cuda": "nvvm", "nvidia": "nvvm", "hip": "rocdl", "rocm": "rocdl", "amdgpu": "rocdl"}

@@ -21,8 +21,7 @@ from __future__ import annotations
 import importlib
 import threading
 
-from .driver import (Driver, DriverError, Function, LoadedModule, Module, call_checked, marshal_params, params_address,
-                     torch_cuda)
+from .driver import BindingsDriver, DriverError, Function, LoadedModule, Module, call_checked, torch_cuda
 
 
 class HipModule(LoadedModule):
@@ -38,9 +37,10 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
-class HipDriver(Driver):
+class HipDriver(BindingsDriver):
     backend = "rocdl"
     api = "HIP"
+    prefix = "hip"
 
     def __init__(self, bindings=None):
         # ``bindings``: the hip.hip module (tests pass a fake); imported here, lazily.
@@ -97,10 +97,6 @@ class HipDriver(Driver):
             self._threads = set()
             self._ensure_device()
 
-    @property
-    def torch_interop(self) -> bool:
-        return torch_cuda() is not None
-
     # ---- modules -------------------------------------------------------------------------------
     def load_module(self, image: bytes) -> Module:
         return HipModule(self, self._call("hipModuleLoadData", bytes(image)))
@@ -114,51 +110,17 @@ class HipDriver(Driver):
     def free(self, ptr: int) -> None:
         self._call("hipFree", int(ptr))
 
-    def memcpy_htod(self, dst: int, data: bytes, stream: int | None = None) -> None:
-        data = bytes(data)
-        if not data:
-            return
-        if stream is None:
-            self._call("hipMemcpyHtoD", int(dst), data, len(data))
-        else:
-            self._call("hipMemcpyHtoDAsync", int(dst), data, len(data), int(stream))
-
-    def memcpy_dtoh(self, src: int, n: int, stream: int | None = None) -> bytes:
-        if n == 0:
-            return b""
-        buf = bytearray(n)
-        if stream is None:
-            self._call("hipMemcpyDtoH", buf, int(src), n)
-        else:
-            self._call("hipMemcpyDtoHAsync", buf, int(src), n, int(stream))
-            self._call("hipStreamSynchronize", int(stream))
-        return bytes(buf)
-
-    def memset_d8(self, ptr: int, value: int, n: int, stream: int | None = None) -> None:
-        if stream is None:
-            self._call("hipMemsetD8", int(ptr), value & 0xFF, int(n))
-        else:
-            self._call("hipMemsetD8Async", int(ptr), value & 0xFF, int(n), int(stream))
-
     # ---- launch --------------------------------------------------------------------------------
     def launch(self, fn: Function, grid, block, params, *, shared_mem: int = 0, stream: int | None = None,
                cooperative: bool = False) -> None:  # fmt: skip
-        gx, gy, gz = (int(v) for v in grid)
-        bx, by, bz = (int(v) for v in block)
-        array, keep = marshal_params(params)
-        kernel_params = params_address(array) or None
-        hstream = 0 if stream is None else int(stream)
         if cooperative:
             if getattr(self._hip, "hipModuleLaunchCooperativeKernel", None) is None:
                 raise DriverError("hipModuleLaunchCooperativeKernel", "NOT_AVAILABLE",
                                   "this hip-python has no cooperative module launch, which virtual-PE kernels "
                                   "need (all blocks co-resident); upgrade hip-python (ROCm >= 6)")  # fmt: skip
-            self._call("hipModuleLaunchCooperativeKernel", fn.handle, gx, gy, gz, bx, by, bz, int(shared_mem),
-                       hstream, kernel_params)  # fmt: skip
+            self._launch("hipModuleLaunchCooperativeKernel", fn, grid, block, params, shared_mem, stream)
         else:
-            self._call("hipModuleLaunchKernel", fn.handle, gx, gy, gz, bx, by, bz, int(shared_mem), hstream,
-                       kernel_params, None)  # fmt: skip
-        del array, keep
+            self._launch("hipModuleLaunchKernel", fn, grid, block, params, shared_mem, stream, None)  # extra = NULL
 
     def max_active_blocks_per_sm(self, fn: Function, block_threads: int, shared_mem: int = 0) -> int:
         # The module-function variant: fn is a hipFunction_t from hipModuleGetFunction.
@@ -170,10 +132,6 @@ class HipDriver(Driver):
         return int(self._call("hipDeviceGetAttribute", attr, self.device))
 
     # ---- IPC -----------------------------------------------------------------------------------
-    def ipc_get_mem_handle(self, ptr: int) -> bytes:
-        handle = self._call("hipIpcGetMemHandle", int(ptr))
-        return bytes(handle.reserved)
-
     def ipc_open_mem_handle(self, handle: bytes) -> int:
         buf = bytearray(handle)
         if len(buf) != 64:
@@ -184,12 +142,6 @@ class HipDriver(Driver):
         del buf
         return int(ptr)
 
-    def ipc_close_mem_handle(self, ptr: int) -> None:
-        self._call("hipIpcCloseMemHandle", int(ptr))
-
     # ---- synchronization -----------------------------------------------------------------------
-    def stream_synchronize(self, stream: int | None) -> None:
-        self._call("hipStreamSynchronize", 0 if stream is None else int(stream))
-
     def device_synchronize(self) -> None:
         self._call("hipDeviceSynchronize")
