@@ -34,7 +34,7 @@ import numpy as np
 
 __all__ = [
     "EpShape", "route", "destinations", "unique_dest_count", "expected_recv_counts", "RecvOverflow",
-    "recv_overflow", "RecvRow", "expected_recv_rows", "check_dispatch", "reference_combine",
+    "recv_overflow", "AsyncLLSegment", "asyncll_layout", "check_asyncll_layout", "RecvRow", "expected_recv_rows", "check_dispatch", "reference_combine",
     "reference_combine_weights", "combine_tolerance", "check_combine", "check_combine_weights",
     "convert_dispatch_output_ref", "convert_combine_input_ref", "ROUTING_MODES", "make_routing",
     "make_token_counts", "make_tokens", "make_weights", "make_scales", "DTYPES", "canonical_dtype",
@@ -218,6 +218,61 @@ def recv_overflow(all_indices, shape: EpShape) -> RecvOverflow:
     """Receive counts against the capacity R = W * Rp: which ranks would overflow a capped configuration."""
     counts = expected_recv_counts(all_indices, shape)
     return RecvOverflow(counts, np.minimum(counts, shape.R), [int(r) for r in np.nonzero(counts > shape.R)[0]])
+
+
+# ---- AsyncLL receive layout (§2.2) -----------------------------------------------------------------------
+
+
+class AsyncLLSegment(NamedTuple):
+    """The rows one receiver holds from one source PE under AsyncLL."""
+
+    src_rank: int
+    start: int  # first output row: exclusive prefix sum of the counts of sources < src_rank
+    tokens: list[int]  # the source's token ids, in the sender's slot order
+
+    @property
+    def stop(self) -> int:
+        return self.start + len(self.tokens)
+
+
+def asyncll_layout(all_indices, shape: EpShape) -> list[list[AsyncLLSegment]]:
+    """Per receiving rank, one segment per source PE (zero-token sources included, as empty segments).
+
+    AsyncLL groups output rows by source PE in PE order; within a source they follow the sender's slot order
+    (§2.2). Our sender assigns slots per destination in token order, so ``tokens`` is ascending; MORI's slot
+    counter may interleave warps, which :func:`check_asyncll_layout` tolerates with ``strict_order=False``.
+    """
+    per_source = [destinations(idx, shape) for idx in _all_indices(all_indices, shape)]
+    layout = []
+    for dst in range(shape.W):
+        segments, start = [], 0
+        for src in range(shape.W):
+            tokens = np.nonzero(per_source[src][:, dst])[0].tolist()
+            segments.append(AsyncLLSegment(src, start, tokens))
+            start += len(tokens)
+        layout.append(segments)
+    return layout
+
+
+def check_asyncll_layout(rank: int, src_pos, total_recv: int, layout: list[list[AsyncLLSegment]], shape: EpShape,
+                         *, strict_order: bool = True) -> None:  # fmt: skip
+    """Assert that ``src_pos[:total_recv]`` (FlatTokenIndex per row) is ``layout[rank]``; raises AssertionError
+    naming the rank, the source PE and the first offending row."""
+    segments = layout[rank]
+    want_total = segments[-1].stop if segments else 0
+    assert int(total_recv) == want_total, f"rank {rank}: total_recv {int(total_recv)}, expected {want_total}"
+    pos = np.asarray(src_pos).reshape(-1)[:want_total].astype(np.int64)
+    for seg in segments:
+        got = [shape.decode_src(int(v)) for v in pos[seg.start:seg.stop]]
+        for offset, (src, _) in enumerate(got):
+            assert src == seg.src_rank, (f"rank {rank}: row {seg.start + offset} comes from PE {src}, but rows "
+                                         f"[{seg.start}, {seg.stop}) belong to PE {seg.src_rank}")  # fmt: skip
+        tokens = [tok for _, tok in got]
+        if strict_order:
+            assert tokens == seg.tokens, (f"rank {rank}: rows from PE {seg.src_rank} hold tokens {tokens[:8]}..., "
+                                          f"expected {seg.tokens[:8]}... in the sender's order")  # fmt: skip
+        else:
+            assert sorted(tokens) == seg.tokens, f"rank {rank}: rows from PE {seg.src_rank} hold the wrong token set"
 
 
 # ---- dispatch oracle (§2.2-§2.4, §4) --------------------------------------------------------------------

@@ -1,0 +1,88 @@
+"""The AsyncLL notification-protocol options (issue 5, item 3), resolved once per op.
+
+MORI reads three environment switches when an AsyncLL op is built. Ours are read by :func:`resolve` at op
+construction and stored in an immutable :class:`AsyncLLOptions` that is baked into the op's compiled plan,
+so two ops built under different settings coexist in one process and neither sees the other's mode.
+
+* ``MORI_ASYNCLL_EARLY_NOTIFY``: the send phase posts each payload's ready notification on the same ordered
+  channel right after the payload (instead of the receive phase posting a count after a quiet).
+* ``MORI_ASYNCLL_FUSED_RECV``: the receive waits fold into the copy passes: one wave per block waits on the
+  notifications, then an acquire fence and a block barrier release the copy waves. It relies on the early
+  notifications (nothing else posts them before the copies), so it is rejected without them.
+* ``MORI_ASYNCLL_SKIP_RESET``: accepted for compatibility with MORI's scripts; it has no effect here because
+  our counters are epoch-tagged and never need a reset pass.
+
+Each accepts exactly ``0`` or ``1`` (unset means ``0``); anything else is a :class:`AsyncLLOptionError` that
+names the variable, the value and the allowed values.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+__all__ = ["AsyncLLOptions", "AsyncLLOptionError", "ENV_VARS", "resolve"]
+
+ENV_VARS = {
+    "early_notify": "MORI_ASYNCLL_EARLY_NOTIFY",
+    "fused_recv": "MORI_ASYNCLL_FUSED_RECV",
+    "skip_reset": "MORI_ASYNCLL_SKIP_RESET",
+}
+
+
+class AsyncLLOptionError(ValueError):
+    """An AsyncLL option with a value outside {0, 1}, or a combination the protocol cannot run."""
+
+
+@dataclass(frozen=True)
+class AsyncLLOptions:
+    early_notify: bool = False
+    fused_recv: bool = False
+    skip_reset: bool = False  # accepted, no effect (see the module docstring)
+
+    def __post_init__(self):
+        for name in ENV_VARS:
+            if not isinstance(getattr(self, name), bool):
+                raise AsyncLLOptionError(f"AsyncLLOptions.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.fused_recv and not self.early_notify:
+            raise AsyncLLOptionError(
+                "MORI_ASYNCLL_FUSED_RECV=1 needs MORI_ASYNCLL_EARLY_NOTIFY=1: the fused receive waits for the "
+                "notifications that only the early-notify send phase posts; set both, or neither")
+
+    @property
+    def mode(self) -> str:
+        """The protocol variant, as named in the generated IR and the op's configuration."""
+        if self.fused_recv:
+            return "early_notify_fused_recv"
+        return "early_notify" if self.early_notify else "count_after_quiet"
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"mode": self.mode}
+
+
+def _flag(environ: Mapping[str, str], var: str) -> bool:
+    raw = environ.get(var)
+    if raw is None:
+        return False
+    value = raw.strip()
+    if value not in ("0", "1"):
+        raise AsyncLLOptionError(f"{var}={raw!r} is not allowed: use 0 or 1 (or leave it unset for 0)")
+    return value == "1"
+
+
+def resolve(environ: Mapping[str, str] | None = None, **overrides: bool) -> AsyncLLOptions:
+    """The options from ``environ`` (default ``os.environ``), with keyword ``overrides`` taking precedence.
+
+    Called once when an AsyncLL op is constructed; later changes to the environment do not reach that op.
+    """
+    environ = os.environ if environ is None else environ
+    unknown = sorted(set(overrides) - set(ENV_VARS))
+    if unknown:
+        raise AsyncLLOptionError(f"unknown AsyncLL option(s) {unknown}; allowed: {sorted(ENV_VARS)}")
+    values = {name: _flag(environ, var) for name, var in ENV_VARS.items()}
+    for name, value in overrides.items():
+        if value not in (0, 1, True, False):
+            raise AsyncLLOptionError(f"AsyncLL option {name}={value!r} is not allowed: use 0 or 1")
+        values[name] = bool(value)
+    return AsyncLLOptions(**values)
