@@ -5,7 +5,10 @@
 //   row_copy, reserve_slot, count_signal, grid_barrier, device_barrier, accumulate_rows.
 // EP ops (expanded by `mori-ep-to-kernels` into gpu.func kernels built from the blocks):
 //   dispatch, combine, and the send/recv halves dispatch_send, dispatch_recv, combine_send, combine_recv
-//   (declared now; only the IntraNode dispatch/combine lower in this version).
+//   (declared now; only the IntraNode dispatch/combine lower in this version). The halves carry the
+//   AsyncLL notification mode, resolved once per op (mori_compiler/ops/asyncll.py): early_notify (the send
+//   posts each payload's ready notification right after it) and fused_recv (the receive waits fold into
+//   the copy passes; needs early_notify), each 0 or 1.
 // Config attributes are integers or strings; dialects/mori_ep.py checks their ranges and relations.
 // (Each attribute has its own irdl.any: IRDL unifies uses of one constraint value.)
 
@@ -105,27 +108,39 @@ irdl.dialect @mori_ep {
     %hidden = irdl.any
     %dtype = irdl.any
     %top_k = irdl.any
-    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k }
+    %early_notify = irdl.any
+    %fused_recv = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
+                      "early_notify" = %early_notify, "fused_recv" = %fused_recv }
   }
   irdl.operation @dispatch_recv {
     %world_size = irdl.any
     %hidden = irdl.any
     %dtype = irdl.any
     %top_k = irdl.any
-    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k }
+    %early_notify = irdl.any
+    %fused_recv = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
+                      "early_notify" = %early_notify, "fused_recv" = %fused_recv }
   }
   irdl.operation @combine_send {
     %world_size = irdl.any
     %hidden = irdl.any
     %dtype = irdl.any
     %top_k = irdl.any
-    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k }
+    %early_notify = irdl.any
+    %fused_recv = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
+                      "early_notify" = %early_notify, "fused_recv" = %fused_recv }
   }
   irdl.operation @combine_recv {
     %world_size = irdl.any
     %hidden = irdl.any
     %dtype = irdl.any
     %top_k = irdl.any
-    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k }
+    %early_notify = irdl.any
+    %fused_recv = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
+                      "early_notify" = %early_notify, "fused_recv" = %fused_recv }
   }
 }

@@ -16,8 +16,8 @@ Defined in ``mori_ep.irdl.mlir``. Two layers:
   ============== ===============================================================================
 
 * **EP ops** (``dispatch``, ``combine``; ``dispatch_send``/``dispatch_recv``/``combine_send``/
-  ``combine_recv`` are declared for the low-latency kernels of a later version), whose attributes carry
-  the whole configuration. ``mori-ep-to-kernels`` (passes/ep_kernels.py) replaces each by gpu.func
+  ``combine_recv`` are declared for the low-latency kernels of a later version and carry the AsyncLL
+  notification mode as ``early_notify``/``fused_recv``), whose attributes carry the whole configuration. ``mori-ep-to-kernels`` (passes/ep_kernels.py) replaces each by gpu.func
   kernels implementing the IntraNode protocol of ep-semantics.md §3.0-§3.2 from the blocks.
 """
 
@@ -33,7 +33,8 @@ IRDL_FILE = "mori_ep.irdl.mlir"
 DISPATCH_DTYPES = {"bf16": 2, "f32": 4, "fp8_e4m3fn": 1, "fp8_e4m3fnuz": 1}
 COMBINE_DTYPES = {"bf16": 2, "f32": 4}
 MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a warp (wave32 on gfx12)
-EP_OPS = ("dispatch", "combine", "dispatch_send", "dispatch_recv", "combine_send", "combine_recv")
+HALF_OPS = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")  # AsyncLL send/recv phases
+EP_OPS = ("dispatch", "combine") + HALF_OPS
 
 
 def irdl_source() -> str:
@@ -110,6 +111,13 @@ def extra_verify(op: ir.Operation) -> list[str]:
                  f"a token row ({ints['hidden']} x {dtype}) must be a multiple of 16 bytes")
         if "scale_bytes" in ints:
             need(ints["scale_bytes"] >= 0, "attribute 'scale_bytes' must be >= 0")
+        if short in HALF_OPS:
+            for field, var in (("early_notify", "MORI_ASYNCLL_EARLY_NOTIFY"), ("fused_recv", "MORI_ASYNCLL_FUSED_RECV")):
+                if field in ints:
+                    need(ints[field] in (0, 1), f"attribute '{field}' ({var}) must be 0 or 1, got {ints[field]}")
+            if ints.get("fused_recv") == 1 and ints.get("early_notify") == 0:
+                need(False, "attribute 'fused_recv' = 1 needs 'early_notify' = 1 (the fused receive waits for the "
+                            "notifications only the early-notify send posts)")
         if "zero_copy" in ints:
             need(ints["zero_copy"] in (0, 1), "attribute 'zero_copy' must be 0 or 1")
     if short == "accumulate_rows":

@@ -57,6 +57,10 @@ class AsyncLLOptions:
             return "early_notify_fused_recv"
         return "early_notify" if self.early_notify else "count_after_quiet"
 
+    def ir_attributes(self) -> dict[str, int]:
+        """The attributes that carry this mode on the ``mori_ep`` send/recv halves (see dialects/mori_ep.py)."""
+        return {"early_notify": int(self.early_notify), "fused_recv": int(self.fused_recv)}
+
     def as_dict(self) -> dict:
         return asdict(self) | {"mode": self.mode}
 

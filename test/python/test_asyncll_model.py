@@ -112,3 +112,24 @@ def test_layout_checker_catches_swaps_and_wrong_counts():
     across[[a.start, b.start]] = across[[b.start, a.start]]
     with pytest.raises(AssertionError, match="belong to PE"):
         check_asyncll_layout(rank, across, total, layout, shape, strict_order=False)
+
+
+# ---- the mode in the IR ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env", [{}, {"MORI_ASYNCLL_EARLY_NOTIFY": "1"},
+                                 {"MORI_ASYNCLL_EARLY_NOTIFY": "1", "MORI_ASYNCLL_FUSED_RECV": "1"}])  # fmt: skip
+def test_resolved_mode_verifies_on_every_half(env):
+    from mori_compiler._mlir import ir
+    from mori_compiler.dialects.registry import parse_source
+
+    attrs = resolve(env).ir_attributes()
+    mode = ", ".join(f"{k} = {v} : i64" for k, v in attrs.items())
+    body = "\n".join(f'    "mori_ep.{op}"() {{world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", '
+                     f"top_k = 2 : i64, {mode}}} : () -> ()"
+                     for op in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv"))  # fmt: skip
+    text = f"module attributes {{gpu.container_module}} {{\n  gpu.module @ep {{\n{body}\n  }}\n}}\n"
+    module = parse_source(text, ir.Context())
+    printed = str(module)
+    for key, value in attrs.items():
+        assert printed.count(f"{key} = {value} : i64") == 4

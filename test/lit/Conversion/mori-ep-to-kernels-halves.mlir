@@ -17,7 +17,7 @@
 // EXIT: exit status: 1
 module attributes {gpu.container_module} {
   gpu.module @ep {
-    "mori_ep.dispatch_send"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64} : () -> ()
+    "mori_ep.dispatch_send"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, early_notify = 0 : i64, fused_recv = 0 : i64} : () -> ()
   }
 }
 
@@ -25,7 +25,7 @@ module attributes {gpu.container_module} {
 
 module attributes {gpu.container_module} {
   gpu.module @ep {
-    "mori_ep.dispatch_recv"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64} : () -> ()
+    "mori_ep.dispatch_recv"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, early_notify = 0 : i64, fused_recv = 0 : i64} : () -> ()
   }
 }
 
@@ -33,7 +33,7 @@ module attributes {gpu.container_module} {
 
 module attributes {gpu.container_module} {
   gpu.module @ep {
-    "mori_ep.combine_send"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64} : () -> ()
+    "mori_ep.combine_send"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, early_notify = 0 : i64, fused_recv = 0 : i64} : () -> ()
   }
 }
 
@@ -41,6 +41,6 @@ module attributes {gpu.container_module} {
 
 module attributes {gpu.container_module} {
   gpu.module @ep {
-    "mori_ep.combine_recv"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64} : () -> ()
+    "mori_ep.combine_recv"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, early_notify = 0 : i64, fused_recv = 0 : i64} : () -> ()
   }
 }
