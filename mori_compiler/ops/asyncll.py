@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-__all__ = ["AsyncLLOptions", "AsyncLLOptionError", "ENV_VARS", "resolve"]
+__all__ = ["AsyncLLOptions", "AsyncLLOptionError", "AsyncLLPhaseError", "ENV_VARS", "PhaseTracker", "resolve"]
 
 ENV_VARS = {
     "early_notify": "MORI_ASYNCLL_EARLY_NOTIFY",
@@ -90,3 +90,62 @@ def resolve(environ: Mapping[str, str] | None = None, **overrides: bool) -> Asyn
             raise AsyncLLOptionError(f"AsyncLL option {name}={value!r} is not allowed: use 0 or 1")
         values[name] = bool(value)
     return AsyncLLOptions(**values)
+
+
+class AsyncLLPhaseError(RuntimeError):
+    """A send/recv call out of order (recv with no send pending, or a second send before its recv)."""
+
+
+class PhaseTracker:
+    """Host-side order of one AsyncLL op's phases, checked before any kernel is launched.
+
+    Each leg (``dispatch``, ``combine``) alternates send → recv. A recv with no pending send would wait for
+    notifications nobody posts (a hang on the GPU), and a second send would overwrite staging the first
+    recv has not read (silently wrong output); both are refused here with an error that names the call.
+    Combine may only start once a dispatch has completed (it sends back the rows that dispatch received).
+    """
+
+    LEGS = ("dispatch", "combine")
+
+    def __init__(self) -> None:
+        self._pending = {leg: False for leg in self.LEGS}
+        self._dispatched = False
+
+    def pending(self, leg: str) -> bool:
+        return self._pending[self._leg(leg)]
+
+    def _leg(self, leg: str) -> str:
+        if leg not in self._pending:
+            raise ValueError(f"unknown AsyncLL leg {leg!r}; allowed: {', '.join(self.LEGS)}")
+        return leg
+
+    def before_send(self, leg: str) -> None:
+        leg = self._leg(leg)
+        if self._pending[leg]:
+            raise AsyncLLPhaseError(f"{leg}_send called twice: call {leg}_recv() to complete the previous "
+                                    f"{leg}_send before sending again")  # fmt: skip
+        if leg == "combine" and not self._dispatched:
+            raise AsyncLLPhaseError("combine_send called before a dispatch completed: call dispatch_send() and "
+                                    "dispatch_recv() first")  # fmt: skip
+        if leg == "combine" and self._pending["dispatch"]:
+            raise AsyncLLPhaseError("combine_send called while dispatch_send is pending: call dispatch_recv() first")
+
+    def after_send(self, leg: str) -> None:
+        self._pending[self._leg(leg)] = True
+
+    def before_recv(self, leg: str) -> None:
+        leg = self._leg(leg)
+        if not self._pending[leg]:
+            raise AsyncLLPhaseError(f"{leg}_recv called without a pending {leg}_send: call {leg}_send() first "
+                                    f"(a receive with nothing sent would wait forever)")  # fmt: skip
+
+    def after_recv(self, leg: str) -> None:
+        leg = self._leg(leg)
+        self._pending[leg] = False
+        if leg == "dispatch":
+            self._dispatched = True
+
+    def reset(self) -> None:
+        """Forget pending phases (after ``op.reset()``, which clears the device state too)."""
+        self._pending = {leg: False for leg in self.LEGS}
+        self._dispatched = False

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mori_compiler.ops.asyncll import AsyncLLOptionError, AsyncLLOptions, resolve
+from mori_compiler.ops.asyncll import AsyncLLOptionError, AsyncLLOptions, AsyncLLPhaseError, PhaseTracker, resolve
 from mori_compiler.ops.reference import (EpShape, asyncll_layout, check_asyncll_layout, expected_recv_counts,
                                          make_routing, make_token_counts)
 
@@ -133,3 +133,51 @@ def test_resolved_mode_verifies_on_every_half(env):
     printed = str(module)
     for key, value in attrs.items():
         assert printed.count(f"{key} = {value} : i64") == 4
+
+
+# ---- phase order -----------------------------------------------------------------------------------------
+
+
+def _run(tracker, leg, phase):
+    getattr(tracker, f"before_{phase}")(leg)
+    getattr(tracker, f"after_{phase}")(leg)
+
+
+def test_phase_tracker_accepts_the_normal_order_repeatedly():
+    t = PhaseTracker()
+    for _ in range(3):
+        _run(t, "dispatch", "send")
+        assert t.pending("dispatch")
+        _run(t, "dispatch", "recv")
+        _run(t, "combine", "send")
+        _run(t, "combine", "recv")
+        assert not t.pending("dispatch") and not t.pending("combine")
+
+
+@pytest.mark.parametrize("calls, message", [
+    ([("dispatch", "recv")], "dispatch_recv called without a pending dispatch_send"),
+    ([("dispatch", "send"), ("dispatch", "send")], "dispatch_send called twice"),
+    ([("combine", "send")], "combine_send called before a dispatch completed"),
+    ([("dispatch", "send"), ("dispatch", "recv"), ("dispatch", "send"), ("combine", "send")],
+     "combine_send called while dispatch_send is pending"),
+    ([("dispatch", "send"), ("dispatch", "recv"), ("combine", "recv")], "combine_recv called without a pending"),
+    ([("dispatch", "send"), ("dispatch", "recv"), ("combine", "send"), ("combine", "send")],
+     "combine_send called twice"),
+])  # fmt: skip
+def test_phase_tracker_refuses_out_of_order_calls(calls, message):
+    t = PhaseTracker()
+    *ok, (leg, phase) = calls
+    for c in ok:
+        _run(t, *c)
+    with pytest.raises(AsyncLLPhaseError, match=message):
+        getattr(t, f"before_{phase}")(leg)
+
+
+def test_phase_tracker_reset_and_unknown_leg():
+    t = PhaseTracker()
+    _run(t, "dispatch", "send")
+    t.reset()
+    with pytest.raises(AsyncLLPhaseError):
+        t.before_recv("dispatch")
+    with pytest.raises(ValueError, match="unknown AsyncLL leg 'gather'"):
+        t.before_send("gather")
