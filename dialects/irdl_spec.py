@@ -14,6 +14,18 @@ from dataclasses import dataclass, field
 from mori_compiler._mlir import ir
 
 
+def string_attributes(op: ir.Operation) -> dict[str, str]:
+    """The op's string-valued attributes as plain Python strings."""
+    attrs = op.attributes
+    return {n: attrs[n].value for n in attrs if isinstance(attrs[n], ir.StringAttr)}
+
+
+def int_attributes(op: ir.Operation) -> dict[str, int]:
+    """The op's integer-valued attributes as plain Python ints."""
+    attrs = op.attributes
+    return {n: attrs[n].value for n in attrs if isinstance(attrs[n], ir.IntegerAttr)}
+
+
 @dataclass(frozen=True)
 class Constraint:
     """``allowed`` is the tuple of printed attributes/types that satisfy it; empty means any."""

@@ -27,6 +27,8 @@ from importlib.resources import files
 
 from mori_compiler._mlir import ir
 
+from .irdl_spec import int_attributes, string_attributes
+
 DIALECT_NAME = "mori_ep"
 IRDL_FILE = "mori_ep.irdl.mlir"
 
@@ -51,22 +53,12 @@ def register_and_load(ctx: ir.Context) -> None:
         irdl.load_dialects(ir.Module.parse(irdl_source()))
 
 
-def int_attributes(op: ir.Operation) -> dict[str, int]:
-    attrs = op.attributes
-    return {n: attrs[n].value for n in attrs if isinstance(attrs[n], ir.IntegerAttr)}
-
-
-def _str_attributes(op: ir.Operation) -> dict[str, str]:
-    attrs = op.attributes
-    return {n: attrs[n].value for n in attrs if isinstance(attrs[n], ir.StringAttr)}
-
-
 def extra_verify(op: ir.Operation) -> list[str]:
     """Ranges and relations of config attributes (IRDL only says they exist)."""
     op = op.operation
     name = op.name
     short = name.split(".", 1)[1]
-    ints, strs = int_attributes(op), _str_attributes(op)
+    ints, strs = int_attributes(op), string_attributes(op)
     errors: list[str] = []
     for field in op.attributes:
         if field != "dtype" and field not in ints:

@@ -28,6 +28,8 @@ from typing import ClassVar
 from mori_compiler._mlir import ir
 from mori_compiler.lib_bitcode.abi import SIGNAL_ADD, SIGNAL_SET, AtomicType
 
+from .irdl_spec import string_attributes
+
 DIALECT_NAME = "mori_shmem"
 IRDL_FILE = "mori_shmem.irdl.mlir"
 
@@ -285,12 +287,6 @@ C_TYPE_VALUE = {
     "float": "f32", "double": "f64",
 }  # fmt: skip
 ELEM_VALUE = {"int32": "i32", "uint32": "i32", "int64": "i64", "uint64": "i64"}
-
-
-def string_attributes(op: ir.Operation) -> dict[str, str]:
-    """The op's string-valued attributes as plain Python strings."""
-    attrs = op.attributes
-    return {n: attrs[n].value for n in attrs if isinstance(attrs[n], ir.StringAttr)}
 
 
 def abi_symbol(op: ir.Operation) -> str:

@@ -195,13 +195,14 @@ def grid_barrier() -> str:
 """
 
 
-def device_barrier(world: int, max_blocks: int) -> str:
+def device_barrier(world: int) -> str:
     # Protocol (block b of PE me meets block b of every PE): every thread reads epoch e0 = epochs[b]
     # (this PE's private counter for block b), the block meets, thread 0 stores e = e0 + 1 back (no one
     # reads it again this round). Threads p < W: fence (release: everything this PE wrote before the
     # barrier), relaxed system-scope store of e into slots[b][me] on PE p; poll our slots[b][p] until
     # >= e; fence (acquire). The block meets. Epochs only grow and are kept on the device, so graph
-    # replay is correct and no reset is needed. Blocks beyond max_blocks are a launch error (host check).
+    # replay is correct and no reset is needed. The op's max_blocks sizes the slot arrays; blocks beyond it are a
+    # launch error (host check).
     return f"""func.func @{PREFIX}device_barrier_w{world}(%slots: {P}, %epochs: {P}) {{
   %qp = arith.constant 0 : i32
   %b_i = gpu.block_id x
@@ -351,8 +352,8 @@ def helper_for(op: ir.Operation, wave: int, vectors_per_lane: int = 1) -> tuple[
     if name == "grid_barrier":
         return f"{PREFIX}grid_barrier", grid_barrier()
     if name == "device_barrier":
-        world, blocks = attrs["world_size"].value, attrs["max_blocks"].value
-        return f"{PREFIX}device_barrier_w{world}", device_barrier(world, blocks)
+        world = attrs["world_size"].value
+        return f"{PREFIX}device_barrier_w{world}", device_barrier(world)
     if name == "accumulate_rows":
         dtype, k = attrs["dtype"].value, len(op.operands) - 2
         build = accumulate_rows_x2 if vectors_per_lane == 2 else accumulate_rows

@@ -36,8 +36,6 @@ from mori_compiler._mlir import ir
 from mori_compiler.dialects import mori_ep
 from mori_compiler.errors import MoriCompilerError
 
-from .ep_blocks import insert_functions
-
 P = "!llvm.ptr"
 
 
@@ -60,7 +58,7 @@ class EpKernelConfig:
 
     @property
     def elem_bytes(self) -> int:
-        return {**mori_ep.DISPATCH_DTYPES, **mori_ep.COMBINE_DTYPES}[self.dtype]
+        return mori_ep.DISPATCH_DTYPES[self.dtype]  # a superset of COMBINE_DTYPES, same sizes
 
     @property
     def row_bytes(self) -> int:
@@ -373,7 +371,6 @@ def combine_pull_kernel(cfg: EpKernelConfig) -> str:
     return f"""    gpu.func @ep_combine_pull_{cfg.dtype}(%inp_w: {P}, %reg_x: {P}, %reg_w: {P}, %fwd: {P}, %n: i32, %total: {P}, %out: {P},
         %out_w: {P}, %zero_row: {P}, %bar_slots: {P}, %bar_epochs: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
 {_prologue(cfg)}      %rowc = arith.constant {cfg.row_bytes} : i64
-      %hidden = arith.constant {cfg.hidden} : i64
       %kb = arith.constant {4 * cfg.top_k} : i64
       // Weights to send back (optional) go next to the registered rows, then the PEs meet.
       %has_iw = llvm.icmp "ne" %inp_w, %null_ptr : {P}
@@ -414,7 +411,6 @@ def combine_push_kernel(cfg: EpKernelConfig) -> str:
         %n: i32, %total: {P}, %out: {P}, %out_w: {P}, %zero_row: {P}, %grid_ctr: {P}, %bar_slots: {P},
         %bar_epochs: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
 {_prologue(cfg)}      %rowc = arith.constant {cfg.row_bytes} : i64
-      %hidden = arith.constant {cfg.hidden} : i64
       %kb = arith.constant {4 * cfg.top_k} : i64
       %S = arith.constant {cfg.send_stride} : i32
       %M = arith.constant {M} : i32
@@ -455,14 +451,11 @@ def combine_push_kernel(cfg: EpKernelConfig) -> str:
 """
 
 
-def kernels_for(op: ir.Operation) -> str:
-    cfg = EpKernelConfig.from_op(op)
-    short = op.name.split(".", 1)[1]
-    if short == "dispatch":
+def kernels_for(op_name: str, cfg: EpKernelConfig) -> str:
+    """The gpu.func kernels of ``mori_ep.dispatch`` or ``mori_ep.combine`` (the caller rejects other ops)."""
+    if op_name == "mori_ep.dispatch":
         return dispatch_kernel(cfg)
-    if short == "combine":
-        return combine_pull_kernel(cfg) if cfg.zero_copy else combine_push_kernel(cfg)
-    raise MoriCompilerError(f"'{op.name}' has no lowering in this version (IntraNode dispatch and combine only)")
+    return combine_pull_kernel(cfg) if cfg.zero_copy else combine_push_kernel(cfg)
 
 
 @dataclass(frozen=True)
@@ -492,11 +485,8 @@ class MoriEpToKernels:
                     if cfg.wave_size != self.wave_size:
                         raise MoriCompilerError(f"'{ep.name}' was configured for wave size {cfg.wave_size}, the "
                                                 f"target runs {self.wave_size}")  # fmt: skip
-                    text = "module {\n  gpu.module @tmp {\n" + kernels_for(ep) + "  }\n}\n"
-                    parsed = ir.Module.parse(text)
-                    funcs = parsed.body.operations[0]
-                    body = gm.regions[0].blocks[0]
-                    for f in list(funcs.regions[0].blocks[0].operations):
+                    # Parsed inside a gpu.module so that gpu.func is legal; kept alive while its ops move.
+                    parsed = ir.Module.parse("gpu.module @tmp {\n" + kernels_for(ep.name, cfg) + "}\n")
+                    for f in list(parsed.body.operations[0].regions[0].blocks[0].operations):
                         f.operation.move_before(ep)
-                    del parsed
                     ep.erase()
