@@ -7,6 +7,7 @@ binary. Bundles live in ``MORI_COMPILER_CACHE_DIR`` (default ``~/.cache/mori_com
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -22,7 +23,9 @@ from .runtime.bundle import (Bundle, KernelInfo, KernelParam, find_bundle, find_
 COMPILER_VERSION = f"mori_compiler {__version__}"
 
 
+@functools.lru_cache(maxsize=None)
 def toolchain_fingerprint() -> str:
+    """Versions that change generated code; fixed for the life of the process (read once)."""
     import llvmlite
 
     from importlib.metadata import PackageNotFoundError, version
@@ -45,9 +48,10 @@ def bundle_key(source: str, options: CompileOptions, bitcode_paths, extra: dict 
     return h.hexdigest()
 
 
-def signatures_of_module(module, *, strict: bool = True) -> dict[str, KernelInfo]:
+def signatures_of_module(module, *, strict: bool = True, problems: dict | None = None) -> dict[str, KernelInfo]:
     """KernelInfo of every gpu.func kernel of an MLIR module (ptr/integer/float parameters only; with
-    ``strict=False`` kernels with other parameter types are left out instead of rejected)."""
+    ``strict=False`` kernels with other parameter types are left out instead of rejected, and the reason is
+    stored in ``problems[name]`` when a dict is given)."""
     kernels = {}
     for gm in module.body.operations:
         if gm.operation.name != "gpu.module":
@@ -59,14 +63,15 @@ def signatures_of_module(module, *, strict: bool = True) -> dict[str, KernelInfo
             params = []
             for i, arg in enumerate(fn.regions[0].blocks[0].arguments):
                 ty = MLIR_PARAM_TYPES.get(str(arg.type))
-                if ty is None and not strict:
+                if ty is None:
+                    message = f"kernel '{name}' parameter {i} has type {arg.type}; bundles support " + ", ".join(
+                        MLIR_PARAM_TYPES)
+                    if strict:
+                        raise MoriCompilerError(message)
+                    if problems is not None:
+                        problems[name] = message
                     params = None
                     break
-                if ty is None:
-                    raise MoriCompilerError(
-                        f"kernel '{name}' parameter {i} has type {arg.type}; bundles support "
-                        + ", ".join(MLIR_PARAM_TYPES)
-                    )
                 params.append(KernelParam(f"arg{i}", ty))
             if params is None:
                 continue
@@ -124,11 +129,10 @@ def compile_bundle(source: str, options: CompileOptions, *, config: dict | None 
         return cached
     result = compile_source(source, options)
     kernels = result.signatures
-    if len(kernels) != len(result.kernels):  # a kernel parameter the bundle format cannot carry
-        from ._mlir import ir
-        from .dialects import registry
-
-        signatures_of_module(registry.parse_source(source, ir.Context()))  # raises, naming it
+    missing = sorted(set(result.kernels) - set(kernels))
+    if missing:  # a kernel parameter the bundle format cannot carry (or a kernel that is not a gpu.func)
+        raise MoriCompilerError(result.signature_problems.get(missing[0]) or (
+            f"kernel '{missing[0]}' cannot go into a bundle: bundles take gpu.func kernels"))
     state = [{"symbol": STATE_SYMBOL, "size": STATE_SIZE}] if not options.bitcode and options.device_library else []
     return publish_bundle(
         root, key, target=options.target, backend=options.gpu_target.backend, binary=result.binary,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import __version__
 from ._mlir import ir
 from .dialects import registry
 from .errors import MoriCompilerError, with_filename
@@ -101,6 +100,7 @@ class CompileResult:
     bitcode: tuple[str, ...] = ()
     timings: dict[str, float] = field(default_factory=dict)
     signatures: dict = field(default_factory=dict)  # kernel name -> KernelInfo, read after the ep stage
+    signature_problems: dict = field(default_factory=dict)  # kernel name -> why it has no KernelInfo
 
 
 def stage_output(result: CompileResult) -> str | bytes:
@@ -178,7 +178,7 @@ def compile_source(
         if stage == "ep":  # host-visible kernel signatures, before argument tables replace them
             from .cache import signatures_of_module
 
-            result.signatures = signatures_of_module(module, strict=False)
+            result.signatures = signatures_of_module(module, strict=False, problems=result.signature_problems)
         if lap(stage):
             result.mlir = str(module)
             return result
@@ -226,5 +226,3 @@ def compile_source(
     lap("hsaco")
     return result
 
-
-COMPILER_ID = f"mori_compiler {__version__}"

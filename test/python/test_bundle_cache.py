@@ -259,3 +259,17 @@ def test_load_path_that_is_a_file(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(BundleError):
         load_bundle(tmp_path / "afile")
+
+
+def test_kernel_parameter_a_bundle_cannot_carry_is_named(tmp_path):
+    source = """module attributes {gpu.container_module} {
+  gpu.module @m {
+    gpu.func @k(%a: !llvm.ptr, %n: index) kernel {
+      gpu.return
+    }
+  }
+}
+"""
+    with pytest.raises(cache.MoriCompilerError, match=r"kernel 'k' parameter 1 has type index; bundles support"):
+        cache.compile_bundle(source, CompileOptions(target="gfx942"), cache_root=tmp_path)
+    assert not list(tmp_path.rglob("*.json"))  # nothing published
