@@ -33,12 +33,26 @@ def arg_table_layout(types) -> tuple[tuple[int, ...], int]:
     return tuple(offsets), stride
 
 
-def _as_struct_value(t: str, v):
-    if t == "ptr":
-        return int(v) & 0xFFFFFFFFFFFFFFFF
+# Accepted integer values per type: signed or unsigned spelling of the same bits (pointers unsigned).
+INT_RANGES = {"ptr": (0, 1 << 64), "i64": (-(1 << 63), 1 << 64), "i32": (-(1 << 31), 1 << 32),
+              "i16": (-(1 << 15), 1 << 16), "i8": (-(1 << 7), 1 << 8)}  # fmt: skip
+
+
+def abi_value(t: str, v):
+    """``v`` as the kernel receives a parameter of type ``t``: a float, an unsigned pointer, or a signed
+    integer (values in [2**(bits-1), 2**bits) are passed as their two's complement). Shared by the direct
+    launch (ctypes) and the virtual-PE argument table (struct), so both accept the same values."""
     if t in ("f32", "f64"):
         return float(v)
-    return int(v)
+    value = int(v)
+    low, high = INT_RANGES[t]
+    if not low <= value < high:
+        raise ValueError(f"value {value} does not fit a {t} kernel parameter")
+    if t == "ptr":
+        return value
+    bits = 8 * PARAM_SIZES[t]
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if value >= 1 << (bits - 1) else value
 
 
 def pack_record(types, values) -> bytes:
@@ -50,7 +64,7 @@ def pack_record(types, values) -> bytes:
     offsets, stride = arg_table_layout(types)
     record = bytearray(stride)
     for t, off, v in zip(types, offsets, values):
-        struct.pack_into("<" + _STRUCT_CODE[t], record, off, _as_struct_value(t, v))
+        struct.pack_into("<" + _STRUCT_CODE[t], record, off, abi_value(t, v))
     return bytes(record)
 
 

@@ -24,7 +24,7 @@ import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from mori_compiler.lib_bitcode.kernel_abi import PARAM_SIZES
+from mori_compiler.lib_bitcode.kernel_abi import PARAM_SIZES, abi_value
 
 
 class DriverError(RuntimeError):
@@ -136,27 +136,12 @@ CTYPES = {
 }
 assert set(CTYPES) == set(PARAM_SIZES) and all(ctypes.sizeof(CTYPES[t]) == PARAM_SIZES[t] for t in CTYPES)
 
-_INT_RANGES = {"ptr": (0, 1 << 64), "i64": (-(1 << 63), 1 << 64), "i32": (-(1 << 31), 1 << 32),
-               "i16": (-(1 << 15), 1 << 16), "i8": (-(1 << 7), 1 << 8)}  # fmt: skip
-
-
 def _to_ctype(type_name: str, value):
     try:
         ctype = CTYPES[type_name]
     except KeyError:
         raise ValueError(f"unknown kernel parameter type '{type_name}' (known: {', '.join(CTYPES)})") from None
-    if type_name in ("f32", "f64"):
-        return ctype(float(value))
-    value = int(value)
-    low, high = _INT_RANGES[type_name]
-    if not low <= value < high:
-        raise ValueError(f"value {value} does not fit a {type_name} kernel parameter")
-    bits = 8 * PARAM_SIZES[type_name]
-    if type_name != "ptr":  # two's complement: values in [2**(bits-1), 2**bits) are passed as negative
-        value &= (1 << bits) - 1
-        if value >= 1 << (bits - 1):
-            value -= 1 << bits
-    return ctype(value)
+    return ctype(abi_value(type_name, value))
 
 
 def marshal_params(params) -> tuple[object, list]:

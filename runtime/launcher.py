@@ -27,7 +27,7 @@ import contextlib
 import operator
 import os
 
-from mori_compiler.lib_bitcode.kernel_abi import PARAM_SIZES, pack_arg_table
+from mori_compiler.lib_bitcode.kernel_abi import INT_RANGES, PARAM_SIZES, pack_arg_table
 from mori_compiler.lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
 
 from . import shmem as _shmem
@@ -45,10 +45,6 @@ class WaitTimeoutError(RuntimeError):
     def __init__(self, message: str, report: dict):
         super().__init__(message)
         self.report = report
-
-
-_INT_RANGES = {"ptr": (0, 1 << 64), "i64": (-(1 << 63), 1 << 64), "i32": (-(1 << 31), 1 << 32),
-               "i16": (-(1 << 15), 1 << 16), "i8": (-(1 << 7), 1 << 8)}  # fmt: skip
 
 
 def _wait_limit_from_env() -> int:
@@ -112,7 +108,7 @@ def convert_args(kernel: KernelInfo, args, *, pe: int | None = None) -> list[tup
             iv = operator.index(v)
         except TypeError:
             raise ValueError(f"{where}: parameter {i} ({name}) expects {t}, got {type(v).__name__} {v!r}") from None
-        low, high = _INT_RANGES[t]
+        low, high = INT_RANGES[t]
         if not low <= iv < high:
             raise ValueError(f"{where}: parameter {i} ({name}) expects {t}; {iv} is out of range")
         out.append((t, iv))

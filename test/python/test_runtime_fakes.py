@@ -583,6 +583,19 @@ def test_marshal_params_layout():
         driver_mod.marshal_params([("i128", 1)])
 
 
+def test_arg_table_accepts_the_values_a_direct_launch_accepts():
+    # Unsigned spellings of signed parameters: the same bits in the argument table as in kernelParams.
+    types, values = ("i32", "i8", "ptr"), [0xFFFFFFFF, 0x80, 1 << 63]
+    record = kernel_abi.pack_record(types, values)
+    array, _ = driver_mod.marshal_params(list(zip(types, values)))
+    offsets, _ = kernel_abi.arg_table_layout(types)
+    for t, off, addr in zip(types, offsets, array):
+        size = kernel_abi.PARAM_SIZES[t]
+        assert record[off:off + size] == ctypes.string_at(addr, size)
+    with pytest.raises(ValueError, match="does not fit a i32"):
+        kernel_abi.pack_record(("i32",), [1 << 32])
+
+
 def test_kernel_without_params_passes_null(fake_cuda, gpu):
     gpu.kernels["noargs"] = ()
     drv = get_driver("nvvm")
