@@ -68,14 +68,15 @@ def unpack_state(data: bytes) -> dict[str, int]:
 # (q < MAX_PES) for PE q's announcements and slot MAX_PES for this PE's own epoch counter
 # (sources/shmem_core.ll, __mc_barrier_all). The runtime zeroes it at init; allocations start after it.
 MAX_PES = 255
-SYNC_RESERVED_BYTES = 2048
+SYNC_RESERVED_BYTES = (MAX_PES + 1) * 8  # 2048
 
 # Bounded-wait debug mode: when state.wait_limit != 0, a wait gives up after that many polls; the first
 # waiter to give up fills the record at state.wait_report (device memory, zeroed by the runtime):
 WAIT_REPORT_FORMAT = "<IiI4xQQQ"  # claimed flag, pe, kind (0 ==, 1 unsigned >, 2 signed >), addr, expected, seen
-WAIT_REPORT_SIZE = 40
-WAIT_KINDS = {0: "equals", 1: "greater_than (unsigned)", 2: "greater_than (signed)"}
-assert struct.calcsize(WAIT_REPORT_FORMAT) == WAIT_REPORT_SIZE
+WAIT_REPORT_SIZE = struct.calcsize(WAIT_REPORT_FORMAT)  # 40
+WAIT_EQUALS, WAIT_UNSIGNED_GT, WAIT_SIGNED_GT = 0, 1, 2  # the kind codes the wrappers pass
+WAIT_KINDS = {WAIT_EQUALS: "equals", WAIT_UNSIGNED_GT: "greater_than (unsigned)",
+              WAIT_SIGNED_GT: "greater_than (signed)"}  # fmt: skip
 
 
 def unpack_wait_report(data: bytes) -> dict | None:

@@ -8,14 +8,14 @@ LLVM type; nothing here spells a signature.
 
 from __future__ import annotations
 
-from .abi import ABI_FUNCTIONS, AbiFunction
+from .abi import ABI_FUNCTIONS, AbiFunction, AtomicType
+from .state import WAIT_EQUALS, WAIT_SIGNED_GT, WAIT_UNSIGNED_GT
 
 SCOPE_CODE = {"thread": 0, "warp": 1, "block": 2}
 # Bytes per element of a typed transfer, by the C type of its dest pointer.
 ELEM_BYTES = {"void*": 1, "uint32_t*": 4, "uint64_t*": 8, "float*": 4, "double*": 8}
 VALUE_HELPER = {"i8": "i8", "i16": "i16", "i32": "i32", "i64": "i64", "float": "i32", "double": "i64"}
-AMO_ADD, AMO_FETCH_ADD = 4, 14
-WAIT_EQUALS, WAIT_UNSIGNED_GT, WAIT_SIGNED_GT = 0, 1, 2
+AMO_ADD, AMO_FETCH_ADD = int(AtomicType.AMO_ADD), int(AtomicType.AMO_FETCH_ADD)
 
 
 def _scope(fn: AbiFunction) -> int:

@@ -792,15 +792,7 @@ def shmem_torch_process_group_init(group_name: str, *, heap_size: int | None = N
                                    driver: Driver | None = None) -> int:  # fmt: skip
     """Initialize over the torch process group registered as ``group_name`` ('default'/'world': WORLD when
     torch.distributed is initialized). Collective over that group. Returns 0."""
-    group = resolve_process_group(group_name)
-    comm = TorchComm(group)
-
-    def make():
-        drv = driver if driver is not None else _default_driver()
-        return ShmemState.create_multiprocess(drv, comm, heap_size)
-
-    _install(make)
-    return 0
+    return shmem_init_comm(TorchComm(resolve_process_group(group_name)), heap_size=heap_size, driver=driver)
 
 
 def shmem_init_comm(comm, *, heap_size: int | None = None, driver: Driver | None = None) -> int:

@@ -1,8 +1,10 @@
 """The AsyncLL notification-protocol options (issue 5, item 3), resolved once per op.
 
-MORI reads three environment switches when an AsyncLL op is built. Ours are read by :func:`resolve` at op
-construction and stored in an immutable :class:`AsyncLLOptions` that is baked into the op's compiled plan,
-so two ops built under different settings coexist in one process and neither sees the other's mode.
+MORI reads three environment switches when an AsyncLL op is built. Ours are read by :func:`resolve` into an
+immutable :class:`AsyncLLOptions`, meant to be resolved once at op construction and baked into the op's
+compiled plan (as the ``early_notify``/``fused_recv`` attributes of the ``mori_ep`` send/recv halves), so two
+ops built under different settings coexist in one process. Not wired yet: ``EpDispatchCombineOp`` does not
+generate AsyncLL kernels in this version; this module is their host-side contract, tested on its own.
 
 * ``MORI_ASYNCLL_EARLY_NOTIFY``: the send phase posts each payload's ready notification on the same ordered
   channel right after the payload (instead of the receive phase posting a count after a quiet).

@@ -208,3 +208,12 @@ def test_every_exported_library_function_is_an_abi_function(library_module):
         assert str(module.get_function(name).global_value_type) == ABI_BY_SYMBOL[name].llvm_signature, name
     missing_helpers = sorted(f.name for f in module.functions if f.is_declaration and not f.name.startswith("llvm."))
     assert missing_helpers == [], f"{target}: the library calls undefined functions {missing_helpers}"
+
+
+def test_barrier_own_epoch_slot_is_max_pes():
+    # sources/shmem_core.ll spells the own-epoch slot as a literal; it must stay state.MAX_PES, the slot
+    # after the per-PE announcements, inside the reserved head of the heap.
+    text = files("mori_compiler.lib_bitcode").joinpath("sources/shmem_core.ll").read_text()
+    slots = re.findall(r"%own = getelementptr i64, ptr %area, i64 (\d+)", text)
+    assert slots == [str(state.MAX_PES)]
+    assert (state.MAX_PES + 1) * 8 <= state.SYNC_RESERVED_BYTES
