@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mori_compiler.lib_bitcode.kernel_abi import PARAM_SIZES, arg_table_layout
+from mori_compiler.lib_bitcode.kernel_abi import PARAM_SIZES
 
 BUNDLE_FORMAT = 1
 METADATA_FILE = "bundle.json"
@@ -56,11 +56,6 @@ class KernelInfo:
     @property
     def param_types(self) -> tuple[str, ...]:
         return tuple(p.type for p in self.params)
-
-    @property
-    def arg_table_layout(self) -> tuple[tuple[int, ...], int]:
-        """(offsets, stride) of this kernel's argument-table record (virtual-PE bundles)."""
-        return arg_table_layout(self.param_types)
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ class KernelSet:
             raise
 
     # ---- state globals -------------------------------------------------------------------------
-    def _check_state_globals(self) -> list[tuple[str, int]]:
+    def _check_state_globals(self) -> list[str]:
         symbols = []
         for g in self.bundle.state_globals:
             symbol = g.get("symbol") if isinstance(g, dict) else str(g)
@@ -149,7 +149,7 @@ class KernelSet:
                 raise BundleError(f"bundle {self.bundle.key[:12]} needs device state '{symbol}', which this runtime "
                                   f"cannot fill (it fills {STATE_SYMBOL}; MORI's own bitcode state is filled by "
                                   f"mori.shmem.shmem_module_init)")  # fmt: skip
-            symbols.append((symbol, int(g.get("size", STATE_SIZE)) if isinstance(g, dict) else STATE_SIZE))
+            symbols.append(symbol)
         return symbols
 
     def _write_state(self) -> None:
@@ -170,7 +170,7 @@ class KernelSet:
             raise RuntimeError(f"bundle {self.bundle.key[:12]} was compiled without virtual PEs but shmem runs "
                                f"{s.n_pes} virtual PEs in this process; compile with virtual_pes=True")  # fmt: skip
         data = s.device_state_bytes(self.wait_limit)
-        for symbol, _ in self._state_symbols:
+        for symbol in self._state_symbols:
             ptr, size = self.module.global_address(symbol)
             if size < STATE_SIZE:
                 raise BundleError(f"{symbol} in bundle {self.bundle.key[:12]} has {size} bytes; the runtime writes "
@@ -187,10 +187,6 @@ class KernelSet:
             raise RuntimeError(f"shmem was finalized; bundle {self.bundle.key[:12]} needs it initialized to launch")
         if s is not self._shmem_state:
             self._write_state()
-
-    @property
-    def shmem_state(self):
-        return self._shmem_state
 
     # ---- launches ------------------------------------------------------------------------------
     def _kernel(self, kernel) -> KernelInfo:

@@ -47,7 +47,6 @@ import re
 import secrets
 import socket
 import threading
-from dataclasses import dataclass
 
 from mori_compiler.lib_bitcode.state import (FLAG_VIRTUAL_PES, MAX_PES, SYNC_RESERVED_BYTES, WAIT_REPORT_SIZE,
                                              pack_state, unpack_wait_report)  # fmt: skip
@@ -266,13 +265,6 @@ def resolve_process_group(group_name: str):
 # ---- the state -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Allocation:
-    offset: int
-    size: int
-    alignment: int
-
-
 class ShmemState:
     """One initialized shmem: the PEs, every PE's heap as mapped in this process, the allocator and the
     device-resident tables the device state points to. Module-level functions work on one process-global
@@ -288,7 +280,6 @@ class ShmemState:
         self.heap_bases: list[int] = [0] * n_pes  # every PE's heap as mapped in this process (0: unmapped)
         self.allocator = HeapAllocator(heap_size)
         self.registered: dict[int, int] = {}
-        self.hostnames: list[str] = []
         self._own_allocation = 0  # the device allocation holding our heap(s)
         self._ipc_mapped: list[int] = []
         self._bases_dev = 0
@@ -345,7 +336,6 @@ class ShmemState:
             problem = _check_peer_infos(infos, info, n_pes)
             if problem:
                 raise ShmemStateError(problem)
-            state.hostnames = [i["host"] for i in infos]
             state.heap_bases[my_pe] = base
             # Phase 2: map the peers. A failure on one PE is all-gathered too, so that no PE goes on
             # (or waits) while another has given up.
@@ -559,13 +549,6 @@ class ShmemState:
                 f"{_describe(dict(mine, message=error))}, PE {q} did {_describe(theirs)}; every PE must make the "
                 f"same shmem_malloc/shmem_free calls (same sizes and alignments) in the same order")
 
-    def allocation(self, ptr: int) -> Allocation | None:
-        off = self.offset_of(ptr)
-        if off is None or off not in self.allocator.allocations:
-            return None
-        size, _ = self.allocator.allocations[off]
-        return Allocation(off, size, _lowbit(off))
-
     def check_object(self, ptr: int, nbytes: int, what: str) -> int:
         """Offset of [ptr, ptr + nbytes) in my heap, which must lie inside one allocation."""
         off = self.offset_of(ptr)
@@ -617,10 +600,6 @@ class ShmemState:
         return pack_state(rank=self.my_pe, n_pes=self.n_pes, flags=FLAG_VIRTUAL_PES if self.virtual else 0,
                           heap_size=self.heap_size, heap_bases=self._bases_dev, sync_words=self.my_base,
                           wait_limit=wait_limit, wait_report=self._report_dev)  # fmt: skip
-
-    @property
-    def heap_bases_device(self) -> int:
-        return self._bases_dev
 
     @property
     def wait_report_device(self) -> int:
