@@ -12,12 +12,10 @@ half-written file and concurrent builders are harmless.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from importlib.resources import files
 from pathlib import Path
 
-from mori_compiler.env import cache_dir
+from mori_compiler.env import cache_dir, write_atomically
 from mori_compiler.errors import MoriCompilerError
 from mori_compiler.targets import GPUTarget, get_target
 
@@ -69,19 +67,6 @@ def build_library(target: GPUTarget) -> bytes:
     return module.as_bitcode()
 
 
-def _publish(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".bc")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def library_path(target: GPUTarget | str) -> Path:
     """Path of the cached library bitcode for ``target``, built first if needed."""
     if isinstance(target, str):
@@ -89,7 +74,7 @@ def library_path(target: GPUTarget | str) -> Path:
     path = cache_dir() / "lib" / f"{target.name}-{library_hash(target)}" / LIBRARY_NAME
     if not path.is_file():
         try:
-            _publish(path, build_library(target))
+            write_atomically(path, build_library(target))
         except OSError as exc:
             raise MoriCompilerError(f"cannot write the device library cache at {path.parent}: {exc}") from None
     return path

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -25,3 +26,18 @@ def cache_dir() -> Path:
         return Path(root)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mori_compiler"
 
+
+
+def write_atomically(path: Path, data: bytes | str) -> None:
+    """Write ``path`` so that readers see the old file or the whole new one, never a partial one (a temporary
+    file in the same folder, then a rename); the temporary file is removed if writing fails."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

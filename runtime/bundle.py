@@ -27,6 +27,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mori_compiler.env import write_atomically
 from mori_compiler.lib_bitcode.kernel_abi import PARAM_SIZES
 
 BUNDLE_FORMAT = 1
@@ -175,14 +176,6 @@ def find_bundle_by_request(cache_root, request: str) -> Bundle | None:
     return find_bundle(cache_root, key)
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def publish_bundle(cache_root, key, *, target, backend, binary: bytes, kernels, state_globals=(), compiler="",
                    config=None, virtual_pes=False, request=None) -> Bundle:  # fmt: skip
     """Write a bundle atomically (temporary directory, then rename); returns the bundle as loaded.
@@ -213,4 +206,4 @@ def publish_bundle(cache_root, key, *, target, backend, binary: bytes, kernels, 
 
 def record_request(cache_root, request: str, key: str) -> None:
     """Index bundle ``key`` under ``request`` (atomically)."""
-    _write_atomically(_index_path(cache_root, request), key)
+    write_atomically(_index_path(cache_root, request), key)
