@@ -34,13 +34,10 @@ def make_config(world: int, tokens: int, blocks: int, warps: int):
 
 
 def precompile(cache_root, world, tokens_list, blocks, warps) -> None:
-    from mori_compiler.cache import get_bundle
-    from mori_compiler.ops import kernel_module_source
-    from mori_compiler.options import CompileOptions
+    from mori_compiler.ops import ep_bundle
 
     for tokens in tokens_list:
-        src = kernel_module_source(make_config(world, tokens, blocks, warps), 32)
-        b = get_bundle(src, CompileOptions(target="sm_90", virtual_pes=True), cache_root=cache_root)
+        b = ep_bundle(make_config(world, tokens, blocks, warps), "sm_90", virtual_pes=True, cache_root=cache_root)
         print(tokens, b.path)
 
 

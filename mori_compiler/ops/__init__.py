@@ -9,6 +9,7 @@ from .dispatch_combine import (
     EpDispatchCombineConfig,
     EpDispatchCombineKernelType,
     EpDispatchCombineOp,
+    ep_bundle,
     kernel_module_source,
     validate_config,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "EpDispatchCombineConfig",
     "EpDispatchCombineKernelType",
     "EpDispatchCombineOp",
+    "ep_bundle",
     "kernel_module_source",
     "validate_config",
 ]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 DISPATCH_DTYPES = ("bf16", "f32", "fp8_e4m3fn", "fp8_e4m3fnuz")
 COMBINE_DTYPES = ("bf16", "f32")
+_TOKEN_BYTES = {"bf16": 2, "f32": 4, "fp8_e4m3fn": 1, "fp8_e4m3fnuz": 1}
 MAX_BLOCKS = 1024  # device-barrier epoch slots per PE: the largest grid a combine may use
 _TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "fp8_e4m3fn",
                       "float8_e4m3fnuz": "fp8_e4m3fnuz"}  # fmt: skip
@@ -131,15 +132,30 @@ def kernel_module_source(cfg: EpDispatchCombineConfig, wave_size: int) -> str:
     scale_bytes = cfg.scale_dim * cfg.scale_type_size
     ops = []
     for dtype in DISPATCH_DTYPES:
-        if {"bf16": 2, "f32": 4}.get(dtype, 1) <= cfg.max_token_type_size:
+        if _TOKEN_BYTES[dtype] <= cfg.max_token_type_size:
             ops.append(f'    "mori_ep.dispatch"() {{{common}, dtype = "{dtype}", scale_bytes = {scale_bytes} : i64}} : () -> ()')
     for dtype in COMBINE_DTYPES:
-        if {"bf16": 2, "f32": 4}[dtype] <= cfg.max_token_type_size:
+        if _TOKEN_BYTES[dtype] <= cfg.max_token_type_size:
             for zero_copy in (1, 0):
                 ops.append(f'    "mori_ep.combine"() {{{common}, dtype = "{dtype}", zero_copy = {zero_copy} : i64, '
                            f"max_blocks = {MAX_BLOCKS} : i64}} : () -> ()")  # fmt: skip
     body = "\n".join(ops)
     return f"module attributes {{gpu.container_module}} {{\n  gpu.module @mori_ep_intranode {{\n{body}\n  }}\n}}\n"
+
+
+def ep_bundle(config: EpDispatchCombineConfig, target: str, *, virtual_pes: bool, cache_root=None):
+    """The kernel bundle ``EpDispatchCombineOp`` loads for ``config`` on ``target``: from the cache, or
+    compiled now where the compiler is installed. The one place that maps a config to its bundle, so that
+    precompiling scripts build exactly what the op will look up."""
+    from mori_compiler.cache import get_bundle
+    from mori_compiler.options import CompileOptions
+    from mori_compiler.targets import get_target
+
+    gpu_target = get_target(target)
+    validate_config(config, gpu_target.wave_size)
+    source = kernel_module_source(config, gpu_target.wave_size)
+    options = CompileOptions(target=gpu_target.name, virtual_pes=virtual_pes)
+    return get_bundle(source, options, cache_root=cache_root, what=f"EP IntraNode kernels ({gpu_target.name})")
 
 
 @dataclass
@@ -177,8 +193,6 @@ class EpDispatchCombineOp:
     def __init__(self, config: EpDispatchCombineConfig, *, target: str | None = None, validate: bool = True):
         import torch
 
-        from mori_compiler.cache import get_bundle
-        from mori_compiler.options import CompileOptions
         from mori_compiler.runtime import shmem
         from mori_compiler.runtime.launcher import KernelSet
         from mori_compiler.targets import get_target
@@ -192,10 +206,7 @@ class EpDispatchCombineOp:
         if not self.virtual and shmem.shmem_mype() != config.rank:
             raise ValueError(f"config.rank {config.rank} differs from shmem_mype() {shmem.shmem_mype()}")
         self.target = get_target(target or ("sm_90" if state.driver.backend in ("nvvm", "cuda") else "gfx942"))
-        validate_config(config, self.target.wave_size)
-        self.source = kernel_module_source(config, self.target.wave_size)
-        options = CompileOptions(target=self.target.name, virtual_pes=self.virtual)
-        self.bundle = get_bundle(self.source, options, what=f"EP IntraNode kernels ({self.target.name})")
+        self.bundle = ep_bundle(config, self.target.name, virtual_pes=self.virtual)
         self._alloc()
         self.kernels = KernelSet(self.bundle)
         torch.cuda.synchronize()  # every PE's buffers are zeroed before any peer can write into them

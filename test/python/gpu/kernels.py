@@ -249,15 +249,10 @@ def ring_bundle(cache_root=None):
 
 def ep_bundles(cache_root, configs, *, virtual_pes: bool = True) -> list:
     """The EP kernel bundles of ``configs`` (EpDispatchCombineConfig), as EpDispatchCombineOp builds them."""
-    from mori_compiler.cache import get_bundle
-    from mori_compiler.ops import kernel_module_source
-    from mori_compiler.options import CompileOptions
-    from mori_compiler.targets import get_target
+    from mori_compiler.ops import ep_bundle
 
-    wave = get_target(TARGET).wave_size
-    sources = dict.fromkeys(kernel_module_source(c, wave) for c in configs)
-    opts = CompileOptions(target=TARGET, virtual_pes=virtual_pes)
-    return [get_bundle(src, opts, cache_root=cache_root, what="EP kernels") for src in sources]
+    bundles = (ep_bundle(c, TARGET, virtual_pes=virtual_pes, cache_root=cache_root) for c in configs)
+    return list({b.key: b for b in bundles}.values())  # configs that differ only at run time share one
 
 
 def precompile_all(cache_root) -> list:
