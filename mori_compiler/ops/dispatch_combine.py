@@ -240,7 +240,6 @@ class EpDispatchCombineOp:
         }  # fmt: skip
         handles = {name: shmem.shmem_malloc_align(256, size) for name, size in sizes.items()}
         self.buffers = _Buffers(**handles)
-        self._sizes = sizes
         import torch
 
         for name in ("slot_ctrs", "signals", "dispatch_grid", "round_ctr", "dest_ctr", "total", "status",

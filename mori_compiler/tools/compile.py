@@ -110,8 +110,6 @@ def precompile(configs_path: str) -> int:
         if unknown:
             raise MoriCompilerError(f"config {i} has unknown fields {sorted(unknown)}; allowed: {sorted(allowed)}")
         fields = {k: v for k, v in config.items() if k not in ("kernel", "ep")}
-        if isinstance(fields.get("bitcode"), list):
-            fields["bitcode"] = tuple(fields["bitcode"])
         options = CompileOptions(**fields)
         if "ep" in config:  # the kernels an EpDispatchCombineOp with this config loads
             source, display = _ep_source(config["ep"], options, i), "EP IntraNode kernels"

@@ -6,6 +6,8 @@ import argparse
 import re
 import sys
 
+from mori_compiler.errors import MoriCompilerError
+
 from ._cli import EXIT_OK, EXIT_USER_ERROR, error_on_bad_args, read_input, report, run_cli, write_output
 
 SPLIT_MARKER = re.compile(r"^// -----\s*$", re.MULTILINE)
@@ -87,11 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     for chunk, offset in _chunks(text, args.split_input_file):
         try:
             outputs.append(process_chunk("\n" * offset + chunk, filename, args))
-        except Exception as exc:  # noqa: BLE001 - reported per chunk like mlir-opt
-            from mori_compiler.errors import MoriCompilerError
-
-            if not isinstance(exc, MoriCompilerError):
-                raise
+        except MoriCompilerError as exc:  # reported per chunk like mlir-opt; anything else is a compiler bug
             report(exc)
             failed = True
     write_output(args.output, "// -----\n".join(outputs))
