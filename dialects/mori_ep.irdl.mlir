@@ -4,8 +4,8 @@
 // mori_shmem, gpu, scf and llvm ops, one helper per variant, added to the gpu.module once):
 //   row_copy, reserve_slot, count_signal, grid_barrier, device_barrier, accumulate_rows.
 // EP ops (expanded by `mori-ep-to-kernels` into gpu.func kernels built from the blocks):
-//   dispatch, combine, and the send/recv halves dispatch_send, dispatch_recv, combine_send, combine_recv
-//   (declared now; only the IntraNode dispatch/combine lower in this version). The halves carry the
+//   dispatch and combine (IntraNode), dispatch_ll (IntraNodeLL), and the AsyncLL send/recv halves
+//   dispatch_send, dispatch_recv, combine_send, combine_recv. The halves carry the
 //   AsyncLL notification mode, resolved once per op (mori_compiler/ops/asyncll.py): early_notify (the send
 //   posts each payload's ready notification right after it) and fused_recv (the receive waits fold into
 //   the copy passes; needs early_notify), each 0 or 1.
@@ -103,44 +103,97 @@ irdl.dialect @mori_ep {
                       "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank, "max_recv_per_rank" = %max_recv_per_rank,
                       "zero_copy" = %zero_copy, "warps_per_block" = %warps_per_block, "wave_size" = %wave_size, "max_blocks" = %max_blocks }
   }
+  // IntraNodeLL dispatch: same config and outputs as dispatch; one block per token.
+  irdl.operation @dispatch_ll {
+    %world_size = irdl.any
+    %hidden = irdl.any
+    %dtype = irdl.any
+    %top_k = irdl.any
+    %experts_per_rank = irdl.any
+    %max_tokens_per_rank = irdl.any
+    %max_recv_per_rank = irdl.any
+    %scale_bytes = irdl.any
+    %warps_per_block = irdl.any
+    %wave_size = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
+                      "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank,
+                      "max_recv_per_rank" = %max_recv_per_rank, "scale_bytes" = %scale_bytes,
+                      "warps_per_block" = %warps_per_block, "wave_size" = %wave_size }
+  }
+  // AsyncLL halves: the config of dispatch/combine plus the notification mode.
   irdl.operation @dispatch_send {
     %world_size = irdl.any
     %hidden = irdl.any
     %dtype = irdl.any
     %top_k = irdl.any
+    %experts_per_rank = irdl.any
+    %max_tokens_per_rank = irdl.any
+    %max_recv_per_rank = irdl.any
+    %scale_bytes = irdl.any
+    %warps_per_block = irdl.any
+    %wave_size = irdl.any
     %early_notify = irdl.any
     %fused_recv = irdl.any
     irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
-                      "early_notify" = %early_notify, "fused_recv" = %fused_recv }
+                      "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank,
+                      "max_recv_per_rank" = %max_recv_per_rank, "scale_bytes" = %scale_bytes,
+                      "warps_per_block" = %warps_per_block, "wave_size" = %wave_size, "early_notify" = %early_notify,
+                      "fused_recv" = %fused_recv }
   }
+  // Receive phase of an AsyncLL dispatch.
   irdl.operation @dispatch_recv {
     %world_size = irdl.any
     %hidden = irdl.any
     %dtype = irdl.any
     %top_k = irdl.any
+    %experts_per_rank = irdl.any
+    %max_tokens_per_rank = irdl.any
+    %max_recv_per_rank = irdl.any
+    %scale_bytes = irdl.any
+    %warps_per_block = irdl.any
+    %wave_size = irdl.any
     %early_notify = irdl.any
     %fused_recv = irdl.any
     irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
-                      "early_notify" = %early_notify, "fused_recv" = %fused_recv }
+                      "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank,
+                      "max_recv_per_rank" = %max_recv_per_rank, "scale_bytes" = %scale_bytes,
+                      "warps_per_block" = %warps_per_block, "wave_size" = %wave_size, "early_notify" = %early_notify,
+                      "fused_recv" = %fused_recv }
   }
+  // Send phase of an AsyncLL combine.
   irdl.operation @combine_send {
     %world_size = irdl.any
     %hidden = irdl.any
     %dtype = irdl.any
     %top_k = irdl.any
+    %experts_per_rank = irdl.any
+    %max_tokens_per_rank = irdl.any
+    %max_recv_per_rank = irdl.any
+    %warps_per_block = irdl.any
+    %wave_size = irdl.any
     %early_notify = irdl.any
     %fused_recv = irdl.any
     irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
-                      "early_notify" = %early_notify, "fused_recv" = %fused_recv }
+                      "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank,
+                      "max_recv_per_rank" = %max_recv_per_rank, "warps_per_block" = %warps_per_block,
+                      "wave_size" = %wave_size, "early_notify" = %early_notify, "fused_recv" = %fused_recv }
   }
+  // Receive phase of an AsyncLL combine.
   irdl.operation @combine_recv {
     %world_size = irdl.any
     %hidden = irdl.any
     %dtype = irdl.any
     %top_k = irdl.any
+    %experts_per_rank = irdl.any
+    %max_tokens_per_rank = irdl.any
+    %max_recv_per_rank = irdl.any
+    %warps_per_block = irdl.any
+    %wave_size = irdl.any
     %early_notify = irdl.any
     %fused_recv = irdl.any
     irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
-                      "early_notify" = %early_notify, "fused_recv" = %fused_recv }
+                      "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank,
+                      "max_recv_per_rank" = %max_recv_per_rank, "warps_per_block" = %warps_per_block,
+                      "wave_size" = %wave_size, "early_notify" = %early_notify, "fused_recv" = %fused_recv }
   }
 }

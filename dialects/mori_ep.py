@@ -15,10 +15,22 @@ Defined in ``mori_ep.irdl.mlir``. Two layers:
   accumulate_rows out = sum of K rows in fp32 (bf16/f32), K loads in flight per lane
   ============== ===============================================================================
 
-* **EP ops** (``dispatch``, ``combine``; ``dispatch_send``/``dispatch_recv``/``combine_send``/
-  ``combine_recv`` are declared for the low-latency kernels of a later version and carry the AsyncLL
-  notification mode as ``early_notify``/``fused_recv``), whose attributes carry the whole configuration. ``mori-ep-to-kernels`` (passes/ep_kernels.py) replaces each by gpu.func
-  kernels implementing the IntraNode protocol of ep-semantics.md §3.0-§3.2 from the blocks.
+* **EP ops**, whose attributes carry the whole configuration; ``mori-ep-to-kernels`` replaces each by
+  gpu.func kernels built from the blocks:
+
+  ============== ===============================================================================
+  dispatch       IntraNode dispatch, one warp per token (§3.1): ``ep_dispatch_<dtype>``
+  combine        IntraNode combine (§3.2): ``ep_combine_pull_<dtype>`` (zero_copy) or ``_push_``
+  dispatch_ll    IntraNodeLL dispatch, one block per token, each vector loaded once and stored to
+                 every destination (§3.3): ``ep_dispatch_ll_<dtype>``; combine as IntraNode
+  dispatch_send  AsyncLL send phase (§3.6): ``ep_async_dispatch_send_<dtype>``
+  dispatch_recv  AsyncLL receive phase: ``ep_async_dispatch_recv_<dtype>``
+  combine_send   ``ep_async_combine_send_<dtype>``
+  combine_recv   ``ep_async_combine_recv_<dtype>``
+  ============== ===============================================================================
+
+  The AsyncLL halves carry the notification mode as ``early_notify``/``fused_recv`` (0 or 1, fused
+  needs early). Kernels are in passes/ep_kernels.py (IntraNode) and passes/ep_ll_kernels.py (LL, AsyncLL).
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ DISPATCH_DTYPES = {"bf16": 2, "f32": 4, "fp8_e4m3fn": 1, "fp8_e4m3fnuz": 1}
 COMBINE_DTYPES = {"bf16": 2, "f32": 4}
 MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a warp (wave32 on gfx12)
 HALF_OPS = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")  # AsyncLL send/recv phases
-EP_OPS = ("dispatch", "combine") + HALF_OPS
+EP_OPS = ("dispatch", "combine", "dispatch_ll") + HALF_OPS
 
 
 def irdl_source() -> str:
@@ -78,11 +90,10 @@ def extra_verify(op: ir.Operation) -> list[str]:
         dtype = strs.get("dtype")
         shown = repr(dtype) if dtype is not None or "dtype" not in op.attributes else str(op.attributes["dtype"])
         need(dtype in dtypes, f"attribute 'dtype' must be one of {', '.join(map(repr, dtypes))}, got {shown}")
-        if short in ("dispatch", "combine"):
-            needed = ("world_size", "hidden", "top_k", "experts_per_rank", "max_tokens_per_rank",
-                      "max_recv_per_rank", "warps_per_block", "wave_size")  # fmt: skip
-            missing = [f for f in needed if f not in ints]
-            need(not missing, f"needs the config attributes {', '.join(missing)}")
+        needed = ("world_size", "hidden", "top_k", "experts_per_rank", "max_tokens_per_rank",
+                  "max_recv_per_rank", "warps_per_block", "wave_size")  # fmt: skip
+        missing = [f for f in needed if f not in ints]
+        need(not missing, f"needs the config attributes {', '.join(missing)}")
         for field in ("hidden", "top_k", "experts_per_rank", "max_tokens_per_rank", "max_recv_per_rank",
                       "warps_per_block", "wave_size", "max_blocks"):  # fmt: skip
             if field in ints:

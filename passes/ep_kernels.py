@@ -121,44 +121,7 @@ def _prologue(cfg: EpKernelConfig) -> str:
 """
 
 
-def dispatch_kernel(cfg: EpKernelConfig) -> str:
-    scales = ""
-    if cfg.scale_bytes:
-        scales = f"""            scf.if %has_s {{
-              %sb = arith.constant {cfg.scale_bytes} : i64
-              %sdo = arith.muli %sl64, %sb : i64
-              %sdst = llvm.getelementptr %out_s[%sdo] : ({P}, i64) -> {P}, i8
-              %sso = arith.muli %t64, %sb : i64
-              %ssrc = llvm.getelementptr %s[%sso] : ({P}, i64) -> {P}, i8
-              "mori_ep.row_copy"(%sdst, %ssrc, %sb, %pek) : ({P}, {P}, i64, i32) -> ()
-            }}
-"""
-    return f"""    gpu.func @ep_dispatch_{cfg.dtype}(%x: {P}, %w: {P}, %s: {P}, %idx: {P}, %n: i32, %out_x: {P}, %out_w: {P}, %out_s: {P},
-        %out_idx: {P}, %src_pos: {P}, %slot_ctrs: {P}, %signals: {P}, %grid_ctr: {P}, %round_ctr: {P}, %fwd: {P},
-        %dest_ctr: {P}, %total: {P}, %status: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
-{_prologue(cfg)}      %Er = arith.constant {cfg.experts_per_rank} : i32
-      %S = arith.constant {cfg.send_stride} : i32
-      %row = arith.constant {cfg.row_bytes} : i64
-      %has_w = llvm.icmp "ne" %w, %null_ptr : {P}
-      %has_s = llvm.icmp "ne" %s, %null_ptr : {P}
-      // Round parity selects this round's slot counter; thread 0 of block 0 clears the other one.
-      %round = llvm.load %round_ctr : {P} -> i64
-      %one64 = arith.constant 1 : i64
-      %par64 = arith.andi %round, %one64 : i64
-      %par = arith.trunci %par64 : i64 to i32
-      %slot_ctr = llvm.getelementptr %slot_ctrs[%par] : ({P}, i32) -> {P}, i32
-      %other = arith.xori %par, %c1i : i32
-      %tid = arith.index_cast %tid_i : index to i32
-      %b0 = arith.cmpi eq, %bid_i, %c0x : index
-      %t0 = arith.cmpi eq, %tid, %c0i : i32
-      %first_thread = arith.andi %b0, %t0 : i1
-      scf.if %first_thread {{
-        %octr = llvm.getelementptr %slot_ctrs[%other] : ({P}, i32) -> {P}, i32
-        "mori_shmem.p"(%octr, %c0i, %me, %qp) {{c_type = "uint32"}} : ({P}, i32, i32, i32) -> ()
-      }}
-      %n_x = arith.index_cast %n : i32 to index
-      scf.for %t_x = %gw to %n_x step %nw {{
-        %t = arith.index_cast %t_x : index to i32
+_ROUTE = """        %t = arith.index_cast %t_x : index to i32
         %tK = arith.muli %t, %K : i32
         %slotidx = arith.addi %tK, %lane : i32
         %e = scf.if %is_k -> (i32) {{
@@ -187,12 +150,11 @@ def dispatch_kernel(cfg: EpKernelConfig) -> str:
         %notdup = arith.xori %dup, %true : i1
         %rep = arith.andi %valid, %notdup : i1
         %slot = scf.if %rep -> (i32) {{
-          %sl = "mori_ep.reserve_slot"(%slot_ctr, %pe) : ({P}, i32) -> i32
-          scf.yield %sl : i32
+{reserve}          scf.yield %sl : i32
         }} else {{
           scf.yield %c0i : i32
         }}
-        %fits = arith.cmpi ult, %slot, %R : i32
+        %fits = arith.cmpi ult, %slot, {capacity} : i32
         %ok = arith.andi %rep, %fits : i1
         %nofit = arith.xori %fits, %true : i1
         %overflow = arith.andi %rep, %nofit : i1
@@ -206,12 +168,31 @@ def dispatch_kernel(cfg: EpKernelConfig) -> str:
           %fp = llvm.getelementptr %fwd[%slotidx] : ({P}, i32) -> {P}, i32
           llvm.store %code, %fp : i32, {P}
         }}
-        scf.if %ok {{
+{count_dest}        %ok32 = arith.extui %ok : i1 to i32
+"""
+
+_DEST_COUNT = """        scf.if %ok {{
           %dp = llvm.getelementptr %dest_ctr[%pe] : ({P}, i32) -> {P}, i32
           %dc = llvm.atomicrmw add %dp, %c1i monotonic : {P}, i32
         }}
-        %ok32 = arith.extui %ok : i1 to i32
-        %t64 = arith.extui %t : i32 to i64
+"""
+
+_REMOTE_RESERVE = """          %sl = "mori_ep.reserve_slot"(%slot_ctr, %pe) : ({P}, i32) -> i32
+"""
+
+
+def route_token(*, reserve: str = "", capacity: str = "%R", count_dest: bool = True) -> str:
+    """Per token %t_x (one warp; lanes < K hold one expert slot each): read the expert id, drop invalid
+    ids and duplicates per destination PE (the lowest k represents it), reserve a slot on the
+    destination (``reserve`` sets %sl from %pe; default: ``mori_ep.reserve_slot`` on the peer's
+    %slot_ctr), drop and count (%status) reservations at or past ``capacity``, and store the forward map
+    (pe * R + slot, or %NULL). Defines %t, %e, %pe, %slot, %ok, %ok32, %slotidx."""
+    return _ROUTE.format(P=P, reserve=reserve or _REMOTE_RESERVE.format(P=P), capacity=capacity,
+                         count_dest=_DEST_COUNT.format(P=P) if count_dest else "")
+
+
+# Token %t's source row in %x and its weight for this lane (0.0 without weights or past K).
+_TOKEN_SOURCE = """        %t64 = arith.extui %t : i32 to i64
         %src_off = arith.muli %t64, %row : i64
         %src_row = llvm.getelementptr %x[%src_off] : ({P}, i64) -> {P}, i8
         %wv = scf.if %is_k -> (f32) {{
@@ -228,19 +209,46 @@ def dispatch_kernel(cfg: EpKernelConfig) -> str:
           %wz2 = arith.constant 0.0 : f32
           scf.yield %wz2 : f32
         }}
-        scf.for %k = %c0x to %Kx step %c1x {{
+"""
+
+
+def send_to_destinations(cfg: "EpKernelConfig", *, rows: bool = True) -> str:
+    """For each destination of token %t (the K representatives, broadcast from their lanes): the row and
+    scales (``rows``: ``mori_ep.row_copy`` to row %dbase + slot of %out_x/%out_s), the K expert ids and
+    weights (lanes < K) and the source position me * S + t (lane 0), as relaxed system-scope stores.
+    Needs %dbase (0 for IntraNode), %src_row, %t64, %wv."""
+    scales = ""
+    if rows and cfg.scale_bytes:
+        scales = _SCALES.format(P=P, sb=cfg.scale_bytes)
+    return _SEND_LOOP.format(P=P, rows=_ROWS.format(P=P, scales=scales) if rows else "")
+
+
+_SCALES = """            scf.if %has_s {{
+              %sb = arith.constant {sb} : i64
+              %sdo = arith.muli %sl64, %sb : i64
+              %sdst = llvm.getelementptr %out_s[%sdo] : ({P}, i64) -> {P}, i8
+              %sso = arith.muli %t64, %sb : i64
+              %ssrc = llvm.getelementptr %s[%sso] : ({P}, i64) -> {P}, i8
+              "mori_ep.row_copy"(%sdst, %ssrc, %sb, %pek) : ({P}, {P}, i64, i32) -> ()
+            }}
+"""
+
+_ROWS = """            %dst_off = arith.muli %sl64, %row : i64
+            %dst_row = llvm.getelementptr %out_x[%dst_off] : ({P}, i64) -> {P}, i8
+            "mori_ep.row_copy"(%dst_row, %src_row, %row, %pek) : ({P}, {P}, i64, i32) -> ()
+{scales}"""
+
+_SEND_LOOP = """        scf.for %k = %c0x to %Kx step %c1x {{
           %k32 = arith.index_cast %k : index to i32
           %okk, %v1 = gpu.shuffle idx %ok32, %k32, %wave : i32
           %pek, %v2 = gpu.shuffle idx %pe, %k32, %wave : i32
           %slk, %v3 = gpu.shuffle idx %slot, %k32, %wave : i32
           %send = arith.cmpi ne, %okk, %c0i : i32
           scf.if %send {{
-            %sl64 = arith.extui %slk : i32 to i64
-            %dst_off = arith.muli %sl64, %row : i64
-            %dst_row = llvm.getelementptr %out_x[%dst_off] : ({P}, i64) -> {P}, i8
-            "mori_ep.row_copy"(%dst_row, %src_row, %row, %pek) : ({P}, {P}, i64, i32) -> ()
-{scales}            scf.if %is_k {{
-              %mi0 = arith.muli %slk, %K : i32
+            %drow = arith.addi %dbase, %slk : i32
+            %sl64 = arith.extui %drow : i32 to i64
+{rows}            scf.if %is_k {{
+              %mi0 = arith.muli %drow, %K : i32
               %mi = arith.addi %mi0, %lane : i32
               %ip = llvm.getelementptr %out_idx[%mi] : ({P}, i32) -> {P}, i32
               "mori_shmem.p"(%ip, %e, %pek, %qp) {{c_type = "int32"}} : ({P}, i32, i32, i32) -> ()
@@ -252,12 +260,42 @@ def dispatch_kernel(cfg: EpKernelConfig) -> str:
             scf.if %lane0 {{
               %pos0 = arith.muli %me, %S : i32
               %pos = arith.addi %pos0, %t : i32
-              %pp = llvm.getelementptr %src_pos[%slk] : ({P}, i32) -> {P}, i32
+              %pp = llvm.getelementptr %src_pos[%drow] : ({P}, i32) -> {P}, i32
               "mori_shmem.p"(%pp, %pos, %pek, %qp) {{c_type = "int32"}} : ({P}, i32, i32, i32) -> ()
             }}
           }}
         }}
+"""
+
+
+def dispatch_kernel(cfg: EpKernelConfig) -> str:
+    return f"""    gpu.func @ep_dispatch_{cfg.dtype}(%x: {P}, %w: {P}, %s: {P}, %idx: {P}, %n: i32, %out_x: {P}, %out_w: {P}, %out_s: {P},
+        %out_idx: {P}, %src_pos: {P}, %slot_ctrs: {P}, %signals: {P}, %grid_ctr: {P}, %round_ctr: {P}, %fwd: {P},
+        %dest_ctr: {P}, %total: {P}, %status: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
+{_prologue(cfg)}      %Er = arith.constant {cfg.experts_per_rank} : i32
+      %S = arith.constant {cfg.send_stride} : i32
+      %row = arith.constant {cfg.row_bytes} : i64
+      %has_w = llvm.icmp "ne" %w, %null_ptr : {P}
+      %has_s = llvm.icmp "ne" %s, %null_ptr : {P}
+      // Round parity selects this round's slot counter; thread 0 of block 0 clears the other one.
+      %round = llvm.load %round_ctr : {P} -> i64
+      %one64 = arith.constant 1 : i64
+      %par64 = arith.andi %round, %one64 : i64
+      %par = arith.trunci %par64 : i64 to i32
+      %slot_ctr = llvm.getelementptr %slot_ctrs[%par] : ({P}, i32) -> {P}, i32
+      %other = arith.xori %par, %c1i : i32
+      %tid = arith.index_cast %tid_i : index to i32
+      %b0 = arith.cmpi eq, %bid_i, %c0x : index
+      %t0 = arith.cmpi eq, %tid, %c0i : i32
+      %first_thread = arith.andi %b0, %t0 : i1
+      scf.if %first_thread {{
+        %octr = llvm.getelementptr %slot_ctrs[%other] : ({P}, i32) -> {P}, i32
+        "mori_shmem.p"(%octr, %c0i, %me, %qp) {{c_type = "uint32"}} : ({P}, i32, i32, i32) -> ()
       }}
+      %n_x = arith.index_cast %n : i32 to index
+      scf.for %t_x = %gw to %n_x step %nw {{
+{route_token()}{_TOKEN_SOURCE.format(P=P)}        %dbase = arith.constant 0 : i32
+{send_to_destinations(cfg)}      }}
       "mori_ep.grid_barrier"(%grid_ctr) : ({P}) -> ()
       %w0 = arith.cmpi eq, %warp_in_block, %c0x : index
       %first_warp = arith.andi %b0, %w0 : i1
@@ -451,11 +489,19 @@ def combine_push_kernel(cfg: EpKernelConfig) -> str:
 """
 
 
-def kernels_for(op_name: str, cfg: EpKernelConfig) -> str:
-    """The gpu.func kernels of ``mori_ep.dispatch`` or ``mori_ep.combine`` (the caller rejects other ops)."""
-    if op_name == "mori_ep.dispatch":
+def kernels_for(op: ir.Operation, cfg: EpKernelConfig) -> str:
+    """The gpu.func kernels (and their LDS globals) that replace EP op ``op``."""
+    from . import ep_ll_kernels
+
+    name = op.name
+    if name == "mori_ep.dispatch":
         return dispatch_kernel(cfg)
-    return combine_pull_kernel(cfg) if cfg.zero_copy else combine_push_kernel(cfg)
+    if name == "mori_ep.combine":
+        return combine_pull_kernel(cfg) if cfg.zero_copy else combine_push_kernel(cfg)
+    if name == "mori_ep.dispatch_ll":
+        return ep_ll_kernels.dispatch_ll_kernel(cfg)
+    ints = mori_ep.int_attributes(op)
+    return ep_ll_kernels.async_kernels_for(name, cfg, bool(ints["early_notify"]), bool(ints["fused_recv"]))
 
 
 @dataclass(frozen=True)
@@ -477,16 +523,12 @@ class MoriEpToKernels:
                 for ep in [o.operation for o in gm.regions[0].blocks[0].operations]:
                     if not ep.name.startswith("mori_ep.") or ep.name.split(".", 1)[1] not in mori_ep.EP_OPS:
                         continue
-                    if ep.name not in ("mori_ep.dispatch", "mori_ep.combine"):
-                        raise MoriCompilerError(f"'{ep.name}' has no lowering in this version (IntraNode "
-                                                "dispatch and combine only; the send/recv halves come with the "
-                                                "AsyncLL kernels)")  # fmt: skip
                     cfg = EpKernelConfig.from_op(ep)
                     if cfg.wave_size != self.wave_size:
                         raise MoriCompilerError(f"'{ep.name}' was configured for wave size {cfg.wave_size}, the "
                                                 f"target runs {self.wave_size}")  # fmt: skip
                     # Parsed inside a gpu.module so that gpu.func is legal; kept alive while its ops move.
-                    parsed = ir.Module.parse("gpu.module @tmp {\n" + kernels_for(ep.name, cfg) + "}\n")
+                    parsed = ir.Module.parse("gpu.module @tmp {\n" + kernels_for(ep, cfg) + "}\n")
                     for f in list(parsed.body.operations[0].regions[0].blocks[0].operations):
                         f.operation.move_before(ep)
                     ep.erase()

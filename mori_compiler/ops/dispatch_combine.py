@@ -12,6 +12,12 @@ Two ways to run, chosen by how shmem was initialized (mori_compiler.runtime.shme
 * virtual PEs (``shmem_init_virtual(world_size)``): all PEs in this process and one launch; every tensor
   argument is then a list with one tensor per PE, and every result is a list per PE.
 
+Kernel types: ``IntraNode`` (one warp per token), ``IntraNodeLL`` (one block per token, each 16-byte vector
+loaded once and stored to every destination; IntraNode's combine) and ``AsyncLL`` (send and receive
+phases as separate kernels: ``dispatch_send()``/``dispatch_recv()``, ``combine_send()``/``combine_recv()``,
+with independent work in between; ``dispatch``/``combine`` run both; output rows grouped by source PE).
+AsyncLL's notification mode (mori_compiler/ops/asyncll.py) is resolved once, at construction.
+
 Semantics (ep-semantics.md §2): a token goes once to each destination PE among its top-k experts
 (lowest k represents it); outputs are views of persistent buffers that the next call overwrites; rows
 ``[0, total_recv)`` are valid, in arrival order; ``combine`` sums, in fp32, the rows returned by the
@@ -33,7 +39,7 @@ _TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "fp
 
 
 class EpDispatchCombineKernelType(enum.IntEnum):
-    """MORI's kernel types (values as MORI's enum). This version implements IntraNode."""
+    """MORI's kernel types (values as MORI's enum). Implemented: IntraNode, IntraNodeLL, AsyncLL."""
 
     IntraNode = 0
     InterNode = 1
@@ -82,6 +88,10 @@ class EpDispatchCombineConfig:
         return self.world_size * self.max_recv_per_rank
 
 
+IMPLEMENTED = (EpDispatchCombineKernelType.IntraNode, EpDispatchCombineKernelType.IntraNodeLL,
+               EpDispatchCombineKernelType.AsyncLL)  # fmt: skip
+
+
 def _dtype_name(dtype) -> str:
     name = str(dtype).removeprefix("torch.")
     if name not in _TORCH_DTYPE_NAMES:
@@ -92,9 +102,17 @@ def _dtype_name(dtype) -> str:
 
 def validate_config(cfg: EpDispatchCombineConfig, wave_size: int) -> None:
     """A clear ValueError for any config the kernels cannot support."""
-    if EpDispatchCombineKernelType(cfg.kernel_type) != EpDispatchCombineKernelType.IntraNode:
-        raise ValueError(f"kernel_type {EpDispatchCombineKernelType(cfg.kernel_type).name} is not implemented in "
-                         "this version (IntraNode only)")  # fmt: skip
+    try:
+        kind = EpDispatchCombineKernelType(cfg.kernel_type)
+    except ValueError:
+        raise ValueError(f"config.kernel_type {cfg.kernel_type!r} is not a kernel type; allowed: "
+                         f"{', '.join(k.name for k in EpDispatchCombineKernelType)}") from None  # fmt: skip
+    if kind not in IMPLEMENTED:
+        raise ValueError(f"kernel_type {kind.name} is not implemented in this version (implemented: "
+                         f"{', '.join(k.name for k in IMPLEMENTED)})")  # fmt: skip
+    if kind == EpDispatchCombineKernelType.IntraNodeLL and cfg.warp_num_per_block < 2:
+        raise ValueError(f"config.warp_num_per_block {cfg.warp_num_per_block}: IntraNodeLL needs >= 2 warps per "
+                         "block (a control warp and at least one data warp)")  # fmt: skip
     if cfg.quant_type != "none":
         raise ValueError(f"quant_type '{cfg.quant_type}' is not implemented in this version (only 'none')")
     positive = ("world_size", "hidden_dim", "max_token_type_size", "max_num_inp_token_per_rank",
@@ -122,8 +140,10 @@ def validate_config(cfg: EpDispatchCombineConfig, wave_size: int) -> None:
         raise ValueError("config.max_total_recv_tokens must be >= 0")
 
 
-def kernel_module_source(cfg: EpDispatchCombineConfig, wave_size: int) -> str:
-    """The mori_ep module of every kernel this config can launch (one bundle, one module load)."""
+def kernel_module_source(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None) -> str:
+    """The mori_ep module of every kernel this config can launch (one bundle, one module load). For
+    AsyncLL, ``asyncll`` (an AsyncLLOptions) sets the halves' notification mode."""
+    kind = EpDispatchCombineKernelType(cfg.kernel_type)
     common = (f"world_size = {cfg.world_size} : i64, hidden = {cfg.hidden_dim} : i64, top_k = "
               f"{cfg.num_experts_per_token} : i64, experts_per_rank = {cfg.num_experts_per_rank} : i64, "
               f"max_tokens_per_rank = {cfg.max_num_inp_token_per_rank} : i64, max_recv_per_rank = "
@@ -131,71 +151,70 @@ def kernel_module_source(cfg: EpDispatchCombineConfig, wave_size: int) -> str:
               f"wave_size = {wave_size} : i64")  # fmt: skip
     scale_bytes = cfg.scale_dim * cfg.scale_type_size
     ops = []
-    for dtype in DISPATCH_DTYPES:
-        if _TOKEN_BYTES[dtype] <= cfg.max_token_type_size:
-            ops.append(f'    "mori_ep.dispatch"() {{{common}, dtype = "{dtype}", scale_bytes = {scale_bytes} : i64}} : () -> ()')
-    for dtype in COMBINE_DTYPES:
-        if _TOKEN_BYTES[dtype] <= cfg.max_token_type_size:
-            for zero_copy in (1, 0):
-                ops.append(f'    "mori_ep.combine"() {{{common}, dtype = "{dtype}", zero_copy = {zero_copy} : i64, '
-                           f"max_blocks = {MAX_BLOCKS} : i64}} : () -> ()")  # fmt: skip
+    if kind == EpDispatchCombineKernelType.AsyncLL:
+        mode = ", ".join(f"{k} = {v} : i64" for k, v in asyncll.ir_attributes().items())
+        for dtype in DISPATCH_DTYPES:
+            if _TOKEN_BYTES[dtype] <= cfg.max_token_type_size:
+                for half in ("dispatch_send", "dispatch_recv"):
+                    ops.append(f'    "mori_ep.{half}"() {{{common}, dtype = "{dtype}", scale_bytes = {scale_bytes} : i64, '
+                               f"{mode}}} : () -> ()")  # fmt: skip
+        for dtype in COMBINE_DTYPES:
+            if _TOKEN_BYTES[dtype] <= cfg.max_token_type_size:
+                for half in ("combine_send", "combine_recv"):
+                    ops.append(f'    "mori_ep.{half}"() {{{common}, dtype = "{dtype}", {mode}}} : () -> ()')
+        name = "mori_ep_asyncll"
+    else:
+        dispatch = "dispatch_ll" if kind == EpDispatchCombineKernelType.IntraNodeLL else "dispatch"
+        for dtype in DISPATCH_DTYPES:
+            if _TOKEN_BYTES[dtype] <= cfg.max_token_type_size:
+                ops.append(f'    "mori_ep.{dispatch}"() {{{common}, dtype = "{dtype}", scale_bytes = {scale_bytes} : i64}} : () -> ()')
+        for dtype in COMBINE_DTYPES:
+            if _TOKEN_BYTES[dtype] <= cfg.max_token_type_size:
+                for zero_copy in (1, 0):
+                    ops.append(f'    "mori_ep.combine"() {{{common}, dtype = "{dtype}", zero_copy = {zero_copy} : i64, '
+                               f"max_blocks = {MAX_BLOCKS} : i64}} : () -> ()")  # fmt: skip
+        name = "mori_ep_intranode_ll" if dispatch == "dispatch_ll" else "mori_ep_intranode"
     body = "\n".join(ops)
-    return f"module attributes {{gpu.container_module}} {{\n  gpu.module @mori_ep_intranode {{\n{body}\n  }}\n}}\n"
+    return f"module attributes {{gpu.container_module}} {{\n  gpu.module @{name} {{\n{body}\n  }}\n}}\n"
 
 
-def ep_bundle(config: EpDispatchCombineConfig, target: str, *, virtual_pes: bool, cache_root=None):
+def ep_bundle(config: EpDispatchCombineConfig, target: str, *, virtual_pes: bool, asyncll=None, cache_root=None):
     """The kernel bundle ``EpDispatchCombineOp`` loads for ``config`` on ``target``: from the cache, or
     compiled now where the compiler is installed. The one place that maps a config to its bundle, so that
-    precompiling scripts build exactly what the op will look up."""
+    precompiling scripts build exactly what the op will look up. ``asyncll``: the AsyncLL notification
+    mode (default: resolved from the environment); ignored by the other kernel types."""
     from mori_compiler.cache import get_bundle
     from mori_compiler.options import CompileOptions
     from mori_compiler.targets import get_target
 
     gpu_target = get_target(target)
     validate_config(config, gpu_target.wave_size)
-    source = kernel_module_source(config, gpu_target.wave_size)
+    kind = EpDispatchCombineKernelType(config.kernel_type)
+    if kind == EpDispatchCombineKernelType.AsyncLL and asyncll is None:
+        from .asyncll import resolve
+
+        asyncll = resolve()
+    source = kernel_module_source(config, gpu_target.wave_size, asyncll)
     options = CompileOptions(target=gpu_target.name, virtual_pes=virtual_pes)
-    return get_bundle(source, options, cache_root=cache_root, what=f"EP IntraNode kernels ({gpu_target.name})")
-
-
-@dataclass
-class _Buffers:
-    """Symmetric allocations (handles) of one op; per-PE addresses come from shmem_ptr_p2p."""
-
-    out_x: int
-    out_w: int
-    out_s: int
-    out_idx: int
-    src_pos: int
-    slot_ctrs: int
-    signals: int
-    dispatch_grid: int
-    round_ctr: int
-    fwd: int
-    dest_ctr: int
-    total: int
-    status: int
-    reg_x: int
-    reg_w: int
-    stage_x: int
-    stage_w: int
-    combine_grid: int
-    out_c: int
-    out_cw: int
-    zero_row: int
-    bar_slots: int
-    bar_epochs: int
+    return get_bundle(source, options, cache_root=cache_root, what=f"EP {kind.name} kernels ({gpu_target.name})")
 
 
 class EpDispatchCombineOp:
-    """IntraNode dispatch/combine (MORI's ``mori.ops.EpDispatchCombineOp`` API)."""
+    """EP dispatch/combine (MORI's ``mori.ops.EpDispatchCombineOp`` API) for IntraNode, IntraNodeLL and AsyncLL.
 
-    def __init__(self, config: EpDispatchCombineConfig, *, target: str | None = None, validate: bool = True):
+    ``asyncll``: for AsyncLL, the notification mode (an :class:`AsyncLLOptions`, or a dict of overrides of
+    the ``MORI_ASYNCLL_*`` variables); resolved once here and compiled into this op's kernels.
+    """
+
+    def __init__(self, config: EpDispatchCombineConfig, *, target: str | None = None, validate: bool = True,
+                 asyncll=None):  # fmt: skip
         import torch
 
         from mori_compiler.runtime import shmem
         from mori_compiler.runtime.launcher import KernelSet
         from mori_compiler.targets import get_target
+
+        from .asyncll import AsyncLLOptions, PhaseTracker, resolve
 
         self.config = config
         self.validate = validate
@@ -206,12 +225,23 @@ class EpDispatchCombineOp:
         if not self.virtual and shmem.shmem_mype() != config.rank:
             raise ValueError(f"config.rank {config.rank} differs from shmem_mype() {shmem.shmem_mype()}")
         self.target = get_target(target or ("sm_90" if state.driver.backend in ("nvvm", "cuda") else "gfx942"))
-        self.bundle = ep_bundle(config, self.target.name, virtual_pes=self.virtual)
+        validate_config(config, self.target.wave_size)
+        self.kernel_type = EpDispatchCombineKernelType(config.kernel_type)
+        self.asyncll = None
+        if self.kernel_type == EpDispatchCombineKernelType.AsyncLL:
+            self.asyncll = asyncll if isinstance(asyncll, AsyncLLOptions) else resolve(**(asyncll or {}))
+            self._phases = PhaseTracker()
+        self.bundle = ep_bundle(config, self.target.name, virtual_pes=self.virtual, asyncll=self.asyncll)
         self._alloc()
         self.kernels = KernelSet(self.bundle)
         torch.cuda.synchronize()  # every PE's buffers are zeroed before any peer can write into them
         shmem.shmem_barrier_all()
         self._last_n = [0] * self.n_local
+        self._pending: dict = {}  # AsyncLL: what a recv launch needs from its send (dtype, grid, results)
+
+    @property
+    def is_async(self) -> bool:
+        return self.kernel_type == EpDispatchCombineKernelType.AsyncLL
 
     # ---- buffers ---------------------------------------------------------------------------------
     @property
@@ -223,40 +253,59 @@ class EpDispatchCombineOp:
 
         return list(range(self.config.world_size)) if self.virtual else [shmem.shmem_mype()]
 
-    def _alloc(self) -> None:
-        from mori_compiler.runtime import shmem
-
+    def _buffer_sizes(self) -> tuple[dict[str, int], tuple[str, ...]]:
+        """Bytes of every symmetric buffer this kernel type uses, and the names that start zeroed."""
         c = self.config
         W, K, M, R, H = c.world_size, c.num_experts_per_token, c.max_num_inp_token_per_rank, c.max_recv, c.hidden_dim
-        tok = H * c.max_token_type_size
-        push = W * M if c.use_external_inp_buf else 1
+        tok, sb = H * c.max_token_type_size, c.scale_dim * c.scale_type_size
         sizes = {
-            "out_x": R * tok, "out_w": R * K * 4, "out_s": max(R * c.scale_dim * c.scale_type_size, 16),
-            "out_idx": R * K * 4, "src_pos": R * 4, "slot_ctrs": 16, "signals": 8 * W, "dispatch_grid": 16,
-            "round_ctr": 16, "fwd": M * K * 4, "dest_ctr": 4 * W, "total": 16, "status": 16,
-            "reg_x": R * tok, "reg_w": R * K * 4, "stage_x": push * tok, "stage_w": push * K * 4,
-            "combine_grid": 16, "out_c": M * tok, "out_cw": M * K * 4, "zero_row": max(tok, 4 * K, 16),
-            "bar_slots": 8 * MAX_BLOCKS * W, "bar_epochs": 8 * MAX_BLOCKS,
+            "out_x": R * tok, "out_w": R * K * 4, "out_s": max(R * sb, 16), "out_idx": R * K * 4, "src_pos": R * 4,
+            "fwd": M * K * 4, "total": 16, "status": 16, "reg_x": R * tok, "out_c": M * tok, "out_cw": M * K * 4,
+            "zero_row": max(tok, 4 * K, 16),
         }  # fmt: skip
-        handles = {name: shmem.shmem_malloc_align(256, size) for name, size in sizes.items()}
-        self.buffers = _Buffers(**handles)
+        zeroed = ["total", "status", "zero_row", "fwd"]
+        if self.is_async:
+            # Per round parity (2) and source PE (W): Rp records to receive and Rp rows to combine.
+            slots = 2 * W * c.max_recv_per_rank
+            sizes |= {
+                "a_rx": slots * tok, "a_rw": slots * K * 4, "a_rs": max(slots * sb, 16), "a_ridx": slots * K * 4,
+                "a_rpos": slots * 4, "a_cx": slots * tok, "a_cw": slots * K * 4, "rmap": R * 4,
+                "a_cnt": 2 * W * 4, "a_sig": 2 * W * 8, "a_csig": 2 * W * 8, "a_rounds": 32, "a_grid": 16,
+            }  # fmt: skip
+            zeroed += ["a_cnt", "a_sig", "a_csig", "a_rounds", "a_grid"]
+        else:
+            push = W * M if c.use_external_inp_buf else 1
+            sizes |= {
+                "slot_ctrs": 16, "signals": 8 * W, "dispatch_grid": 16, "round_ctr": 16, "dest_ctr": 4 * W,
+                "reg_w": R * K * 4, "stage_x": push * tok, "stage_w": push * K * 4, "combine_grid": 16,
+                "bar_slots": 8 * MAX_BLOCKS * W, "bar_epochs": 8 * MAX_BLOCKS,
+            }  # fmt: skip
+            zeroed += ["slot_ctrs", "signals", "dispatch_grid", "round_ctr", "dest_ctr", "combine_grid", "bar_slots",
+                       "bar_epochs"]  # fmt: skip
+        return sizes, tuple(zeroed)
+
+    def _alloc(self) -> None:
         import torch
 
-        for name in ("slot_ctrs", "signals", "dispatch_grid", "round_ctr", "dest_ctr", "total", "status",
-                     "combine_grid", "zero_row", "bar_slots", "bar_epochs", "fwd"):  # fmt: skip
+        from mori_compiler.runtime import shmem
+
+        sizes, zeroed = self._buffer_sizes()
+        self._sizes = sizes
+        self.buffers = {name: shmem.shmem_malloc_align(256, size) for name, size in sizes.items()}
+        for name in zeroed:
             for pe in self._pes():
-                shmem.shmem_tensor(handles[name], (sizes[name],), torch.uint8, pe=pe).zero_()
+                shmem.shmem_tensor(self.buffers[name], (sizes[name],), torch.uint8, pe=pe).zero_()
 
     def _addr(self, name: str, pe: int) -> int:
         from mori_compiler.runtime import shmem
 
-        handle = getattr(self.buffers, name)
+        handle = self.buffers[name]
         return shmem.shmem_ptr_p2p(handle, 0, pe) if self.virtual else handle
 
     def _view(self, name: str, pe: int, shape, dtype):
         from mori_compiler.runtime import shmem
 
-        return shmem.shmem_tensor(getattr(self.buffers, name), shape, dtype, pe=pe if self.virtual else None)
+        return shmem.shmem_tensor(self.buffers[name], shape, dtype, pe=pe if self.virtual else None)
 
     # ---- argument checks ---------------------------------------------------------------------------
     def _per_pe(self, value, what: str) -> list:
@@ -323,17 +372,34 @@ class EpDispatchCombineOp:
     def dispatch(self, input, weights, scales, indices, block_num: int = -1, rdma_block_num: int = -1,
                  warp_per_block: int = -1, call_local_expert_count: bool = False):  # fmt: skip
         """Send every token to the PEs of its experts. Returns (out, out_weights, out_scales, out_indices,
-        total_recv) per PE (a tuple, or a list of tuples with virtual PEs)."""
+        total_recv) per PE (a tuple, or a list of tuples with virtual PEs). AsyncLL: send, then receive."""
+        if self.is_async:
+            results = self.dispatch_send(input, weights, scales, indices, block_num, rdma_block_num, warp_per_block)
+            self.dispatch_recv(block_num, warp_per_block, call_local_expert_count)
+            return results
+        dtype, tokens, results, blocks = self._dispatch_inputs(input, weights, scales, indices, block_num,
+                                                               warp_per_block)  # fmt: skip
+        a = self._addr
+        args = [(x, w, s, idx, n, a("out_x", pe), a("out_w", pe), a("out_s", pe), a("out_idx", pe), a("src_pos", pe),
+                 a("slot_ctrs", pe), a("signals", pe), a("dispatch_grid", pe), a("round_ctr", pe), a("fwd", pe),
+                 a("dest_ctr", pe), a("total", pe), a("status", pe)) for pe, (x, w, s, idx, n) in tokens]  # fmt: skip
+        ll = self.kernel_type == EpDispatchCombineKernelType.IntraNodeLL
+        self._launch(f"ep_dispatch_{'ll_' if ll else ''}{dtype}", args, blocks)
+        return results if self.virtual else results[0]
+
+    def _dispatch_inputs(self, input, weights, scales, indices, block_num, warp_per_block):
+        """Checks every PE's dispatch arguments; returns (dtype, [(pe, (x, w, s, idx, n) addresses)], the
+        per-PE result views, grid blocks)."""
         import torch
 
         c = self.config
-        if warp_per_block not in (-1, c.warp_num_per_block):
+        if warp_per_block not in (-1, None, c.warp_num_per_block):
             raise ValueError(f"warp_per_block {warp_per_block}: the kernels were compiled for {c.warp_num_per_block}")
         blocks = self._grid(block_num)
         xs, ws, ss, ids = (self._per_pe(a, n) for a, n in ((input, "input"), (weights, "weights"),
                                                             (scales, "scales"), (indices, "indices")))  # fmt: skip
         dtype = None
-        args, results = [], []
+        tokens, results = [], []
         for i, pe in enumerate(self._pes()):
             x, w, s, idx = xs[i], ws[i], ss[i], ids[i]
             dtype = self._token_dtype(x, f"input[{pe}]", DISPATCH_DTYPES, "dispatch", dtype)
@@ -356,11 +422,8 @@ class EpDispatchCombineOp:
             if x.device.index != torch.cuda.current_device():
                 raise ValueError(f"input[{pe}] is on {x.device}, the op runs on cuda:{torch.cuda.current_device()}")
             self._last_n[i] = n
-            a = self._addr
-            args.append((x.data_ptr(), 0 if w is None else w.data_ptr(), 0 if s is None else s.data_ptr(),
-                         idx.data_ptr(), n, a("out_x", pe), a("out_w", pe), a("out_s", pe), a("out_idx", pe),
-                         a("src_pos", pe), a("slot_ctrs", pe), a("signals", pe), a("dispatch_grid", pe),
-                         a("round_ctr", pe), a("fwd", pe), a("dest_ctr", pe), a("total", pe), a("status", pe)))  # fmt: skip
+            tokens.append((pe, (x.data_ptr(), 0 if w is None else w.data_ptr(), 0 if s is None else s.data_ptr(),
+                                idx.data_ptr(), n)))  # fmt: skip
             R, K = c.max_recv, c.num_experts_per_token
             results.append((
                 self._view("out_x", pe, (R * c.hidden_dim * x.element_size(),), torch.uint8).view(x.dtype).view(R, c.hidden_dim),
@@ -369,30 +432,84 @@ class EpDispatchCombineOp:
                 self._view("out_idx", pe, (R, K), torch.int32),
                 self._view("total", pe, (1,), torch.int32),
             ))  # fmt: skip
-        self._launch(f"ep_dispatch_{dtype}", args, blocks)
+        return dtype, tokens, results, blocks
+
+    def dispatch_send(self, input, weights, scales, indices, block_num: int = -1, rdma_block_num: int = -1,
+                      warp_per_block: int = -1, call_local_expert_count: bool = False):  # fmt: skip
+        """AsyncLL: post every token to its destinations and return the output views (valid once
+        ``dispatch_recv()`` has run on the stream). Other kernel types: ``dispatch``."""
+        if not self.is_async:
+            return self.dispatch(input, weights, scales, indices, block_num, rdma_block_num, warp_per_block,
+                                 call_local_expert_count)  # fmt: skip
+        self._phases.before_send("dispatch")
+        dtype, tokens, results, blocks = self._dispatch_inputs(input, weights, scales, indices, block_num,
+                                                               warp_per_block)  # fmt: skip
+        a = self._addr
+        args = [(x, w, s, idx, n, a("a_rx", pe), a("a_rw", pe), a("a_rs", pe), a("a_ridx", pe), a("a_rpos", pe),
+                 a("a_cnt", pe), a("a_sig", pe), a("a_rounds", pe), a("fwd", pe), a("status", pe), a("a_grid", pe))
+                for pe, (x, w, s, idx, n) in tokens]  # fmt: skip
+        self._launch(f"ep_async_dispatch_send_{dtype}", args, blocks)
+        self._phases.after_send("dispatch")
+        self._pending["dispatch"] = dtype
         return results if self.virtual else results[0]
 
-    dispatch_send = dispatch
-
-    def dispatch_recv(self, *args, **kwargs):
-        raise RuntimeError("dispatch_recv is only used by the AsyncLL kernel type; IntraNode's dispatch_send "
-                           "(= dispatch) completes the whole exchange")  # fmt: skip
+    def dispatch_recv(self, block_num: int = -1, warp_per_block: int = -1, call_local_expert_count: bool = False):
+        """AsyncLL only: wait for every peer's tokens and lay them out (rows grouped by source PE)."""
+        if not self.is_async:
+            raise RuntimeError(f"dispatch_recv is only used by the AsyncLL kernel type; {self.kernel_type.name}'s "
+                               "dispatch_send (= dispatch) completes the whole exchange")  # fmt: skip
+        self._phases.before_recv("dispatch")
+        blocks = self._grid(block_num)
+        a = self._addr
+        args = [(a("a_rx", pe), a("a_rw", pe), a("a_rs", pe), a("a_ridx", pe), a("a_rpos", pe), a("a_cnt", pe),
+                 a("a_sig", pe), a("a_rounds", pe), a("a_grid", pe), a("out_x", pe), a("out_w", pe), a("out_s", pe),
+                 a("out_idx", pe), a("src_pos", pe), a("rmap", pe), a("total", pe)) for pe in self._pes()]  # fmt: skip
+        self._launch(f"ep_async_dispatch_recv_{self._pending['dispatch']}", args, blocks)
+        self._phases.after_recv("dispatch")
 
     # ---- combine -----------------------------------------------------------------------------------
     def combine(self, input, weights, indices, block_num: int = -1, rdma_block_num: int = -1,
                 warp_per_block: int = -1, use_external_inp_buf: int = -1, call_reset: bool = False):  # fmt: skip
         """Sum each token's rows back from its destination PEs. Returns (out [M, H], out_weights [M, K] or
-        None) per PE."""
-        import torch
-
+        None) per PE. AsyncLL: send, then receive."""
+        if self.is_async:
+            results = self.combine_send(input, weights, indices, block_num, rdma_block_num, warp_per_block,
+                                        use_external_inp_buf, call_reset)  # fmt: skip
+            self.combine_recv(block_num, warp_per_block)
+            return results
         c = self.config
         external = c.use_external_inp_buf if use_external_inp_buf in (-1, None) else bool(use_external_inp_buf)
         if external and not c.use_external_inp_buf:
             raise ValueError("use_external_inp_buf=1 needs the op built with config.use_external_inp_buf=True "
                              "(the push staging buffer)")  # fmt: skip
+        dtype, rows, results, blocks = self._combine_inputs(input, weights, indices, block_num, warp_per_block)
+        a = self._addr
+        args = []
+        for pe, (y, w, n, out_w) in rows:
+            if external:
+                args.append((y.data_ptr(), w, a("stage_x", pe), a("stage_w", pe), a("src_pos", pe), a("fwd", pe), n,
+                             a("total", pe), a("out_c", pe), out_w, a("zero_row", pe), a("combine_grid", pe),
+                             a("bar_slots", pe), a("bar_epochs", pe)))  # fmt: skip
+            else:
+                reg = self.get_registered_combine_input_buffer(y.dtype, pe=pe)
+                if y.data_ptr() != reg.data_ptr():  # not written in place: copy into the registered buffer
+                    reg[: y.shape[0]].copy_(y)
+                args.append((w, a("reg_x", pe), a("reg_w", pe), a("fwd", pe), n, a("total", pe), a("out_c", pe),
+                             out_w, a("zero_row", pe), a("bar_slots", pe), a("bar_epochs", pe)))  # fmt: skip
+        self._launch(f"ep_combine_{'push' if external else 'pull'}_{dtype}", args, blocks)
+        return results if self.virtual else results[0]
+
+    def _combine_inputs(self, input, weights, indices, block_num, warp_per_block):
+        """Checks every PE's combine arguments; returns (dtype, [(pe, (input, weights address, n, out_w
+        address))], the per-PE result views, grid blocks)."""
+        import torch
+
+        c = self.config
+        if warp_per_block not in (-1, None, c.warp_num_per_block):
+            raise ValueError(f"warp_per_block {warp_per_block}: the kernels were compiled for {c.warp_num_per_block}")
         blocks = self._grid(block_num)
         ys, ws, ids = (self._per_pe(a, n) for a, n in ((input, "input"), (weights, "weights"), (indices, "indices")))
-        dtype, args, results = None, [], []
+        dtype, rows, results = None, [], []
         for i, pe in enumerate(self._pes()):
             y, w, idx = ys[i], ws[i], ids[i]
             dtype = self._token_dtype(y, f"input[{pe}]", COMBINE_DTYPES, "combine", dtype)
@@ -405,31 +522,44 @@ class EpDispatchCombineOp:
                 raise ValueError(f"input[{pe}] has {y.shape[0]} rows, more than the receive capacity {c.max_recv}")
             if w is not None:
                 self._check_tensor(w, f"weights[{pe}]", ndim=2, dtypes=(torch.float32,), dim1=c.num_experts_per_token)
-            a = self._addr
-            out_w = a("out_cw", pe) if w is not None else 0
-            if external:
-                args.append((y.data_ptr(), 0 if w is None else w.data_ptr(), a("stage_x", pe), a("stage_w", pe),
-                             a("src_pos", pe), a("fwd", pe), n, a("total", pe), a("out_c", pe), out_w, a("zero_row", pe),
-                             a("combine_grid", pe), a("bar_slots", pe), a("bar_epochs", pe)))  # fmt: skip
-            else:
-                reg = self.get_registered_combine_input_buffer(y.dtype, pe=pe)
-                if y.data_ptr() != reg.data_ptr():  # not written in place: copy into the registered buffer
-                    reg[: y.shape[0]].copy_(y)
-                args.append((0 if w is None else w.data_ptr(), a("reg_x", pe), a("reg_w", pe), a("fwd", pe), n,
-                             a("total", pe), a("out_c", pe), out_w, a("zero_row", pe), a("bar_slots", pe),
-                             a("bar_epochs", pe)))  # fmt: skip
+            out_w = self._addr("out_cw", pe) if w is not None else 0
+            rows.append((pe, (y, 0 if w is None else w.data_ptr(), n, out_w)))
             M, K = c.max_num_inp_token_per_rank, c.num_experts_per_token
             out = self._view("out_c", pe, (M * c.hidden_dim * y.element_size(),), torch.uint8).view(y.dtype)
             results.append((out.view(M, c.hidden_dim), self._view("out_cw", pe, (M, K), torch.float32) if w is not None
                             else None))  # fmt: skip
-        self._launch(f"ep_combine_{'push' if external else 'pull'}_{dtype}", args, blocks)
+        return dtype, rows, results, blocks
+
+    def combine_send(self, input, weights, indices, block_num: int = -1, rdma_block_num: int = -1,
+                     warp_per_block: int = -1, use_external_inp_buf: int = -1, call_reset: bool = False):  # fmt: skip
+        """AsyncLL: return every received row to its source PE; returns the (out, out_weights) views (valid
+        once ``combine_recv()`` has run on the stream). Other kernel types: ``combine``."""
+        if not self.is_async:
+            return self.combine(input, weights, indices, block_num, rdma_block_num, warp_per_block,
+                                use_external_inp_buf, call_reset)  # fmt: skip
+        self._phases.before_send("combine")
+        dtype, rows, results, blocks = self._combine_inputs(input, weights, indices, block_num, warp_per_block)
+        a = self._addr
+        args = [(y.data_ptr(), w, a("a_cx", pe), a("a_cw", pe), a("rmap", pe), a("total", pe), a("a_csig", pe),
+                 a("a_rounds", pe), a("a_grid", pe)) for pe, (y, w, n, out_w) in rows]  # fmt: skip
+        self._launch(f"ep_async_combine_send_{dtype}", args, blocks)
+        self._phases.after_send("combine")
+        self._pending["combine"] = (dtype, [(pe, n, out_w) for pe, (y, w, n, out_w) in rows])
         return results if self.virtual else results[0]
 
-    combine_send = combine
-
-    def combine_recv(self, *args, **kwargs):
-        raise RuntimeError("combine_recv is only used by the AsyncLL kernel type; IntraNode's combine_send "
-                           "(= combine) completes the whole exchange")  # fmt: skip
+    def combine_recv(self, block_num: int = -1, warp_per_block: int = -1):
+        """AsyncLL only: wait for every destination's rows and sum them per token."""
+        if not self.is_async:
+            raise RuntimeError(f"combine_recv is only used by the AsyncLL kernel type; {self.kernel_type.name}'s "
+                               "combine_send (= combine) completes the whole exchange")  # fmt: skip
+        self._phases.before_recv("combine")
+        blocks = self._grid(block_num)
+        dtype, rows = self._pending["combine"]
+        a = self._addr
+        args = [(a("a_cx", pe), a("a_cw", pe), a("fwd", pe), n, a("a_csig", pe), a("a_rounds", pe), a("a_grid", pe),
+                 a("out_c", pe), out_w, a("zero_row", pe)) for pe, n, out_w in rows]  # fmt: skip
+        self._launch(f"ep_async_combine_recv_{dtype}", args, blocks)
+        self._phases.after_recv("combine")
 
     # ---- standard-MoE (DeepEP) layout -------------------------------------------------------------------
     # Per local expert e, the received (row, k) pairs whose expert is e, in (row, k) order:
@@ -500,7 +630,7 @@ class EpDispatchCombineOp:
     def combine_standard_moe(self, input, weights, indices, **kwargs):
         """Expert outputs in the DeepEP layout [Er, W*M, H] (routing weights applied here, as MORI's) →
         (out [M, H], None)."""
-        if self.config.use_external_inp_buf:
+        if self.config.use_external_inp_buf and not self.is_async:
             raise ValueError("combine_standard_moe uses the zero-copy combine: build the op with "
                              "use_external_inp_buf=False")  # fmt: skip
         packed = self._per_pe(input, "input")
@@ -520,7 +650,12 @@ class EpDispatchCombineOp:
                                 cooperative=True)  # fmt: skip
 
     def reset(self) -> None:
-        """Nothing to do: every kernel leaves its counters ready for the next call (as MORI's)."""
+        """Nothing to do on the device: every kernel leaves its counters ready for the next call (as
+        MORI's). AsyncLL refuses while a send waits for its recv (the peers' notifications are in flight)."""
+        if self.is_async:
+            pending = [leg for leg in self._phases.LEGS if self._phases.pending(leg)]
+            if pending:
+                raise RuntimeError(f"reset() with {pending[0]}_send pending: call {pending[0]}_recv() first")
 
     def get_registered_combine_input_buffer(self, dtype, hidden_dim: int = -1, *, pe: int | None = None):
         """The [R, hidden] view of the symmetric buffer the zero-copy combine reads (per PE with virtual PEs)."""
@@ -569,9 +704,10 @@ class EpDispatchCombineOp:
         import torch
 
         torch.cuda.synchronize()
-        for handle in reversed(dataclasses.astuple(buffers)):
+        for handle in reversed(list(buffers.values())):
             shmem.shmem_free(handle)
 
     def config_dict(self) -> dict:
-        return dataclasses.asdict(self.config) | {"target": self.target.name, "virtual_pes": self.virtual}
+        mode = {"asyncll": self.asyncll.as_dict()} if self.asyncll else {}
+        return dataclasses.asdict(self.config) | {"target": self.target.name, "virtual_pes": self.virtual} | mode
 

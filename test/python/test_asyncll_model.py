@@ -120,19 +120,24 @@ def test_layout_checker_catches_swaps_and_wrong_counts():
 @pytest.mark.parametrize("env", [{}, {"MORI_ASYNCLL_EARLY_NOTIFY": "1"},
                                  {"MORI_ASYNCLL_EARLY_NOTIFY": "1", "MORI_ASYNCLL_FUSED_RECV": "1"}])  # fmt: skip
 def test_resolved_mode_verifies_on_every_half(env):
+    """The op's AsyncLL kernel module carries the resolved mode on every half, and it verifies."""
     from mori_compiler._mlir import ir
     from mori_compiler.dialects.registry import parse_source
+    from mori_compiler.ops.dispatch_combine import (EpDispatchCombineConfig, EpDispatchCombineKernelType,
+                                                    kernel_module_source)  # fmt: skip
 
-    attrs = resolve(env).ir_attributes()
-    mode = ", ".join(f"{k} = {v} : i64" for k, v in attrs.items())
-    body = "\n".join(f'    "mori_ep.{op}"() {{world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", '
-                     f"top_k = 2 : i64, {mode}}} : () -> ()"
-                     for op in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv"))  # fmt: skip
-    text = f"module attributes {{gpu.container_module}} {{\n  gpu.module @ep {{\n{body}\n  }}\n}}\n"
-    module = parse_source(text, ir.Context())
+    cfg = EpDispatchCombineConfig(data_type=None, rank=0, world_size=4, hidden_dim=1024, scale_dim=0, scale_type_size=0,
+                                  max_token_type_size=2, max_num_inp_token_per_rank=16, num_experts_per_rank=2,
+                                  num_experts_per_token=2, kernel_type=EpDispatchCombineKernelType.AsyncLL)  # fmt: skip
+    options = resolve(env)
+    module = parse_source(kernel_module_source(cfg, 64, options), ir.Context())
     printed = str(module)
-    for key, value in attrs.items():
-        assert printed.count(f"{key} = {value} : i64") == 4
+    # Within 2-byte tokens: dispatch bf16 and both fp8 kinds, combine bf16.
+    counts = {half: printed.count(f'"mori_ep.{half}"') for half in ("dispatch_send", "dispatch_recv", "combine_send",
+                                                                    "combine_recv")}  # fmt: skip
+    assert counts == {"dispatch_send": 3, "dispatch_recv": 3, "combine_send": 1, "combine_recv": 1}
+    for key, value in options.ir_attributes().items():
+        assert printed.count(f"{key} = {value} : i64") == 8
 
 
 # ---- phase order -----------------------------------------------------------------------------------------

@@ -248,21 +248,25 @@ def ring_bundle(cache_root=None):
 
 
 def ep_bundles(cache_root, configs, *, virtual_pes: bool = True) -> list:
-    """The EP kernel bundles of ``configs`` (EpDispatchCombineConfig), as EpDispatchCombineOp builds them."""
+    """The EP kernel bundles of ``configs`` (EpDispatchCombineConfig, or (config, AsyncLL options) pairs),
+    as EpDispatchCombineOp builds them."""
     from mori_compiler.ops import ep_bundle
 
-    bundles = (ep_bundle(c, TARGET, virtual_pes=virtual_pes, cache_root=cache_root) for c in configs)
+    pairs = [c if isinstance(c, tuple) else (c, None) for c in configs]
+    bundles = (ep_bundle(c, TARGET, virtual_pes=virtual_pes, asyncll=o, cache_root=cache_root) for c, o in pairs)
     return list({b.key: b for b in bundles}.values())  # configs that differ only at run time share one
 
 
 def precompile_all(cache_root) -> list:
     """Every bundle the GPU tests load."""
     import test_ep_gpu
+    import test_ep_ll_gpu
     import test_ep_multigpu
 
     bundles = [bundle(cache_root), bundle(cache_root, virtual_pes=False), ring_bundle(cache_root)]
     multi = [test_ep_multigpu.multi_gpu_config(w, 0) for w in (2, 4, 8)]
     return (bundles + ep_bundles(cache_root, list(test_ep_gpu.all_configs()))
+            + ep_bundles(cache_root, list(test_ep_ll_gpu.all_configs()))
             + ep_bundles(cache_root, multi, virtual_pes=False))  # fmt: skip
 
 

@@ -39,10 +39,10 @@ def pes(request):
 
 
 def _config(n_pes, *, hidden=7168, m=64, er=4, k=4, tok=2, scale_dim=0, scale_type_size=4, external=False, cap=0,
-            blocks=16, warps=4):  # fmt: skip
-    from mori_compiler.ops import EpDispatchCombineConfig
+            blocks=16, warps=4, kind="IntraNode"):  # fmt: skip
+    from mori_compiler.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType
 
-    return EpDispatchCombineConfig(data_type="bf16", rank=0, world_size=n_pes, hidden_dim=hidden, scale_dim=scale_dim,
+    return EpDispatchCombineConfig(kernel_type=EpDispatchCombineKernelType[kind], data_type="bf16", rank=0, world_size=n_pes, hidden_dim=hidden, scale_dim=scale_dim,
                                    scale_type_size=scale_type_size, max_token_type_size=tok,
                                    max_num_inp_token_per_rank=m, num_experts_per_rank=er, num_experts_per_token=k,
                                    warp_num_per_block=warps, block_num=blocks, max_total_recv_tokens=cap,
@@ -70,6 +70,8 @@ def _bits(t) -> np.ndarray:
 
 def _counts(mode: str, n_pes: int, m: int, seed: int) -> list[int]:
     rng = np.random.default_rng(seed)
+    if mode.isdigit():  # the same fixed count on every PE
+        return [min(int(mode), m)] * n_pes
     if mode == "zero":
         return [0] * n_pes
     if mode == "one":
@@ -106,6 +108,10 @@ def run_round(op, shape, *, routing: str, counts: str, dtype: str, combine_dtype
     if not check:
         return outs
     src_pos = op.get_dispatch_src_token_pos()
+    if op.is_async:  # rows grouped by source PE in PE order (within a source: slot order, not checked)
+        layout = ref.asyncll_layout(idx_np, shape)
+        for p in range(n_pes):
+            ref.check_asyncll_layout(p, src_pos[p].cpu().numpy(), len(src_pos[p]), layout, shape, strict_order=False)
     x_bits = [_bits(x) for x in xs]
     s_bits = [v.view(np.uint8) for v in s_np] if scales else None
     expected = ref.expected_recv_rows(x_bits, w_np if weights else None, s_bits, idx_np, shape)
@@ -288,7 +294,7 @@ def test_bad_inputs_raise_before_launch(pes):
             from mori_compiler.ops import EpDispatchCombineKernelType
 
             c = _config(pes, hidden=4096, m=8)
-            c.kernel_type = EpDispatchCombineKernelType.AsyncLL
+            c.kernel_type = EpDispatchCombineKernelType.InterNodeV1
             EpDispatchCombineOp(c)
     finally:
         op.close()

@@ -284,7 +284,7 @@ module attributes {gpu.container_module} {
 module attributes {gpu.container_module} {
   gpu.module @ep {
     // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine_recv' attribute 'dtype' must be one of 'bf16', 'f32', got 'fp8_e4m3fn'
-    "mori_ep.combine_recv"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "fp8_e4m3fn", top_k = 8 : i64, early_notify = 0 : i64, fused_recv = 0 : i64} : () -> ()
+    "mori_ep.combine_recv"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "fp8_e4m3fn", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, early_notify = 0 : i64, fused_recv = 0 : i64} : () -> ()
   }
 }
 
@@ -293,7 +293,7 @@ module attributes {gpu.container_module} {
 module attributes {gpu.container_module} {
   gpu.module @ep {
     // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch_send' attribute 'early_notify' (MORI_ASYNCLL_EARLY_NOTIFY) must be 0 or 1, got 2
-    "mori_ep.dispatch_send"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, early_notify = 2 : i64, fused_recv = 0 : i64} : () -> ()
+    "mori_ep.dispatch_send"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, early_notify = 2 : i64, fused_recv = 0 : i64} : () -> ()
   }
 }
 
@@ -301,7 +301,7 @@ module attributes {gpu.container_module} {
 module attributes {gpu.container_module} {
   gpu.module @ep {
     // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch_recv' attribute 'fused_recv' = 1 needs 'early_notify' = 1
-    "mori_ep.dispatch_recv"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, early_notify = 0 : i64, fused_recv = 1 : i64} : () -> ()
+    "mori_ep.dispatch_recv"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, early_notify = 0 : i64, fused_recv = 1 : i64} : () -> ()
   }
 }
 
@@ -311,6 +311,6 @@ module attributes {gpu.container_module} {
   gpu.module @ep {
     // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 2]]:5: 'mori_ep.combine_send' missing attribute 'early_notify'
     // CHECK-NEXT: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine_send' missing attribute 'fused_recv'
-    "mori_ep.combine_send"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64} : () -> ()
+    "mori_ep.combine_send"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64} : () -> ()
   }
 }

@@ -80,20 +80,20 @@ module attributes {gpu.container_module} {
 
 // -----
 
-// The send/recv halves (declared for the low-latency kernels; no lowering yet) parse and print.
+// The AsyncLL send/recv halves parse and print (their lowering: Conversion/mori-ep-to-kernels-asyncll.mlir).
 // CHECK-LABEL: gpu.module @halves
 // The AsyncLL notification mode (early_notify, fused_recv) is part of each half: all three allowed pairs.
-// CHECK-NEXT: "mori_ep.dispatch_send"() {dtype = "bf16", early_notify = 0 : i64, fused_recv = 0 : i64, hidden = 7168 : i64, top_k = 8 : i64, world_size = 8 : i64} : () -> ()
-// CHECK-NEXT: "mori_ep.dispatch_recv"() {dtype = "fp8_e4m3fn", early_notify = 1 : i64, fused_recv = 0 : i64, hidden = 7168 : i64, top_k = 8 : i64, world_size = 8 : i64} : () -> ()
-// CHECK-NEXT: "mori_ep.combine_send"() {dtype = "bf16", early_notify = 1 : i64, fused_recv = 1 : i64, hidden = 4096 : i64, top_k = 4 : i64, world_size = 16 : i64} : () -> ()
-// CHECK-NEXT: "mori_ep.combine_recv"() {dtype = "f32", early_notify = 1 : i64, fused_recv = 1 : i64, hidden = 4096 : i64, top_k = 4 : i64, world_size = 16 : i64} : () -> ()
+// CHECK-NEXT: "mori_ep.dispatch_send"() {dtype = "bf16", early_notify = 0 : i64, experts_per_rank = 32 : i64, fused_recv = 0 : i64, hidden = 7168 : i64, max_recv_per_rank = 128 : i64, max_tokens_per_rank = 128 : i64, scale_bytes = 0 : i64, top_k = 8 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, world_size = 8 : i64} : () -> ()
+// CHECK-NEXT: "mori_ep.dispatch_recv"() {dtype = "fp8_e4m3fn", early_notify = 1 : i64, experts_per_rank = 32 : i64, fused_recv = 0 : i64, hidden = 7168 : i64, max_recv_per_rank = 128 : i64, max_tokens_per_rank = 128 : i64, scale_bytes = 0 : i64, top_k = 8 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, world_size = 8 : i64} : () -> ()
+// CHECK-NEXT: "mori_ep.combine_send"() {dtype = "bf16", early_notify = 1 : i64, experts_per_rank = 32 : i64, fused_recv = 1 : i64, hidden = 4096 : i64, max_recv_per_rank = 128 : i64, max_tokens_per_rank = 128 : i64, top_k = 4 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, world_size = 16 : i64} : () -> ()
+// CHECK-NEXT: "mori_ep.combine_recv"() {dtype = "f32", early_notify = 1 : i64, experts_per_rank = 32 : i64, fused_recv = 1 : i64, hidden = 4096 : i64, max_recv_per_rank = 128 : i64, max_tokens_per_rank = 128 : i64, top_k = 4 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, world_size = 16 : i64} : () -> ()
 // CHECK-NEXT: }
 module attributes {gpu.container_module} {
   gpu.module @halves {
-    "mori_ep.dispatch_send"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, early_notify = 0 : i64, fused_recv = 0 : i64} : () -> ()
-    "mori_ep.dispatch_recv"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "fp8_e4m3fn", top_k = 8 : i64, early_notify = 1 : i64, fused_recv = 0 : i64} : () -> ()
-    "mori_ep.combine_send"() {world_size = 16 : i64, hidden = 4096 : i64, dtype = "bf16", top_k = 4 : i64, early_notify = 1 : i64, fused_recv = 1 : i64} : () -> ()
-    "mori_ep.combine_recv"() {world_size = 16 : i64, hidden = 4096 : i64, dtype = "f32", top_k = 4 : i64, early_notify = 1 : i64, fused_recv = 1 : i64} : () -> ()
+    "mori_ep.dispatch_send"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, early_notify = 0 : i64, fused_recv = 0 : i64} : () -> ()
+    "mori_ep.dispatch_recv"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "fp8_e4m3fn", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, early_notify = 1 : i64, fused_recv = 0 : i64} : () -> ()
+    "mori_ep.combine_send"() {world_size = 16 : i64, hidden = 4096 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, early_notify = 1 : i64, fused_recv = 1 : i64} : () -> ()
+    "mori_ep.combine_recv"() {world_size = 16 : i64, hidden = 4096 : i64, dtype = "f32", top_k = 4 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, early_notify = 1 : i64, fused_recv = 1 : i64} : () -> ()
   }
 }
 
