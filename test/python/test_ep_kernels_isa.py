@@ -161,13 +161,13 @@ def test_sm90_ptx_has_all_kernels_and_no_local_memory(bundle, virtual_pes):
         ({"world_size": 48}, 64, r"config\.world_size 48 exceeds 32 \(one lane per peer in the count handshake\)"),
         ({"world_size": 33}, 32, r"config\.world_size 33 exceeds 32"),
         ({"hidden_dim": 7000}, 64, r"config\.hidden_dim 7000 must be a multiple of 16"),
-        ({"kernel_type": EpDispatchCombineKernelType.AsyncLL}, 64,
-         r"kernel_type AsyncLL is not implemented in this version \(IntraNode only\)"),
+        ({"kernel_type": EpDispatchCombineKernelType.IntraNodeLL, "warp_num_per_block": 1}, 64,
+         r"IntraNodeLL needs >= 2 warps per block"),
         ({"kernel_type": EpDispatchCombineKernelType.InterNodeV1}, 64, r"kernel_type InterNodeV1 is not implemented"),
         ({"quant_type": "fp8_direct_cast"}, 64,
          r"quant_type 'fp8_direct_cast' is not implemented in this version \(only 'none'\)"),
     ],
-    ids=["top-k-64-wave64", "top-k-32-wave32", "world-48", "world-33-wave32", "hidden-7000", "async-ll",
+    ids=["top-k-64-wave64", "top-k-32-wave32", "world-48", "world-33-wave32", "hidden-7000", "ll-one-warp",
          "internode-v1", "quant-fp8"],  # fmt: skip
 )  # fmt: skip
 def test_validate_config_rejects(overrides, wave, message):
