@@ -179,3 +179,53 @@ def test_validate_config_accepts_the_limits():
     """The largest supported values pass: top-k = wave - 1, 32 PEs, hidden a multiple of 16."""
     validate_config(make_config(num_experts_per_token=63, world_size=32, hidden_dim=16), 64)
     validate_config(make_config(num_experts_per_token=31, world_size=32), 32)
+
+
+# ---- the low-latency kernel types: IntraNodeLL and AsyncLL in each notification mode ------------------
+
+LL_VARIANTS = {
+    # name: (kernel type, AsyncLL options or None, kernels of a bf16-wide bundle)
+    "intranode-ll": (EpDispatchCombineKernelType.IntraNodeLL, None,
+                     ("ep_dispatch_ll_bf16", "ep_dispatch_ll_fp8_e4m3fn", "ep_dispatch_ll_fp8_e4m3fnuz",
+                      "ep_combine_pull_bf16", "ep_combine_push_bf16")),
+    **{f"asyncll-{mode}": (EpDispatchCombineKernelType.AsyncLL, mode,
+                           tuple(f"ep_async_{half}_{dt}" for half in ("dispatch_send", "dispatch_recv")
+                                 for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz"))
+                           + ("ep_async_combine_send_bf16", "ep_async_combine_recv_bf16"))
+       for mode in ("count_after_quiet", "early_notify", "early_notify_fused_recv")},
+}  # fmt: skip
+_MODE_FLAGS = {"count_after_quiet": {}, "early_notify": {"early_notify": 1},
+               "early_notify_fused_recv": {"early_notify": 1, "fused_recv": 1}}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", list(LL_VARIANTS))
+@pytest.mark.parametrize("target", AMDGPU_TARGETS + ("sm_90",))
+def test_low_latency_kernels_compile_for_every_target(target, variant):
+    """Every LL/AsyncLL kernel compiles for every target without scratch (AMDGPU) or local memory (PTX);
+    the LL dispatch keeps its ping-pong route buffer in LDS / shared memory."""
+    from mori_compiler.ops.asyncll import resolve
+
+    kind, mode, kernels = LL_VARIANTS[variant]
+    cfg = make_config(kernel_type=kind, scale_dim=56, scale_type_size=4)
+    wave = get_target(target).wave_size
+    validate_config(cfg, wave)
+    options = resolve({}, **_MODE_FLAGS[mode]) if mode else None
+    source = kernel_module_source(cfg, wave, options)
+    if mode:
+        assert source.count(f"early_notify = {int(options.early_notify)} : i64") == len(kernels)
+    stop = None if _can_link_hsaco() or not get_target(target).is_amdgpu else "object"
+    result = compile_source(source, CompileOptions(target=target), filename=f"<{variant} {target}>", stop_after=stop)
+    assert sorted(result.kernels) == sorted(kernels)
+    if not get_target(target).is_amdgpu:
+        ptx = result.binary.decode()
+        assert "__local_depot" not in ptx and ".local" not in ptx
+        if kind == EpDispatchCombineKernelType.IntraNodeLL:
+            assert re.search(r"\.shared \.align \d+ \.b8 ep_dispatch_ll_bf16_route\[136\]", ptx), "route buffer"
+        return
+    info = read_amdgpu_code_object(result.binary)
+    report = format_resource_report(info)
+    for k in info.kernels:
+        assert k.scratch_bytes == 0, f"{k.name} uses {k.scratch_bytes} bytes of scratch\n{report}"
+        assert k.vgpr_spill_count == 0, f"{k.name} spills {k.vgpr_spill_count} VGPRs\n{report}"
+        want_lds = 2 * (1 + 2 * 8) * 4 if k.name.startswith("ep_dispatch_ll_") else 0  # two (count, 8 x (pe, slot))
+        assert k.lds_bytes == want_lds, f"{k.name}: LDS {k.lds_bytes}, expected {want_lds}\n{report}"
