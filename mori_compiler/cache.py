@@ -1,8 +1,9 @@
 """Compile once per configuration: bundles keyed by what went into them.
 
-The key is a SHA-256 over the MLIR source, the compile options, the compiler and toolchain versions and
-the *content* of every linked device bitcode (never its path), so a changed input can never reuse an old
-binary. Bundles live in ``MORI_COMPILER_CACHE_DIR`` (default ``~/.cache/mori_compiler``).
+The key is a SHA-256 over the MLIR source, the compile options, the compiler and toolchain versions, a
+digest of the compiler's own code-generating sources (passes, dialects, pipeline: a changed lowering must
+not reuse binaries of the old one, even at the same version number) and the *content* of every linked
+device bitcode (never its path), so a changed input can never reuse an old binary. Bundles live in ``MORI_COMPILER_CACHE_DIR`` (default ``~/.cache/mori_compiler``).
 """
 
 from __future__ import annotations
@@ -23,9 +24,34 @@ from .runtime.bundle import (Bundle, KernelInfo, KernelParam, find_bundle, find_
 COMPILER_VERSION = f"mori_compiler {__version__}"
 
 
+# What generates code: every file of these packages, and these modules (all under mori_compiler).
+_CODEGEN_PACKAGES = ("passes", "dialects")
+_CODEGEN_MODULES = ("pipeline.py", "pass_pipeline.py", "options.py", "targets.py", "_mlir.py")
+
+
+def codegen_source_files() -> list[Path]:
+    """The compiler's code-generating source files, in a fixed order."""
+    import importlib
+
+    root = Path(__file__).resolve().parent
+    files = [root / m for m in _CODEGEN_MODULES]
+    for package in _CODEGEN_PACKAGES:  # located by import: package-dir maps them to the top-level folders
+        base = Path(importlib.import_module(f"{__package__}.{package}").__file__).resolve().parent
+        files += sorted(f for f in base.rglob("*") if f.suffix in (".py", ".mlir") and "__pycache__" not in f.parts)
+    return files
+
+
+def compiler_source_digest() -> str:
+    """SHA-256 (16 hex digits) over :func:`codegen_source_files`."""
+    h = hashlib.sha256()
+    for f in codegen_source_files():
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 @functools.lru_cache(maxsize=None)
 def toolchain_fingerprint() -> str:
-    """Versions that change generated code; fixed for the life of the process (read once)."""
+    """Versions (and the compiler's source digest) that change generated code; read once per process."""
     import llvmlite
 
     from importlib.metadata import PackageNotFoundError, version
@@ -34,7 +60,8 @@ def toolchain_fingerprint() -> str:
         mlir_version = version("xtc-mlir-python-bindings")
     except PackageNotFoundError:
         mlir_version = "unknown"
-    return f"mori_compiler {__version__}; mlir {mlir_version}; llvmlite {llvmlite.__version__}"
+    return (f"mori_compiler {__version__} ({compiler_source_digest()}); mlir {mlir_version}; "
+            f"llvmlite {llvmlite.__version__}")  # fmt: skip
 
 
 def bundle_key(source: str, options: CompileOptions, bitcode_paths, extra: dict | None = None) -> str:

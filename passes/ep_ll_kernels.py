@@ -34,12 +34,13 @@ graph replay is correct.
   this PE, ordered by the grid barrier's fences) and store the tagged count into PE p's ``sig[r % 2][me]``.
 * ``ep_async_dispatch_recv_<dtype>``: without ``early_notify``, block 0 warp 0 lanes p < W first post
   the tagged counts (fence, then store: the send kernel's stores completed at its end, the fence orders
-  them before the signal). Then the waits: ``fused_recv`` = per source s, thread 0 of **every** block
-  polls ``sig[r % 2][s]`` until it carries tag r + 1, fences (acquire) and a block barrier releases the
-  block's copy warps for source s (copies of source 0 start as soon as source 0 is ready); otherwise
-  block 0 warp 0 lanes s < W poll all sources, fence, and a grid barrier releases every block. Records
-  are copied to ``out`` rows grouped by source in PE order (exclusive prefix sum of the counts), within a
-  source in slot order; ``rmap[row] = s * Rp + i`` remembers where each row came from.
+  them before the signal). Then the waits: ``fused_recv`` = warp 0 lanes s < W of **every** block poll
+  ``sig[r % 2][s]`` until it carries tag r + 1, fence (acquire), and a block barrier releases the
+  block's copy warps (no grid-wide step); otherwise block 0 warp 0 polls, fences, and a grid barrier
+  releases every block. Every warp then reads the counts (lane s: source s; an exclusive prefix sum by
+  shuffles gives each source's first output row) and walks all received rows, so the copy uses the whole
+  grid whatever the split between sources: rows grouped by source in PE order, within a source in slot
+  order; ``rmap[row] = s * Rp + i`` remembers where each row came from.
 * ``ep_async_combine_send_<dtype>``: each received row i goes back to its source s = rmap[i] / Rp into
   s's combine region ``[r % 2][me][rmap[i] % Rp]`` (with its weights); with ``early_notify`` a grid
   barrier and the tagged signal (fence, store into PE p's ``csig[r % 2][me]``) follow.
@@ -344,15 +345,7 @@ def async_dispatch_recv_kernel(cfg: EpKernelConfig, early_notify: bool, fused_re
       %tag_hi = arith.shli %tag, %thirty_two : i64
       %below = arith.subi %tag_hi, %one64 : i64
 """
-    if fused_recv:
-        wait_all, wait_one = "", f"""        scf.if %t0 {{
-          %s_seen = "mori_shmem.wait_until"(%sp, %below) {{cmp = "greater_than", elem = "uint64"}} : ({P}, i64) -> i64
-          "mori_shmem.fence"() : () -> ()
-        }}
-        gpu.barrier
-"""
-    else:
-        wait_all, wait_one = _wait_all("%sig", "%below", fused=False), ""
+    wait_all = _wait_all("%sig", "%below", fused=fused_recv)
     scales = ""
     if cfg.scale_bytes:
         scales = f"""          %sb = arith.constant {cfg.scale_bytes} : i64
@@ -367,21 +360,47 @@ def async_dispatch_recv_kernel(cfg: EpKernelConfig, early_notify: bool, fused_re
         %total: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
 {_prologue(cfg)}{_common(cfg, "%rounds", 0)}      %row = arith.constant {cfg.row_bytes} : i64
 {tag_below}{post}{wait_all}      %mask32 = arith.constant 4294967295 : i64
-      %Wx = arith.index_cast %W : i32 to index
       // Rows grouped by source in PE order: source s starts at the sum of the counts of sources < s.
-      %sum = scf.for %s_x = %c0x to %Wx step %c1x iter_args(%base = %c0i) -> (i32) {{
-        %src = arith.index_cast %s_x : index to i32
-        %si = arith.addi %parW, %src : i32
+      // Lane s holds source s's count and that exclusive prefix; every warp walks the rows of all sources.
+      %src_lane = arith.cmpi ult, %lane, %W : i32
+      %my_c = scf.if %src_lane -> (i32) {{
+        %si = arith.addi %parW, %lane : i32
         %sp = llvm.getelementptr %sig[%si] : ({P}, i32) -> {P}, i64
-{wait_one}        %v = "mori_shmem.wait_until"(%sp, %below) {{cmp = "greater_than", elem = "uint64"}} : ({P}, i64) -> i64
+        %v = "mori_shmem.wait_until"(%sp, %below) {{cmp = "greater_than", elem = "uint64"}} : ({P}, i64) -> i64
         %c64 = arith.andi %v, %mask32 : i64
-        %c = arith.trunci %c64 : i64 to i32
-        %c_x = arith.index_cast %c : i32 to index
+        %cv = arith.trunci %c64 : i64 to i32
+        scf.yield %cv : i32
+      }} else {{
+        scf.yield %c0i : i32
+      }}
+      %Wx = arith.index_cast %W : i32 to index
+      %my_start, %sum = scf.for %j = %c0x to %Wx step %c1x iter_args(%ex = %c0i, %all = %c0i) -> (i32, i32) {{
+        %j32 = arith.index_cast %j : index to i32
+        %cj, %okj = gpu.shuffle idx %my_c, %j32, %wave : i32
+        %earlier = arith.cmpi ult, %j32, %lane : i32
+        %add = arith.select %earlier, %cj, %c0i : i32
+        %ex2 = arith.addi %ex, %add : i32
+        %all2 = arith.addi %all, %cj : i32
+        scf.yield %ex2, %all2 : i32, i32
+      }}
+      %my_end = arith.addi %my_start, %my_c : i32
+      %sum_x = arith.index_cast %sum : i32 to index
+      scf.for %r_x = %gw to %sum_x step %nw {{
+        %orow = arith.index_cast %r_x : index to i32
+        // The source of row r: the number of sources whose rows all come before r.
+        %src = scf.for %j = %c0x to %Wx step %c1x iter_args(%sacc = %c0i) -> (i32) {{
+          %j32 = arith.index_cast %j : index to i32
+          %ej, %okj = gpu.shuffle idx %my_end, %j32, %wave : i32
+          %before = arith.cmpi ule, %ej, %orow : i32
+          %one = arith.select %before, %c1i, %c0i : i32
+          %s2 = arith.addi %sacc, %one : i32
+          scf.yield %s2 : i32
+        }}
+        %base, %okb = gpu.shuffle idx %my_start, %src, %wave : i32
+        %i = arith.subi %orow, %base : i32
+        %si = arith.addi %parW, %src : i32
         %region0 = arith.muli %si, %Rp : i32
-        scf.for %i_x = %gw to %c_x step %nw {{
-          %i = arith.index_cast %i_x : index to i32
           %srow = arith.addi %region0, %i : i32
-          %orow = arith.addi %base, %i : i32
           %srow64 = arith.extui %srow : i32 to i64
           %orow64 = arith.extui %orow : i32 to i64
           %so = arith.muli %srow64, %row : i64
@@ -413,9 +432,6 @@ def async_dispatch_recv_kernel(cfg: EpKernelConfig, early_notify: bool, fused_re
             %qm = llvm.getelementptr %rmap[%orow] : ({P}, i32) -> {P}, i32
             llvm.store %m, %qm : i32, {P}
           }}
-        }}
-        %next = arith.addi %base, %c : i32
-        scf.yield %next : i32
       }}
       scf.if %first_thread {{
         llvm.store %sum, %total : i32, {P}

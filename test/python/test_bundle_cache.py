@@ -135,6 +135,22 @@ def test_bundle_key_follows_the_toolchain(example_source, monkeypatch):
     assert cache.bundle_key(example_source, CompileOptions(), []) != key
 
 
+def test_bundle_key_follows_the_compilers_own_sources(tmp_path, monkeypatch):
+    """A changed lowering (same version number) must not reuse binaries of the old one."""
+    files = cache.codegen_source_files()
+    names = {(f.parent.name, f.name) for f in files}
+    assert {("passes", "ep_ll_kernels.py"), ("passes", "ep_blocks.py"), ("dialects", "mori_ep.irdl.mlir"),
+            ("mori_compiler", "pipeline.py")} <= names  # fmt: skip
+    digest = cache.compiler_source_digest()
+    assert digest in cache.toolchain_fingerprint()
+    copy = tmp_path / files[-1].name
+    copy.write_bytes(files[-1].read_bytes())
+    monkeypatch.setattr(cache, "codegen_source_files", lambda: files[:-1] + [copy])
+    assert cache.compiler_source_digest() == digest
+    copy.write_bytes(copy.read_bytes() + b"# an edit")
+    assert cache.compiler_source_digest() != digest
+
+
 def test_changed_bitcode_content_recompiles(tmp_path, example_source):
     lib = tmp_path / "lib.bc"
     write_stub_bitcode(lib, "amdgcn-amd-amdhsa")
