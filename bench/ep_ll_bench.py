@@ -118,6 +118,10 @@ def measure(label, kind, mode, blocks, args, copy_bps) -> tuple[list[dict], dict
             gc = _graph(lambda: op.combine(ys, None, idxs, block_num=cblocks))
             row("combine", "bf16", _median_replay_us(gc, args.reps), totals, 2, comb_bytes)
             if kind == "AsyncLL":
+                gs, gr = _phase_graphs(lambda: op.combine_send(ys, None, idxs, block_num=cblocks),
+                                       lambda: op.combine_recv(block_num=cblocks))  # fmt: skip
+                for leg, gg in (("combine_send", gs), ("combine_recv", gr)):
+                    row(leg, "bf16", _median_replay_ordered(gs, gr, gg, args.reps), totals, 2, comb_bytes / 2)
                 overlap = measure_overlap(op, xs, ws, idxs, args)
     finally:
         op.close()

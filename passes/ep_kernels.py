@@ -121,7 +121,7 @@ def _prologue(cfg: EpKernelConfig) -> str:
 """
 
 
-_ROUTE = """        %t = arith.index_cast %t_x : index to i32
+_ROUTE = """        %t = arith.index_cast {token} : index to i32
         %tK = arith.muli %t, %K : i32
         %slotidx = arith.addi %tK, %lane : i32
         %e = scf.if %is_k -> (i32) {{
@@ -181,13 +181,14 @@ _REMOTE_RESERVE = """          %sl = "mori_ep.reserve_slot"(%slot_ctr, %pe) : ({
 """
 
 
-def route_token(*, reserve: str = "", capacity: str = "%R", count_dest: bool = True) -> str:
+def route_token(*, reserve: str = "", capacity: str = "%R", count_dest: bool = True, token: str = "%t_x") -> str:
     """Per token %t_x (one warp; lanes < K hold one expert slot each): read the expert id, drop invalid
     ids and duplicates per destination PE (the lowest k represents it), reserve a slot on the
     destination (``reserve`` sets %sl from %pe; default: ``mori_ep.reserve_slot`` on the peer's
     %slot_ctr), drop and count (%status) reservations at or past ``capacity``, and store the forward map
-    (pe * R + slot, or %NULL). Defines %t, %e, %pe, %slot, %ok, %ok32, %slotidx."""
-    return _ROUTE.format(P=P, reserve=reserve or _REMOTE_RESERVE.format(P=P), capacity=capacity,
+    (pe * R + slot, or %NULL). ``token``: the index value of the token. Defines %t, %e, %pe, %slot, %ok,
+    %ok32, %slotidx."""
+    return _ROUTE.format(P=P, token=token, reserve=reserve or _REMOTE_RESERVE.format(P=P), capacity=capacity,
                          count_dest=_DEST_COUNT.format(P=P) if count_dest else "")
 
 

@@ -7,10 +7,11 @@ writes, who waits, at which scope and in which order:
 **IntraNodeLL dispatch** ``ep_dispatch_ll_<dtype>`` (ep-semantics.md §3.3). One block per token
 (block-strided). Warp 0 is the control warp: it routes the token (dedup per destination, a remote slot
 reservation per destination, forward map), writes the compact route (count, then (pe, slot) pairs) into a
-ping-pong LDS buffer, and stores the ids, weights and source position to every destination. One
-``gpu.barrier`` per token publishes the route to the block (the buffer alternates per token, so the
-control warp never overwrites a route a data warp may still read: it writes buffer j % 2 only after
-every warp passed barrier j - 1). Warp 1 first copies the scales; warps 1.. then split the row into
+ping-pong LDS buffer, and stores the ids, weights and source position to every destination. The
+block is software-pipelined with one ``gpu.barrier`` per token: in step j the data warps copy token j
+(route in buffer j % 2) while the control warp routes token j + 1 into buffer (j + 1) % 2; the barrier
+ending step j publishes that route, and the buffer the control warp writes in step j + 1 is the one
+every data warp finished reading before that barrier (the first route is made before the loop). Warp 1 first copies the scales; warps 1.. then split the row into
 16-byte vectors, **load each vector once** (four in flight per lane) and store it to every destination,
 starting at a per-warp rotated destination so that the links are loaded evenly. Completion is
 IntraNode's (grid barrier, then the count handshake with its release/acquire fences), so IntraNode's
@@ -34,13 +35,12 @@ graph replay is correct.
   this PE, ordered by the grid barrier's fences) and store the tagged count into PE p's ``sig[r % 2][me]``.
 * ``ep_async_dispatch_recv_<dtype>``: without ``early_notify``, block 0 warp 0 lanes p < W first post
   the tagged counts (fence, then store: the send kernel's stores completed at its end, the fence orders
-  them before the signal). Then the waits: ``fused_recv`` = warp 0 lanes s < W of **every** block poll
-  ``sig[r % 2][s]`` until it carries tag r + 1, fence (acquire), and a block barrier releases the
-  block's copy warps (no grid-wide step); otherwise block 0 warp 0 polls, fences, and a grid barrier
-  releases every block. Every warp then reads the counts (lane s: source s; an exclusive prefix sum by
-  shuffles gives each source's first output row) and walks all received rows, so the copy uses the whole
-  grid whatever the split between sources: rows grouped by source in PE order, within a source in slot
-  order; ``rmap[row] = s * Rp + i`` remembers where each row came from.
+  them before the signal). Then the waits: ``fused_recv`` = per source s, thread 0 of **every** block
+  polls ``sig[r % 2][s]`` until it carries tag r + 1, fences (acquire) and a block barrier releases the
+  block's copy warps for source s (copies of source 0 start as soon as source 0 is ready); otherwise
+  block 0 warp 0 lanes s < W poll all sources, fence, and a grid barrier releases every block. Records
+  are copied to ``out`` rows grouped by source in PE order (exclusive prefix sum of the counts), within a
+  source in slot order; ``rmap[row] = s * Rp + i`` remembers where each row came from.
 * ``ep_async_combine_send_<dtype>``: each received row i goes back to its source s = rmap[i] / Rp into
   s's combine region ``[r % 2][me][rmap[i] % Rp]`` (with its weights); with ``early_notify`` a grid
   barrier and the tagged signal (fence, store into PE p's ``csig[r % 2][me]``) follow.
@@ -77,6 +77,38 @@ def _common(cfg: EpKernelConfig, counter: str, index: int) -> str:
       %w0 = arith.cmpi eq, %warp_in_block, %c0x : index
       %first_warp = arith.andi %b0, %w0 : i1
       %Rp = arith.constant {cfg.max_recv_per_rank} : i32
+"""
+
+
+def _control_warp(cfg: EpKernelConfig, token: str) -> str:
+    """The control warp's work for one token (index value ``token``), its route going to the LDS buffer
+    at %cbase: routing and slot reservation, the compact route (count, then (pe, slot) per destination),
+    and the ids, weights and source position stored to every destination."""
+    return f"""        %cbase1 = arith.addi %cbase, %c1i : i32
+{route_token(token=token)}{_TOKEN_SOURCE.format(P=P)}          // Compact the route: destination i of the token is the i-th representative lane.
+          %before, %count = scf.for %j = %c0x to %Kx step %c1x iter_args(%bf = %c0i, %ct = %c0i) -> (i32, i32) {{
+            %j32 = arith.index_cast %j : index to i32
+            %okj, %vj = gpu.shuffle idx %ok32, %j32, %wave : i32
+            %earlier = arith.cmpi ult, %j32, %lane : i32
+            %add = arith.select %earlier, %okj, %c0i : i32
+            %bf2 = arith.addi %bf, %add : i32
+            %ct2 = arith.addi %ct, %okj : i32
+            scf.yield %bf2, %ct2 : i32, i32
+          }}
+          scf.if %ok {{
+            %pi0 = arith.muli %before, %c2i : i32
+            %pi = arith.addi %cbase1, %pi0 : i32
+            %ppe = llvm.getelementptr %route[%pi] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, i32
+            llvm.store %pe, %ppe : i32, !llvm.ptr<3>
+            %psl = llvm.getelementptr %ppe[1] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i32
+            llvm.store %slot, %psl : i32, !llvm.ptr<3>
+          }}
+          scf.if %lane0 {{
+            %pn = llvm.getelementptr %route[%cbase] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, i32
+            llvm.store %count, %pn : i32, !llvm.ptr<3>
+          }}
+          %dbase = arith.constant 0 : i32
+{send_to_destinations(cfg, rows=False)}
 """
 
 
@@ -173,35 +205,24 @@ def dispatch_ll_kernel(cfg: EpKernelConfig) -> str:
       %warp32 = arith.index_cast %warp_in_block : index to i32
       %dtid = arith.subi %tid_i, %wave_x : index
       %n_x = arith.index_cast %n : i32 to index
+      // Software pipeline, one block barrier per token: while the data warps copy token t (route in
+      // buffer t's parity), the control warp routes token t + grid into the other buffer.
+      %has_first = arith.cmpi ult, %bid_i, %n_x : index
+      %ctl_first = arith.andi %control, %has_first : i1
+      scf.if %ctl_first {{
+        %cbase = arith.constant 0 : i32
+{_control_warp(cfg, "%bid_i")}      }}
+      gpu.barrier
       %last_buf = scf.for %t_x = %bid_i to %n_x step %nb_i iter_args(%buf = %c0i) -> (i32) {{
         %rbase = arith.muli %buf, %half : i32
         %rbase1 = arith.addi %rbase, %c1i : i32
-        scf.if %control {{
-{route_token()}{_TOKEN_SOURCE.format(P=P)}          // Compact the route: destination i of the token is the i-th representative lane.
-          %before, %count = scf.for %j = %c0x to %Kx step %c1x iter_args(%bf = %c0i, %ct = %c0i) -> (i32, i32) {{
-            %j32 = arith.index_cast %j : index to i32
-            %okj, %vj = gpu.shuffle idx %ok32, %j32, %wave : i32
-            %earlier = arith.cmpi ult, %j32, %lane : i32
-            %add = arith.select %earlier, %okj, %c0i : i32
-            %bf2 = arith.addi %bf, %add : i32
-            %ct2 = arith.addi %ct, %okj : i32
-            scf.yield %bf2, %ct2 : i32, i32
-          }}
-          scf.if %ok {{
-            %pi0 = arith.muli %before, %c2i : i32
-            %pi = arith.addi %rbase1, %pi0 : i32
-            %ppe = llvm.getelementptr %route[%pi] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, i32
-            llvm.store %pe, %ppe : i32, !llvm.ptr<3>
-            %psl = llvm.getelementptr %ppe[1] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i32
-            llvm.store %slot, %psl : i32, !llvm.ptr<3>
-          }}
-          scf.if %lane0 {{
-            %pn = llvm.getelementptr %route[%rbase] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, i32
-            llvm.store %count, %pn : i32, !llvm.ptr<3>
-          }}
-          %dbase = arith.constant 0 : i32
-{send_to_destinations(cfg, rows=False)}        }}
-        gpu.barrier
+        %t_next = arith.addi %t_x, %nb_i : index
+        %has_next = arith.cmpi ult, %t_next, %n_x : index
+        %ctl_next = arith.andi %control, %has_next : i1
+        scf.if %ctl_next {{
+          %nbuf = arith.xori %buf, %c1i : i32
+          %cbase = arith.muli %nbuf, %half : i32
+{_control_warp(cfg, "%t_next")}        }}
         scf.if %data {{
           %t = arith.index_cast %t_x : index to i32
           %t64 = arith.extui %t : i32 to i64
@@ -217,6 +238,7 @@ def dispatch_ll_kernel(cfg: EpKernelConfig) -> str:
 {stores}
           }}
         }}
+        gpu.barrier
         %next = arith.xori %buf, %c1i : i32
         scf.yield %next : i32
       }}
@@ -345,7 +367,15 @@ def async_dispatch_recv_kernel(cfg: EpKernelConfig, early_notify: bool, fused_re
       %tag_hi = arith.shli %tag, %thirty_two : i64
       %below = arith.subi %tag_hi, %one64 : i64
 """
-    wait_all = _wait_all("%sig", "%below", fused=fused_recv)
+    if fused_recv:
+        wait_all, wait_one = "", f"""        scf.if %t0 {{
+          %s_seen = "mori_shmem.wait_until"(%sp, %below) {{cmp = "greater_than", elem = "uint64"}} : ({P}, i64) -> i64
+          "mori_shmem.fence"() : () -> ()
+        }}
+        gpu.barrier
+"""
+    else:
+        wait_all, wait_one = _wait_all("%sig", "%below", fused=False), ""
     scales = ""
     if cfg.scale_bytes:
         scales = f"""          %sb = arith.constant {cfg.scale_bytes} : i64
@@ -360,47 +390,21 @@ def async_dispatch_recv_kernel(cfg: EpKernelConfig, early_notify: bool, fused_re
         %total: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
 {_prologue(cfg)}{_common(cfg, "%rounds", 0)}      %row = arith.constant {cfg.row_bytes} : i64
 {tag_below}{post}{wait_all}      %mask32 = arith.constant 4294967295 : i64
-      // Rows grouped by source in PE order: source s starts at the sum of the counts of sources < s.
-      // Lane s holds source s's count and that exclusive prefix; every warp walks the rows of all sources.
-      %src_lane = arith.cmpi ult, %lane, %W : i32
-      %my_c = scf.if %src_lane -> (i32) {{
-        %si = arith.addi %parW, %lane : i32
-        %sp = llvm.getelementptr %sig[%si] : ({P}, i32) -> {P}, i64
-        %v = "mori_shmem.wait_until"(%sp, %below) {{cmp = "greater_than", elem = "uint64"}} : ({P}, i64) -> i64
-        %c64 = arith.andi %v, %mask32 : i64
-        %cv = arith.trunci %c64 : i64 to i32
-        scf.yield %cv : i32
-      }} else {{
-        scf.yield %c0i : i32
-      }}
       %Wx = arith.index_cast %W : i32 to index
-      %my_start, %sum = scf.for %j = %c0x to %Wx step %c1x iter_args(%ex = %c0i, %all = %c0i) -> (i32, i32) {{
-        %j32 = arith.index_cast %j : index to i32
-        %cj, %okj = gpu.shuffle idx %my_c, %j32, %wave : i32
-        %earlier = arith.cmpi ult, %j32, %lane : i32
-        %add = arith.select %earlier, %cj, %c0i : i32
-        %ex2 = arith.addi %ex, %add : i32
-        %all2 = arith.addi %all, %cj : i32
-        scf.yield %ex2, %all2 : i32, i32
-      }}
-      %my_end = arith.addi %my_start, %my_c : i32
-      %sum_x = arith.index_cast %sum : i32 to index
-      scf.for %r_x = %gw to %sum_x step %nw {{
-        %orow = arith.index_cast %r_x : index to i32
-        // The source of row r: the number of sources whose rows all come before r.
-        %src = scf.for %j = %c0x to %Wx step %c1x iter_args(%sacc = %c0i) -> (i32) {{
-          %j32 = arith.index_cast %j : index to i32
-          %ej, %okj = gpu.shuffle idx %my_end, %j32, %wave : i32
-          %before = arith.cmpi ule, %ej, %orow : i32
-          %one = arith.select %before, %c1i, %c0i : i32
-          %s2 = arith.addi %sacc, %one : i32
-          scf.yield %s2 : i32
-        }}
-        %base, %okb = gpu.shuffle idx %my_start, %src, %wave : i32
-        %i = arith.subi %orow, %base : i32
+      // Rows grouped by source in PE order: source s starts at the sum of the counts of sources < s.
+      %sum = scf.for %s_x = %c0x to %Wx step %c1x iter_args(%base = %c0i) -> (i32) {{
+        %src = arith.index_cast %s_x : index to i32
         %si = arith.addi %parW, %src : i32
+        %sp = llvm.getelementptr %sig[%si] : ({P}, i32) -> {P}, i64
+{wait_one}        %v = "mori_shmem.wait_until"(%sp, %below) {{cmp = "greater_than", elem = "uint64"}} : ({P}, i64) -> i64
+        %c64 = arith.andi %v, %mask32 : i64
+        %c = arith.trunci %c64 : i64 to i32
+        %c_x = arith.index_cast %c : i32 to index
         %region0 = arith.muli %si, %Rp : i32
+        scf.for %i_x = %gw to %c_x step %nw {{
+          %i = arith.index_cast %i_x : index to i32
           %srow = arith.addi %region0, %i : i32
+          %orow = arith.addi %base, %i : i32
           %srow64 = arith.extui %srow : i32 to i64
           %orow64 = arith.extui %orow : i32 to i64
           %so = arith.muli %srow64, %row : i64
@@ -432,6 +436,9 @@ def async_dispatch_recv_kernel(cfg: EpKernelConfig, early_notify: bool, fused_re
             %qm = llvm.getelementptr %rmap[%orow] : ({P}, i32) -> {P}, i32
             llvm.store %m, %qm : i32, {P}
           }}
+        }}
+        %next = arith.addi %base, %c : i32
+        scf.yield %next : i32
       }}
       scf.if %first_thread {{
         llvm.store %sum, %total : i32, {P}

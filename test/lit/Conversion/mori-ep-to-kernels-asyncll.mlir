@@ -83,10 +83,12 @@ module attributes {gpu.container_module} {
 
 // -----
 
-// early_notify + fused_recv: no grid barrier in the receive phases: warp 0 of every block waits for all
-// sources, fences, and a block barrier releases the block's copies (dispatch) or reduction (combine).
+// early_notify + fused_recv: no grid barrier in the receive phases. Dispatch: per source, thread 0 of
+// every block waits, fences, and a block barrier releases that source's copies. Combine: warp 0 of every
+// block waits for all sources, fences, and a block barrier releases the reduction.
 // CHECK-LABEL: gpu.func @ep_async_dispatch_recv_bf16(
 // CHECK-NOT: "mori_ep.grid_barrier"
+// CHECK: scf.for
 // CHECK: "mori_shmem.wait_until"
 // CHECK-NEXT: "mori_shmem.fence"() : () -> ()
 // CHECK: gpu.barrier

@@ -107,6 +107,7 @@ def run_round(op, shape, *, routing: str, counts: str, dtype: str, combine_dtype
     outs = op.dispatch(xs, ws, ss, idxs)
     if not check:
         return outs
+    op.kernels.synchronize()  # with MORI_COMPILER_WAIT_LIMIT set, a wait that gave up is reported here
     src_pos = op.get_dispatch_src_token_pos()
     if op.is_async:  # rows grouped by source PE in PE order (within a source: slot order, not checked)
         layout = ref.asyncll_layout(idx_np, shape)
@@ -128,7 +129,7 @@ def run_round(op, shape, *, routing: str, counts: str, dtype: str, combine_dtype
         ys.append(y.contiguous())
         wys.append(out_w[:tot].clone() if weights else None)
     res = op.combine(ys, wys if weights else None, idxs)
-    torch.cuda.synchronize()
+    op.kernels.synchronize()
     for p in range(n_pes):
         out, out_w = res[p]
         n = ns[p]
