@@ -3,7 +3,7 @@
 # tests, compute-sanitizer memcheck on the test kernels, and the shmem and EP benchmarks. Logs go to $OUT
 # (or ./gpu-logs). Bundles must have been precompiled on a machine with the compiler:
 #   python test/python/gpu/kernels.py .bundles && python bench/shmem_kernels.py .bundles \
-#     && python bench/ep_bench.py --precompile .bundles
+#     && python bench/ep_bench.py --precompile .bundles && python bench/ep_ll_bench.py --precompile .bundles
 set -uo pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MORI_COMPILER_CACHE_DIR=$PWD/.bundles MORI_TEST_BUNDLES=$PWD/.bundles
@@ -24,8 +24,14 @@ if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
   timeout 200 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 20 \
     python3 -m pytest test/python/gpu/test_ep_gpu.py -q -p no:cacheprovider -k "2pes and not graph" \
     2>&1 | tee "$OUT/ep_memcheck.log" | tail -4 || status=1
+  timeout 200 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 20 \
+    python3 -m pytest test/python/gpu/test_ep_ll_gpu.py -q -p no:cacheprovider \
+    -k "2pes and oracle and (random-random-bf16 or 128-fp8 or zero or mixed)" \
+    2>&1 | tee "$OUT/ll_memcheck.log" | tail -4 || status=1
 fi
 for b in ${BENCH_BLOCKS:-132}; do timeout 120 python3 bench/shmem_bench.py --blocks $b --json "$OUT/shmem_bench_$b.json" 2>&1 | tee -a "$OUT/bench.log" || status=1; done
 timeout 150 python3 bench/ep_bench.py --json "$OUT/ep_bench.json" --png "$OUT/ep_bench.png" 2>&1 \
   | tee "$OUT/ep_bench.log" | tail -11 || status=1
+timeout 120 python3 bench/ep_ll_bench.py --ll-blocks 16,32 --json "$OUT/ep_ll_bench.json" 2>&1 \
+  | tee "$OUT/ep_ll_bench.log" | tail -40 || status=1
 exit $status
