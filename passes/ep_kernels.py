@@ -269,16 +269,9 @@ _SEND_LOOP = """        scf.for %k = %c0x to %Kx step %c1x {{
 """
 
 
-def dispatch_kernel(cfg: EpKernelConfig) -> str:
-    return f"""    gpu.func @ep_dispatch_{cfg.dtype}(%x: {P}, %w: {P}, %s: {P}, %idx: {P}, %n: i32, %out_x: {P}, %out_w: {P}, %out_s: {P},
-        %out_idx: {P}, %src_pos: {P}, %slot_ctrs: {P}, %signals: {P}, %grid_ctr: {P}, %round_ctr: {P}, %fwd: {P},
-        %dest_ctr: {P}, %total: {P}, %status: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
-{_prologue(cfg)}      %Er = arith.constant {cfg.experts_per_rank} : i32
-      %S = arith.constant {cfg.send_stride} : i32
-      %row = arith.constant {cfg.row_bytes} : i64
-      %has_w = llvm.icmp "ne" %w, %null_ptr : {P}
-      %has_s = llvm.icmp "ne" %s, %null_ptr : {P}
-      // Round parity selects this round's slot counter; thread 0 of block 0 clears the other one.
+# The IntraNode/IntraNodeLL dispatch round: its parity selects the slot counter (double-buffered; see the
+# module docstring), and thread 0 of block 0 clears the other one.
+_DISPATCH_ROUND = """      // Round parity selects this round's slot counter; thread 0 of block 0 clears the other one.
       %round = llvm.load %round_ctr : {P} -> i64
       %one64 = arith.constant 1 : i64
       %par64 = arith.andi %round, %one64 : i64
@@ -293,11 +286,13 @@ def dispatch_kernel(cfg: EpKernelConfig) -> str:
         %octr = llvm.getelementptr %slot_ctrs[%other] : ({P}, i32) -> {P}, i32
         "mori_shmem.p"(%octr, %c0i, %me, %qp) {{c_type = "uint32"}} : ({P}, i32, i32, i32) -> ()
       }}
-      %n_x = arith.index_cast %n : i32 to index
-      scf.for %t_x = %gw to %n_x step %nw {{
-{route_token()}{_TOKEN_SOURCE.format(P=P)}        %dbase = arith.constant 0 : i32
-{send_to_destinations(cfg)}      }}
-      "mori_ep.grid_barrier"(%grid_ctr) : ({P}) -> ()
+"""
+
+
+def dispatch_completion(cfg: "EpKernelConfig") -> str:
+    """The end of an IntraNode/IntraNodeLL dispatch: the grid meets (its fences publish every payload
+    store of this PE), warp 0 of block 0 runs the count handshake, and the round advances on the device."""
+    return f"""      "mori_ep.grid_barrier"(%grid_ctr) : ({P}) -> ()
       %w0 = arith.cmpi eq, %warp_in_block, %c0x : index
       %first_warp = arith.andi %b0, %w0 : i1
       scf.if %first_warp {{
@@ -307,7 +302,23 @@ def dispatch_kernel(cfg: EpKernelConfig) -> str:
           llvm.store %next, %round_ctr : i64, {P}
         }}
       }}
-      gpu.return
+"""
+
+
+def dispatch_kernel(cfg: EpKernelConfig) -> str:
+    return f"""    gpu.func @ep_dispatch_{cfg.dtype}(%x: {P}, %w: {P}, %s: {P}, %idx: {P}, %n: i32, %out_x: {P}, %out_w: {P}, %out_s: {P},
+        %out_idx: {P}, %src_pos: {P}, %slot_ctrs: {P}, %signals: {P}, %grid_ctr: {P}, %round_ctr: {P}, %fwd: {P},
+        %dest_ctr: {P}, %total: {P}, %status: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
+{_prologue(cfg)}      %Er = arith.constant {cfg.experts_per_rank} : i32
+      %S = arith.constant {cfg.send_stride} : i32
+      %row = arith.constant {cfg.row_bytes} : i64
+      %has_w = llvm.icmp "ne" %w, %null_ptr : {P}
+      %has_s = llvm.icmp "ne" %s, %null_ptr : {P}
+{_DISPATCH_ROUND.format(P=P)}      %n_x = arith.index_cast %n : i32 to index
+      scf.for %t_x = %gw to %n_x step %nw {{
+{route_token()}{_TOKEN_SOURCE.format(P=P)}        %dbase = arith.constant 0 : i32
+{send_to_destinations(cfg)}      }}
+{dispatch_completion(cfg)}      gpu.return
     }}
 """
 
@@ -435,6 +446,48 @@ def combine_pull_kernel(cfg: EpKernelConfig) -> str:
 """
 
 
+# Push combine: received row i belongs to token tok of PE owner (from its source position); its staging
+# row on the owner is our PE * M + tok.
+_PUSH_LOCATE = """        %pp = llvm.getelementptr %src_pos[%i] : ({P}, i32) -> {P}, i32
+        %pos = llvm.load %pp : {P} -> i32
+        %owner = arith.divui %pos, %S : i32
+        %tok = arith.remui %pos, %S : i32
+        %mine = arith.muli %me, %M : i32
+        %drow = arith.addi %mine, %tok : i32
+"""
+
+
+def return_rows(locate: str, dst_x: str, dst_w: str) -> str:
+    """Every received row i < *%total (one warp each) goes back to its owner: ``locate`` (MLIR text)
+    computes %owner and %drow from %i; the warp copies input row i into row %drow of ``dst_x`` on the
+    owner (``mori_ep.row_copy``) and lanes < K store its weights into ``dst_w`` (relaxed system scope).
+    Needs %inp, %inp_w, %has_iw, %rowc, %total."""
+    return f"""      %tot = llvm.load %total : {P} -> i32
+      %tot_x = arith.index_cast %tot : i32 to index
+      scf.for %i_x = %gw to %tot_x step %nw {{
+        %i = arith.index_cast %i_x : index to i32
+        %i64 = arith.extui %i : i32 to i64
+{locate}        %drow64 = arith.extui %drow : i32 to i64
+        %do = arith.muli %drow64, %rowc : i64
+        %dst = llvm.getelementptr {dst_x}[%do] : ({P}, i64) -> {P}, i8
+        %io = arith.muli %i64, %rowc : i64
+        %src = llvm.getelementptr %inp[%io] : ({P}, i64) -> {P}, i8
+        "mori_ep.row_copy"(%dst, %src, %rowc, %owner) : ({P}, {P}, i64, i32) -> ()
+        %send_w = arith.andi %has_iw, %is_k : i1
+        scf.if %send_w {{
+          %iK = arith.muli %i, %K : i32
+          %wi = arith.addi %iK, %lane : i32
+          %wsp = llvm.getelementptr %inp_w[%wi] : ({P}, i32) -> {P}, f32
+          %wv = llvm.load %wsp : {P} -> f32
+          %dK = arith.muli %drow, %K : i32
+          %dwi = arith.addi %dK, %lane : i32
+          %dwp = llvm.getelementptr {dst_w}[%dwi] : ({P}, i32) -> {P}, f32
+          "mori_shmem.p"(%dwp, %wv, %owner, %qp) {{c_type = "float"}} : ({P}, f32, i32, i32) -> ()
+        }}
+      }}
+"""
+
+
 def combine_push_kernel(cfg: EpKernelConfig) -> str:
     # Each received row goes to its owner's staging row (our PE * M + token); then rows are summed locally.
     M = cfg.max_tokens_per_rank
@@ -454,36 +507,7 @@ def combine_push_kernel(cfg: EpKernelConfig) -> str:
       %S = arith.constant {cfg.send_stride} : i32
       %M = arith.constant {M} : i32
       %has_iw = llvm.icmp "ne" %inp_w, %null_ptr : {P}
-      %tot = llvm.load %total : {P} -> i32
-      %tot_x = arith.index_cast %tot : i32 to index
-      scf.for %i_x = %gw to %tot_x step %nw {{
-        %i = arith.index_cast %i_x : index to i32
-        %i64 = arith.extui %i : i32 to i64
-        %pp = llvm.getelementptr %src_pos[%i] : ({P}, i32) -> {P}, i32
-        %pos = llvm.load %pp : {P} -> i32
-        %owner = arith.divui %pos, %S : i32
-        %tok = arith.remui %pos, %S : i32
-        %mine = arith.muli %me, %M : i32
-        %srow = arith.addi %mine, %tok : i32
-        %srow64 = arith.extui %srow : i32 to i64
-        %so = arith.muli %srow64, %rowc : i64
-        %dst = llvm.getelementptr %stage_x[%so] : ({P}, i64) -> {P}, i8
-        %io = arith.muli %i64, %rowc : i64
-        %src = llvm.getelementptr %inp[%io] : ({P}, i64) -> {P}, i8
-        "mori_ep.row_copy"(%dst, %src, %rowc, %owner) : ({P}, {P}, i64, i32) -> ()
-        %send_w = arith.andi %has_iw, %is_k : i1
-        scf.if %send_w {{
-          %iK = arith.muli %i, %K : i32
-          %wi = arith.addi %iK, %lane : i32
-          %wsp = llvm.getelementptr %inp_w[%wi] : ({P}, i32) -> {P}, f32
-          %wv = llvm.load %wsp : {P} -> f32
-          %sK = arith.muli %srow, %K : i32
-          %swi = arith.addi %sK, %lane : i32
-          %dwp = llvm.getelementptr %stage_w[%swi] : ({P}, i32) -> {P}, f32
-          "mori_shmem.p"(%dwp, %wv, %owner, %qp) {{c_type = "float"}} : ({P}, f32, i32, i32) -> ()
-        }}
-      }}
-      "mori_ep.grid_barrier"(%grid_ctr) : ({P}) -> ()
+{return_rows(_PUSH_LOCATE.format(P=P), "%stage_x", "%stage_w")}      "mori_ep.grid_barrier"(%grid_ctr) : ({P}) -> ()
       "mori_ep.device_barrier"(%bar_slots, %bar_epochs) {{world_size = {cfg.world_size} : i64, max_blocks = {cfg.max_blocks} : i64}} : ({P}, {P}) -> ()
 {_reduce_tokens(cfg, source)}      gpu.return
     }}

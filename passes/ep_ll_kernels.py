@@ -51,7 +51,8 @@ graph replay is correct.
 
 from __future__ import annotations
 
-from .ep_kernels import P, EpKernelConfig, _block, _prologue, _reduce_tokens, _TOKEN_SOURCE, route_token, send_to_destinations
+from .ep_kernels import (_DISPATCH_ROUND, _TOKEN_SOURCE, EpKernelConfig, P, _block, _prologue, _reduce_tokens,
+                         dispatch_completion, return_rows, route_token, send_to_destinations)  # fmt: skip
 
 LL_UNROLL = 4  # 16-byte vectors each data lane loads before storing them to every destination
 
@@ -185,22 +186,7 @@ def dispatch_ll_kernel(cfg: EpKernelConfig) -> str:
       %nvec = arith.constant {nvec} : index
       %dstride = arith.constant {data_threads * U} : index
 {offsets}
-      // Round parity selects this round's slot counter; thread 0 of block 0 clears the other one.
-      %round = llvm.load %round_ctr : {P} -> i64
-      %one64 = arith.constant 1 : i64
-      %par64 = arith.andi %round, %one64 : i64
-      %par = arith.trunci %par64 : i64 to i32
-      %slot_ctr = llvm.getelementptr %slot_ctrs[%par] : ({P}, i32) -> {P}, i32
-      %other = arith.xori %par, %c1i : i32
-      %tid = arith.index_cast %tid_i : index to i32
-      %b0 = arith.cmpi eq, %bid_i, %c0x : index
-      %t0 = arith.cmpi eq, %tid, %c0i : i32
-      %first_thread = arith.andi %b0, %t0 : i1
-      scf.if %first_thread {{
-        %octr = llvm.getelementptr %slot_ctrs[%other] : ({P}, i32) -> {P}, i32
-        "mori_shmem.p"(%octr, %c0i, %me, %qp) {{c_type = "uint32"}} : ({P}, i32, i32, i32) -> ()
-      }}
-      %control = arith.cmpi eq, %warp_in_block, %c0x : index
+{_DISPATCH_ROUND.format(P=P)}      %control = arith.cmpi eq, %warp_in_block, %c0x : index
       %data = arith.xori %control, %true : i1
       %warp32 = arith.index_cast %warp_in_block : index to i32
       %dtid = arith.subi %tid_i, %wave_x : index
@@ -242,17 +228,7 @@ def dispatch_ll_kernel(cfg: EpKernelConfig) -> str:
         %next = arith.xori %buf, %c1i : i32
         scf.yield %next : i32
       }}
-      "mori_ep.grid_barrier"(%grid_ctr) : ({P}) -> ()
-      %w0 = arith.cmpi eq, %warp_in_block, %c0x : index
-      %first_warp = arith.andi %b0, %w0 : i1
-      scf.if %first_warp {{
-        "mori_ep.count_signal"(%signals, %dest_ctr, %total) {{world_size = {cfg.world_size} : i64}} : ({P}, {P}, {P}) -> ()
-        scf.if %lane0 {{
-          %next = arith.addi %round, %one64 : i64
-          llvm.store %next, %round_ctr : i64, {P}
-        }}
-      }}
-      gpu.return
+{dispatch_completion(cfg)}      gpu.return
     }}
 """
 
@@ -448,6 +424,16 @@ def async_dispatch_recv_kernel(cfg: EpKernelConfig, early_notify: bool, fused_re
 """
 
 
+# AsyncLL combine: received row i came from source owner = rmap[i] / Rp, slot rmap[i] % Rp; it returns to
+# the owner's combine region [r % 2][me][slot] (%dbase = (r % 2 * W + me) * Rp).
+_ASYNC_LOCATE = """        %mp = llvm.getelementptr %rmap[%i] : ({P}, i32) -> {P}, i32
+        %m = llvm.load %mp : {P} -> i32
+        %owner = arith.divui %m, %Rp : i32
+        %slot = arith.remui %m, %Rp : i32
+        %drow = arith.addi %dbase, %slot : i32
+"""
+
+
 def async_combine_send_kernel(cfg: EpKernelConfig, early_notify: bool) -> str:
     notify = ""
     if early_notify:
@@ -461,35 +447,7 @@ def async_combine_send_kernel(cfg: EpKernelConfig, early_notify: bool) -> str:
       // Row i returns to its source s into s's combine region [r % 2][me][slot].
       %dbase0 = arith.addi %parW, %me : i32
       %dbase = arith.muli %dbase0, %Rp : i32
-      %tot = llvm.load %total : {P} -> i32
-      %tot_x = arith.index_cast %tot : i32 to index
-      scf.for %i_x = %gw to %tot_x step %nw {{
-        %i = arith.index_cast %i_x : index to i32
-        %i64 = arith.extui %i : i32 to i64
-        %mp = llvm.getelementptr %rmap[%i] : ({P}, i32) -> {P}, i32
-        %m = llvm.load %mp : {P} -> i32
-        %owner = arith.divui %m, %Rp : i32
-        %slot = arith.remui %m, %Rp : i32
-        %drow = arith.addi %dbase, %slot : i32
-        %drow64 = arith.extui %drow : i32 to i64
-        %do = arith.muli %drow64, %rowc : i64
-        %dst = llvm.getelementptr %cx[%do] : ({P}, i64) -> {P}, i8
-        %io = arith.muli %i64, %rowc : i64
-        %src = llvm.getelementptr %inp[%io] : ({P}, i64) -> {P}, i8
-        "mori_ep.row_copy"(%dst, %src, %rowc, %owner) : ({P}, {P}, i64, i32) -> ()
-        %send_w = arith.andi %has_iw, %is_k : i1
-        scf.if %send_w {{
-          %iK = arith.muli %i, %K : i32
-          %wi = arith.addi %iK, %lane : i32
-          %wsp = llvm.getelementptr %inp_w[%wi] : ({P}, i32) -> {P}, f32
-          %wv = llvm.load %wsp : {P} -> f32
-          %dK = arith.muli %drow, %K : i32
-          %dwi = arith.addi %dK, %lane : i32
-          %dwp = llvm.getelementptr %cw[%dwi] : ({P}, i32) -> {P}, f32
-          "mori_shmem.p"(%dwp, %wv, %owner, %qp) {{c_type = "float"}} : ({P}, f32, i32, i32) -> ()
-        }}
-      }}
-{notify}      gpu.return
+{return_rows(_ASYNC_LOCATE.format(P=P), "%cx", "%cw")}{notify}      gpu.return
     }}
 """
 
