@@ -31,11 +31,27 @@ __all__ = [
     "llvm",
     "passmanager",
     "rewrite",
+    "nested_ops",
     "scf",
     "translate_module_to_llvm_ir",
 ]
 
 MLIRError = ir.MLIRError
+
+
+def nested_ops(op, predicate) -> list:
+    """The ops strictly inside ``op`` (pre-order, at any depth) for which ``predicate(op)`` holds; collected
+    before the caller rewrites any of them."""
+    found = []
+    root = op.operation
+
+    def visit(inner):
+        if inner != root and predicate(inner):
+            found.append(inner)
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
 
 
 class _MlirOperation(ctypes.Structure):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mori_compiler._mlir import ir
+from mori_compiler._mlir import ir, nested_ops
 from mori_compiler.errors import MoriCompilerError
 
 P = "!llvm.ptr"
@@ -374,16 +374,6 @@ BLOCK_OPS = ("mori_ep.row_copy", "mori_ep.reserve_slot", "mori_ep.count_signal",
              "mori_ep.device_barrier", "mori_ep.accumulate_rows")  # fmt: skip
 
 
-def _walk(op: ir.Operation, found: list) -> None:
-    for region in op.regions:
-        for block in region.blocks:
-            for inner in block.operations:
-                inner = inner.operation
-                if inner.name in BLOCK_OPS:
-                    found.append(inner)
-                _walk(inner, found)
-
-
 @dataclass(frozen=True)
 class MoriEpBlocksToCalls:
     """Lower mori_ep building blocks to calls of helper functions added to the gpu.module.
@@ -410,8 +400,7 @@ class MoriEpBlocksToCalls:
                     self._lower_module(gm.operation)
 
     def _lower_module(self, gm: ir.Operation) -> None:
-        found: list = []
-        _walk(gm, found)
+        found = nested_ops(gm, lambda inner: inner.name in BLOCK_OPS)
         body = gm.regions[0].blocks[0]
         defined = {o.attributes["sym_name"].value for o in body.operations if "sym_name" in o.attributes}
         for op in found:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mori_compiler._mlir import ir, translate_module_to_llvm_ir
+from mori_compiler._mlir import ir, nested_ops, translate_module_to_llvm_ir
 from mori_compiler.errors import MoriCompilerError
 
 KERNEL_MARKERS = ("rocdl.kernel", "nvvm.kernel")
@@ -47,15 +47,7 @@ TRANSLATABLE_DIALECTS = ("llvm.", "rocdl.", "nvvm.")
 
 def unlowered_ops(op: ir.Operation) -> list[ir.Operation]:
     """Ops nested in ``op`` that LLVM IR translation cannot handle (it would crash the process)."""
-    found = []
-    for region in op.regions:
-        for block in region.blocks:
-            for inner in block.operations:
-                inner = inner.operation
-                if not inner.name.startswith(TRANSLATABLE_DIALECTS):
-                    found.append(inner)
-                found.extend(unlowered_ops(inner))
-    return found
+    return nested_ops(op, lambda inner: not inner.name.startswith(TRANSLATABLE_DIALECTS))
 
 
 def gpu_module_to_llvm_ir(module: ir.Module, filename: str = "-") -> DeviceModuleIR:
