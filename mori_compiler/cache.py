@@ -17,7 +17,6 @@ from . import __version__
 from .env import cache_dir
 from .options import CompileOptions
 from .errors import MoriCompilerError
-from .lib_bitcode.kernel_abi import MLIR_PARAM_TYPES
 from .runtime.bundle import (Bundle, KernelInfo, KernelParam, find_bundle, find_bundle_by_request,
                              publish_bundle, record_request, request_key)  # fmt: skip
 
@@ -79,33 +78,22 @@ def signatures_of_module(module, *, strict: bool = True, problems: dict | None =
     """KernelInfo of every gpu.func kernel of an MLIR module (ptr/integer/float parameters only; with
     ``strict=False`` kernels with other parameter types are left out instead of rejected, and the reason is
     stored in ``problems[name]`` when a dict is given)."""
+    from .passes.gpu_kernels import gpu_kernels, kernel_param_types
+
     kernels = {}
-    for gm in module.body.operations:
-        if gm.operation.name != "gpu.module":
+    for fn in gpu_kernels(module.operation):
+        name = fn.attributes["sym_name"].value
+        types, problem = kernel_param_types(fn, role="bundles support")
+        if problem:
+            if strict:
+                raise MoriCompilerError(problem)
+            if problems is not None:
+                problems[name] = problem
             continue
-        for fn in gm.regions[0].blocks[0].operations:
-            if fn.operation.name != "gpu.func" or "gpu.kernel" not in fn.attributes:
-                continue
-            name = fn.attributes["sym_name"].value
-            params = []
-            for i, arg in enumerate(fn.regions[0].blocks[0].arguments):
-                ty = MLIR_PARAM_TYPES.get(str(arg.type))
-                if ty is None:
-                    message = f"kernel '{name}' parameter {i} has type {arg.type}; bundles support " + ", ".join(
-                        MLIR_PARAM_TYPES)
-                    if strict:
-                        raise MoriCompilerError(message)
-                    if problems is not None:
-                        problems[name] = message
-                    params = None
-                    break
-                params.append(KernelParam(f"arg{i}", ty))
-            if params is None:
-                continue
-            block = None
-            if "known_block_size" in fn.attributes:
-                block = tuple(int(x) for x in fn.attributes["known_block_size"])
-            kernels[name] = KernelInfo(name, tuple(params), block)
+        block = None
+        if "known_block_size" in fn.attributes:
+            block = tuple(int(x) for x in fn.attributes["known_block_size"])
+        kernels[name] = KernelInfo(name, tuple(KernelParam(f"arg{i}", ty) for i, ty in enumerate(types)), block)
     return kernels
 
 

@@ -29,18 +29,11 @@ from typing import ClassVar
 
 from mori_compiler._mlir import arith, gpu, ir, llvm
 from mori_compiler.errors import MoriCompilerError
-from mori_compiler.lib_bitcode.kernel_abi import MLIR_PARAM_TYPES, arg_table_layout
+from mori_compiler.lib_bitcode.kernel_abi import arg_table_layout
+
+from .gpu_kernels import gpu_kernels, kernel_param_types
 
 STRIDE_ATTR = "mori.arg_table_stride"
-
-
-def _kernels(module_op: ir.Operation):
-    for gm in module_op.regions[0].blocks[0].operations:
-        if gm.operation.name != "gpu.module":
-            continue
-        for fn in gm.regions[0].blocks[0].operations:
-            if fn.operation.name == "gpu.func" and "gpu.kernel" in fn.attributes:
-                yield fn.operation
 
 
 def rewrite_kernel(fn: ir.Operation) -> None:
@@ -49,15 +42,9 @@ def rewrite_kernel(fn: ir.Operation) -> None:
         return  # already rewritten: the pass is idempotent
     block = fn.regions[0].blocks[0]
     args = list(block.arguments)
-    types = []
-    for i, arg in enumerate(args):
-        t = MLIR_PARAM_TYPES.get(str(arg.type))
-        if t is None:
-            raise MoriCompilerError(
-                f"kernel '{name}' parameter {i} has type {arg.type}; virtual-PE kernels take "
-                + ", ".join(MLIR_PARAM_TYPES)
-            )
-        types.append(t)
+    types, problem = kernel_param_types(fn, role="virtual-PE kernels take")
+    if problem:
+        raise MoriCompilerError(problem)
     offsets, stride = arg_table_layout(types)
     ptr = ir.Type.parse("!llvm.ptr")
     i8, i64 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(64)
@@ -90,5 +77,5 @@ class VirtualPeArgs:
 
     def __call__(self, op: ir.Operation, pass_=None) -> None:
         with op.context:
-            for fn in list(_kernels(op.operation)):
+            for fn in list(gpu_kernels(op.operation)):
                 rewrite_kernel(fn)
