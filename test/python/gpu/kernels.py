@@ -264,7 +264,7 @@ def precompile_all(cache_root) -> list:
     import test_ep_multigpu
 
     bundles = [bundle(cache_root), bundle(cache_root, virtual_pes=False), ring_bundle(cache_root)]
-    multi = [test_ep_multigpu.multi_gpu_config(w, 0) for w in (2, 4, 8)]
+    multi = [test_ep_multigpu.multi_gpu_config(w, 0, kind) for w in (2, 4, 8) for kind in test_ep_multigpu.KINDS]
     return (bundles + ep_bundles(cache_root, list(test_ep_gpu.all_configs()))
             + ep_bundles(cache_root, list(test_ep_ll_gpu.all_configs()))
             + ep_bundles(cache_root, multi, virtual_pes=False))  # fmt: skip

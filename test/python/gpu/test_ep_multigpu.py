@@ -1,4 +1,4 @@
-"""EP IntraNode dispatch/combine across real GPUs: one PE per process (torch.multiprocessing), shmem heaps
+"""EP dispatch/combine (IntraNode, IntraNodeLL, AsyncLL) across real GPUs: one PE per process (torch.multiprocessing), shmem heaps
 shared through CUDA IPC, the same oracle as the virtual-PE tests (ep-semantics.md §4).
 
 Needs at least two GPUs of one host (skips with the reason otherwise); runs on 2, 4 and 8 when present.
@@ -22,8 +22,11 @@ pytestmark = pytest.mark.gpu
 ROUTINGS = ("random", "sentinel", "all_to_one")
 
 
-def multi_gpu_config(world: int, rank: int):
-    cfg = ep._config(world, hidden=7168, k=4, m=64, tok=2)
+KINDS = ("IntraNode", "IntraNodeLL", "AsyncLL")
+
+
+def multi_gpu_config(world: int, rank: int, kind: str = "IntraNode"):
+    cfg = ep._config(world, hidden=7168, k=4, m=64, tok=2, kind=kind)
     cfg.rank = rank
     return cfg
 
@@ -42,32 +45,33 @@ def _worker(rank: int, world: int, init_file: str, bundle_root: str):
     torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
     shmem.shmem_torch_process_group_init("default")
     try:
-        cfg = multi_gpu_config(world, rank)
-        op = EpDispatchCombineOp(cfg)
-        shape = ep._shape(cfg)
-        for seed, routing in enumerate(ROUTINGS, 1):
-            ns = ep._counts("mixed" if seed % 2 else "max", world, cfg.max_num_inp_token_per_rank, seed)
-            idx_np = ref.make_routing(routing, ns, shape, seed)
-            x_f32 = [ref.make_tokens(n, cfg.hidden_dim, "bf16", seed * 100 + p) for p, n in enumerate(ns)]
-            w_np = [np.random.default_rng(seed + p).random((n, 4), dtype=np.float32) for p, n in enumerate(ns)]
-            x = ep._to_torch(x_f32[rank], "bf16")
-            idx = torch.from_numpy(np.ascontiguousarray(idx_np[rank], dtype=np.int32)).cuda()
-            w = torch.from_numpy(w_np[rank]).cuda()
-            out_x, out_w, _, out_idx, total = op.dispatch(x, w, None, idx)
-            src_pos = op.get_dispatch_src_token_pos()
-            x_bits = [ep._bits(ep._to_torch(v, "bf16")) for v in x_f32]
-            expected = ref.expected_recv_rows(x_bits, w_np, None, idx_np, shape)
-            tot = int(total.item())
-            ref.check_dispatch(rank, ep._bits(out_x[:tot]), out_w[:tot].cpu().numpy(), None, out_idx[:tot].cpu().numpy(),
-                               src_pos.cpu().numpy(), tot, expected[rank], shape)  # fmt: skip
-            y = out_x[:tot].clone()
-            out, out_cw = op.combine(y, out_w[:tot].clone(), idx)
-            torch.cuda.synchronize()
-            ref.check_combine(out[: ns[rank]].float().cpu().numpy(), x_f32[rank], idx_np[rank], shape, "bf16", rank=rank)
-            np.testing.assert_allclose(out_cw[: ns[rank]].cpu().numpy(),
-                                       ref.reference_combine_weights(w_np[rank], idx_np[rank], shape), atol=1e-5,
-                                       rtol=1e-5)  # fmt: skip
-        op.close()
+        for kind in KINDS:
+            cfg = multi_gpu_config(world, rank, kind)
+            op = EpDispatchCombineOp(cfg)
+            shape = ep._shape(cfg)
+            for seed, routing in enumerate(ROUTINGS, 1):
+                ns = ep._counts("mixed" if seed % 2 else "max", world, cfg.max_num_inp_token_per_rank, seed)
+                idx_np = ref.make_routing(routing, ns, shape, seed)
+                x_f32 = [ref.make_tokens(n, cfg.hidden_dim, "bf16", seed * 100 + p) for p, n in enumerate(ns)]
+                w_np = [np.random.default_rng(seed + p).random((n, 4), dtype=np.float32) for p, n in enumerate(ns)]
+                x = ep._to_torch(x_f32[rank], "bf16")
+                idx = torch.from_numpy(np.ascontiguousarray(idx_np[rank], dtype=np.int32)).cuda()
+                w = torch.from_numpy(w_np[rank]).cuda()
+                out_x, out_w, _, out_idx, total = op.dispatch(x, w, None, idx)
+                src_pos = op.get_dispatch_src_token_pos()
+                x_bits = [ep._bits(ep._to_torch(v, "bf16")) for v in x_f32]
+                expected = ref.expected_recv_rows(x_bits, w_np, None, idx_np, shape)
+                tot = int(total.item())
+                ref.check_dispatch(rank, ep._bits(out_x[:tot]), out_w[:tot].cpu().numpy(), None, out_idx[:tot].cpu().numpy(),
+                                   src_pos.cpu().numpy(), tot, expected[rank], shape)  # fmt: skip
+                y = out_x[:tot].clone()
+                out, out_cw = op.combine(y, out_w[:tot].clone(), idx)
+                torch.cuda.synchronize()
+                ref.check_combine(out[: ns[rank]].float().cpu().numpy(), x_f32[rank], idx_np[rank], shape, "bf16", rank=rank)
+                np.testing.assert_allclose(out_cw[: ns[rank]].cpu().numpy(),
+                                           ref.reference_combine_weights(w_np[rank], idx_np[rank], shape), atol=1e-5,
+                                           rtol=1e-5)  # fmt: skip
+            op.close()
     finally:
         shmem.shmem_finalize()
         dist.destroy_process_group()
