@@ -72,6 +72,8 @@ irdl.dialect @mori_ep {
   }
 
   // ---- EP ops: config as attributes ----------------------------------------------------------------
+  // IntraNode dispatch (ep-semantics.md §3.1): every token to each destination PE of its top-k experts,
+  // once per PE; lowers to the kernel ep_dispatch_<dtype> (one warp per token).
   irdl.operation @dispatch {
     %world_size = irdl.any
     %hidden = irdl.any
@@ -87,6 +89,8 @@ irdl.dialect @mori_ep {
                       "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank, "max_recv_per_rank" = %max_recv_per_rank,
                       "scale_bytes" = %scale_bytes, "warps_per_block" = %warps_per_block, "wave_size" = %wave_size }
   }
+  // IntraNode combine (§3.2): each token's rows summed in fp32 from its destination PEs; lowers to
+  // ep_combine_pull_<dtype> (zero_copy = 1: read the peers' registered buffers) or ep_combine_push_<dtype>.
   irdl.operation @combine {
     %world_size = irdl.any
     %hidden = irdl.any
@@ -103,7 +107,8 @@ irdl.dialect @mori_ep {
                       "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank, "max_recv_per_rank" = %max_recv_per_rank,
                       "zero_copy" = %zero_copy, "warps_per_block" = %warps_per_block, "wave_size" = %wave_size, "max_blocks" = %max_blocks }
   }
-  // IntraNodeLL dispatch: same config and outputs as dispatch; one block per token.
+  // IntraNodeLL dispatch (§3.3): same config and outputs as dispatch; lowers to ep_dispatch_ll_<dtype> (one
+  // block per token, each 16-byte vector loaded once and stored to every destination).
   irdl.operation @dispatch_ll {
     %world_size = irdl.any
     %hidden = irdl.any
@@ -120,7 +125,9 @@ irdl.dialect @mori_ep {
                       "max_recv_per_rank" = %max_recv_per_rank, "scale_bytes" = %scale_bytes,
                       "warps_per_block" = %warps_per_block, "wave_size" = %wave_size }
   }
-  // AsyncLL halves: the config of dispatch/combine plus the notification mode.
+  // AsyncLL halves (§3.6): the config of dispatch/combine plus the notification mode. Send phase of an
+  // AsyncLL dispatch: records into each destination's per-source region; lowers to
+  // ep_async_dispatch_send_<dtype>.
   irdl.operation @dispatch_send {
     %world_size = irdl.any
     %hidden = irdl.any
@@ -140,7 +147,8 @@ irdl.dialect @mori_ep {
                       "warps_per_block" = %warps_per_block, "wave_size" = %wave_size, "early_notify" = %early_notify,
                       "fused_recv" = %fused_recv }
   }
-  // Receive phase of an AsyncLL dispatch.
+  // Receive phase of an AsyncLL dispatch: wait for every source, lay rows out grouped by source PE;
+  // lowers to ep_async_dispatch_recv_<dtype>.
   irdl.operation @dispatch_recv {
     %world_size = irdl.any
     %hidden = irdl.any
@@ -160,7 +168,7 @@ irdl.dialect @mori_ep {
                       "warps_per_block" = %warps_per_block, "wave_size" = %wave_size, "early_notify" = %early_notify,
                       "fused_recv" = %fused_recv }
   }
-  // Send phase of an AsyncLL combine.
+  // Send phase of an AsyncLL combine: each received row back to its source; ep_async_combine_send_<dtype>.
   irdl.operation @combine_send {
     %world_size = irdl.any
     %hidden = irdl.any
@@ -178,7 +186,7 @@ irdl.dialect @mori_ep {
                       "max_recv_per_rank" = %max_recv_per_rank, "warps_per_block" = %warps_per_block,
                       "wave_size" = %wave_size, "early_notify" = %early_notify, "fused_recv" = %fused_recv }
   }
-  // Receive phase of an AsyncLL combine.
+  // Receive phase of an AsyncLL combine: wait, then sum each token's rows; ep_async_combine_recv_<dtype>.
   irdl.operation @combine_recv {
     %world_size = irdl.any
     %hidden = irdl.any
