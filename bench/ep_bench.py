@@ -41,13 +41,17 @@ def precompile(cache_root, world, tokens_list, blocks, warps) -> None:
         print(tokens, b.path)
 
 
-def _median_replay_us(graph, reps: int) -> float:
+def _median_replay_us(graph, reps: int, before_each=None) -> float:
+    """Median µs of ``reps`` timed replays (after one untimed); ``before_each()`` runs before each (e.g. a
+    barrier that keeps several processes in lockstep)."""
     import torch
 
     graph.replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
+        if before_each is not None:
+            before_each()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         graph.replay()

@@ -61,21 +61,11 @@ def precompile(cache_root, args) -> None:
 
 
 def _replay_us(graph, reps: int) -> float:
-    import torch
     import torch.distributed as dist
 
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        dist.barrier()  # the ranks replay together: our kernels wait for their peers
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
+    from ep_bench import _median_replay_us
+
+    return _median_replay_us(graph, reps, before_each=dist.barrier)  # ranks replay together: kernels wait for peers
 
 
 def _capture(fn):
