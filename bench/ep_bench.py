@@ -24,13 +24,15 @@ from pathlib import Path
 HIDDEN, TOPK, EXPERTS = 7168, 8, 256
 
 
-def make_config(world: int, tokens: int, blocks: int, warps: int):
-    from mori_compiler.ops import EpDispatchCombineConfig
+def make_config(world: int, tokens: int, blocks: int, warps: int, *, kind: str = "IntraNode", rank: int = 0):
+    """The benchmark shape (hidden 7168, top-8 of 256 experts, bf16-wide buffers, zero-copy combine)."""
+    from mori_compiler.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType
 
-    return EpDispatchCombineConfig(data_type="bf16", rank=0, world_size=world, hidden_dim=HIDDEN, scale_dim=0,
+    return EpDispatchCombineConfig(data_type="bf16", rank=rank, world_size=world, hidden_dim=HIDDEN, scale_dim=0,
                                    scale_type_size=4, max_token_type_size=2, max_num_inp_token_per_rank=tokens,
                                    num_experts_per_rank=EXPERTS // world, num_experts_per_token=TOPK,
-                                   warp_num_per_block=warps, block_num=blocks, use_external_inp_buf=False)  # fmt: skip
+                                   warp_num_per_block=warps, block_num=blocks, use_external_inp_buf=False,
+                                   kernel_type=EpDispatchCombineKernelType[kind])  # fmt: skip
 
 
 def precompile(cache_root, world, tokens_list, blocks, warps) -> None:

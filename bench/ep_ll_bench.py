@@ -22,19 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ep_bench import EXPERTS, HIDDEN, TOPK, _median_replay_us, copy_bandwidth  # noqa: E402
+from ep_bench import EXPERTS, HIDDEN, TOPK, _median_replay_us, copy_bandwidth, make_config  # noqa: E402
 
 MODES = {"quiet": {}, "early": {"early_notify": 1}, "fused": {"early_notify": 1, "fused_recv": 1}}
-
-
-def make_config(kind: str, world: int, tokens: int, blocks: int, warps: int):
-    from mori_compiler.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType
-
-    return EpDispatchCombineConfig(data_type="bf16", rank=0, world_size=world, hidden_dim=HIDDEN, scale_dim=0,
-                                   scale_type_size=4, max_token_type_size=2, max_num_inp_token_per_rank=tokens,
-                                   num_experts_per_rank=EXPERTS // world, num_experts_per_token=TOPK,
-                                   warp_num_per_block=warps, block_num=blocks, use_external_inp_buf=False,
-                                   kernel_type=EpDispatchCombineKernelType[kind])  # fmt: skip
 
 
 def variants(args):
@@ -51,7 +41,7 @@ def precompile(cache_root, args) -> None:
     from mori_compiler.ops import ep_bundle
 
     for label, kind, mode, blocks in variants(args):
-        cfg = make_config(kind, args.world, args.tokens, blocks, args.warps)
+        cfg = make_config(args.world, args.tokens, blocks, args.warps, kind=kind)
         print(label, ep_bundle(cfg, "sm_90", virtual_pes=True, asyncll=mode, cache_root=cache_root).path)
 
 
@@ -74,7 +64,7 @@ def measure(label, kind, mode, blocks, args, copy_bps) -> tuple[list[dict], dict
     from mori_compiler.ops import reference as ref
 
     W, T = args.world, args.tokens
-    cfg = make_config(kind, W, T, blocks, args.warps)
+    cfg = make_config(W, T, blocks, args.warps, kind=kind)
     op = EpDispatchCombineOp(cfg, asyncll=mode)
     shape = ref.EpShape(W, cfg.num_experts_per_rank, TOPK, T)
     idx_np = ref.make_routing("random", [T] * W, shape, 11)

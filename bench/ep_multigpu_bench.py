@@ -29,19 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-HIDDEN, TOPK, EXPERTS = 7168, 8, 256
+from ep_bench import EXPERTS, HIDDEN, TOPK, _median_replay_us, copy_bandwidth, make_config  # noqa: E402
+
 for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ[_var] = _value
-
-
-def make_config(kind: str, world: int, rank: int, tokens: int, blocks: int, warps: int):
-    from mori_compiler.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType
-
-    return EpDispatchCombineConfig(data_type="bf16", rank=rank, world_size=world, hidden_dim=HIDDEN, scale_dim=0,
-                                   scale_type_size=4, max_token_type_size=2, max_num_inp_token_per_rank=tokens,
-                                   num_experts_per_rank=EXPERTS // world, num_experts_per_token=TOPK,
-                                   warp_num_per_block=warps, block_num=blocks, use_external_inp_buf=False,
-                                   kernel_type=EpDispatchCombineKernelType[kind])  # fmt: skip
 
 
 def _asyncll_options(kind: str):
@@ -55,15 +46,13 @@ def precompile(cache_root, args) -> None:
 
     for kind in args.kinds:
         for tokens in args.tokens:
-            cfg = make_config(kind, args.world, 0, tokens, args.blocks, args.warps)
+            cfg = make_config(args.world, tokens, args.blocks, args.warps, kind=kind)
             b = ep_bundle(cfg, "sm_90", virtual_pes=False, asyncll=_asyncll_options(kind), cache_root=cache_root)
             print(kind, tokens, b.path)
 
 
 def _replay_us(graph, reps: int) -> float:
     import torch.distributed as dist
-
-    from ep_bench import _median_replay_us
 
     return _median_replay_us(graph, reps, before_each=dist.barrier)  # ranks replay together: kernels wait for peers
 
@@ -156,7 +145,6 @@ def _worker(rank: int, world: int, init_file: str, args, results_path: str):
     import torch
     import torch.distributed as dist
 
-    from ep_bench import copy_bandwidth
     from mori_compiler.ops import EpDispatchCombineOp
     from mori_compiler.ops import reference as ref
     from mori_compiler.runtime import shmem
@@ -176,7 +164,7 @@ def _worker(rank: int, world: int, init_file: str, args, results_path: str):
             idx_np = ref.make_routing("random", [tokens] * world, shape, 17)
             idx = torch.from_numpy(np.ascontiguousarray(idx_np[rank], dtype=np.int32)).cuda()
             for kind in args.kinds:
-                op = EpDispatchCombineOp(make_config(kind, world, rank, tokens, args.blocks, args.warps),
+                op = EpDispatchCombineOp(make_config(world, tokens, args.blocks, args.warps, kind=kind, rank=rank),
                                          asyncll=_asyncll_options(kind))  # fmt: skip
                 try:
                     for dname, dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):

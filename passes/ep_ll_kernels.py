@@ -57,9 +57,27 @@ from .ep_kernels import (_DISPATCH_ROUND, _TOKEN_SOURCE, EpKernelConfig, P, _blo
 LL_UNROLL = 4  # 16-byte vectors each data lane loads before storing them to every destination
 
 
+def _max_destinations(cfg: EpKernelConfig) -> int:
+    """At most one destination per distinct PE among a token's top-k experts."""
+    return min(cfg.top_k, cfg.world_size)
+
+
 def _route_slots(cfg: EpKernelConfig) -> int:
     """Entries of one LDS route buffer: the destination count, then (pe, slot) per destination."""
-    return 1 + 2 * min(cfg.top_k, cfg.world_size)
+    return 1 + 2 * _max_destinations(cfg)
+
+
+def _route_entry(index: str, tag: str) -> str:
+    """Read route entry ``index`` (i32) of the buffer at %rbase: %dpe{tag} (destination PE) and
+    %dsl64_{tag} (its slot, i64)."""
+    return f"""          %pi0_{tag} = arith.muli {index}, %c2i : i32
+          %pi{tag} = arith.addi %rbase1, %pi0_{tag} : i32
+          %ppe{tag} = llvm.getelementptr %route[%pi{tag}] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, i32
+          %dpe{tag} = llvm.load %ppe{tag} : !llvm.ptr<3> -> i32
+          %psl{tag} = llvm.getelementptr %ppe{tag}[1] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i32
+          %dsl{tag} = llvm.load %psl{tag} : !llvm.ptr<3> -> i32
+          %dsl64_{tag} = arith.extui %dsl{tag} : i32 to i64
+"""
 
 
 def _common(cfg: EpKernelConfig, counter: str, index: int) -> str:
@@ -125,20 +143,13 @@ def dispatch_ll_kernel(cfg: EpKernelConfig) -> str:
             %vc64_{u} = arith.index_cast %vc{u} : index to i64
             %sp{u} = llvm.getelementptr %src_row[%vc64_{u}] : ({P}, i64) -> {P}, vector<4xi32>
             %val{u} = llvm.load %sp{u} {{alignment = 16 : i64}} : {P} -> vector<4xi32>""" for u in range(U))
-    D = min(cfg.top_k, cfg.world_size)
+    D = _max_destinations(cfg)
     # Destination d of this warp is route entry (d + warp) % nd: warps start at different PEs.
     peers = "\n".join(f"""          %dd{d} = arith.constant {d} : i32
           %has{d} = arith.cmpi ult, %dd{d}, %nd : i32
           %dr0_{d} = arith.addi %dd{d}, %warp32 : i32
           %dr{d} = arith.remui %dr0_{d}, %nd1 : i32
-          %pi0_{d} = arith.muli %dr{d}, %c2i : i32
-          %pi{d} = arith.addi %rbase1, %pi0_{d} : i32
-          %ppe{d} = llvm.getelementptr %route[%pi{d}] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, i32
-          %dpe{d} = llvm.load %ppe{d} : !llvm.ptr<3> -> i32
-          %psl{d} = llvm.getelementptr %ppe{d}[1] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i32
-          %dsl{d} = llvm.load %psl{d} : !llvm.ptr<3> -> i32
-          %dsl64_{d} = arith.extui %dsl{d} : i32 to i64
-          %doff{d} = arith.muli %dsl64_{d}, %row : i64
+{_route_entry(f"%dr{d}", str(d))}          %doff{d} = arith.muli %dsl64_{d}, %row : i64
           %dst{d} = llvm.getelementptr %out_x[%doff{d}] : ({P}, i64) -> {P}, i8
           %peer{d} = "mori_shmem.ptr"(%dst{d}, %dpe{d}) : ({P}, i32) -> {P}""" for d in range(D))
     stores = "\n".join(f"""            scf.if %has{d} {{
@@ -158,16 +169,9 @@ def dispatch_ll_kernel(cfg: EpKernelConfig) -> str:
             %ssrc = llvm.getelementptr %s[%sso] : ({P}, i64) -> {P}, i8
             scf.for %d = %c0x to %nd_x step %c1x {{
               %d32 = arith.index_cast %d : index to i32
-              %pi0 = arith.muli %d32, %c2i : i32
-              %pi = arith.addi %rbase1, %pi0 : i32
-              %ppe = llvm.getelementptr %route[%pi] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, i32
-              %dpe = llvm.load %ppe : !llvm.ptr<3> -> i32
-              %psl = llvm.getelementptr %ppe[1] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i32
-              %dsl = llvm.load %psl : !llvm.ptr<3> -> i32
-              %dsl64 = arith.extui %dsl : i32 to i64
-              %sdo = arith.muli %dsl64, %sb : i64
+{_route_entry("%d32", "s")}              %sdo = arith.muli %dsl64_s, %sb : i64
               %sdst = llvm.getelementptr %out_s[%sdo] : ({P}, i64) -> {P}, i8
-              "mori_ep.row_copy"(%sdst, %ssrc, %sb, %dpe) : ({P}, {P}, i64, i32) -> ()
+              "mori_ep.row_copy"(%sdst, %ssrc, %sb, %dpes) : ({P}, {P}, i64, i32) -> ()
             }}
           }}
 """

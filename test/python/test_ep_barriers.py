@@ -17,11 +17,17 @@ pytest.importorskip("llvmlite.binding")
 
 DATA = Path(__file__).parent / "data"
 
-_TWO_BARRIERS = """.visible .entry two()
-{
+def _kernel(name: str, body: str) -> str:
+    """A tiny PTX entry with the registers the fixtures use."""
+    return f""".visible .entry {name}()
+{{
   .reg .pred %p<3>;
   .reg .b32 %r<4>;
-  mov.u32 %r1, %tid.x;
+{body}}}
+"""
+
+
+_TWO_BARRIERS = _kernel("two", """  mov.u32 %r1, %tid.x;
   setp.lt.u32 %p1, %r1, 2;
   @%p1 bra $L__BB0_2;
   bar.sync 0;
@@ -30,14 +36,9 @@ $L__BB0_2:
   bar.sync 0;
 $L__BB0_3:
   ret;
-}
-"""
+""")
 
-_JOINED = """.visible .entry joined()
-{
-  .reg .pred %p<3>;
-  .reg .b32 %r<4>;
-  mov.u32 %r1, %tid.x;
+_JOINED = _kernel("joined", """  mov.u32 %r1, %tid.x;
   add.s32 %r2, %r1, 7;
   setp.lt.u32 %p1, %r2, 2;
   @%p1 bra $L__BB0_2;
@@ -45,35 +46,24 @@ _JOINED = """.visible .entry joined()
 $L__BB0_2:
   bar.sync 0;
   ret;
-}
-"""
+""")
 
-_BLOCK_UNIFORM = """.visible .entry uniform()
-{
-  .reg .pred %p<3>;
-  .reg .b32 %r<4>;
-  mov.u32 %r1, %ctaid.x;
+_BLOCK_UNIFORM = _kernel("uniform", """  mov.u32 %r1, %ctaid.x;
   setp.eq.u32 %p1, %r1, 0;
   @%p1 bra $L__BB0_2;
   bar.sync 0;
 $L__BB0_2:
   ret;
-}
-"""
+""")
 
-_TRAP_PATH = """.visible .entry trapping()
-{
-  .reg .pred %p<3>;
-  .reg .b32 %r<4>;
-  mov.u32 %r1, %tid.x;
+_TRAP_PATH = _kernel("trapping", """  mov.u32 %r1, %tid.x;
   setp.gt.u32 %p1, %r1, 64;
   @%p1 bra $L__BB0_9;
   bar.sync 0;
   ret;
 $L__BB0_9:
   trap; exit;
-}
-"""
+""")
 
 
 @pytest.mark.parametrize(("ptx", "flagged"), [(_TWO_BARRIERS, True), (_JOINED, False), (_BLOCK_UNIFORM, False),
