@@ -1,8 +1,12 @@
-"""``mori-ep-to-kernels``: expand mori_ep dispatch/combine ops into IntraNode kernels.
+"""``mori-ep-to-kernels``: expand mori_ep EP ops into kernels (IntraNode here; IntraNodeLL and AsyncLL in
+ep_ll_kernels.py).
 
-Input: ``mori_ep.dispatch`` / ``mori_ep.combine`` ops (config in attributes) at the top of a gpu.module.
+Input: ``mori_ep.dispatch`` / ``combine`` / ``dispatch_ll`` / ``dispatch_send`` / ``dispatch_recv`` /
+``combine_send`` / ``combine_recv`` ops (config in attributes) at the top of a gpu.module.
 Output: gpu.func kernels ``ep_dispatch_<dtype>``, ``ep_combine_pull_<dtype>`` (zero-copy) or
-``ep_combine_push_<dtype>`` (external input buffer), written with mori_ep building blocks, mori_shmem, gpu, scf, arith and llvm ops.
+``ep_combine_push_<dtype>`` (external input buffer), ``ep_dispatch_ll_<dtype>`` (with its LDS route
+buffer, an ``llvm.mlir.global`` in address space 3) and ``ep_async_{dispatch,combine}_{send,recv}_<dtype>``,
+written with mori_ep building blocks, mori_shmem, gpu, scf, arith and llvm ops.
 Options: ``wave-size`` (the target's; must match the op's ``wave_size``).
 
 The protocols (ep-semantics.md §3.0-§3.2), with the ordering each block provides:
@@ -531,10 +535,11 @@ def kernels_for(op: ir.Operation, cfg: EpKernelConfig) -> str:
 
 @dataclass(frozen=True)
 class MoriEpToKernels:
-    """Expand mori_ep.dispatch/combine into IntraNode gpu.func kernels built from mori_ep blocks.
+    """Expand the mori_ep EP ops (IntraNode, IntraNodeLL, AsyncLL halves) into gpu.func kernels built from
+    mori_ep blocks.
 
-    Input: mori_ep EP ops at the top of gpu.module. Output: gpu.func kernels using mori_ep blocks,
-    mori_shmem, gpu, scf, arith, llvm. Options: wave-size (the target's).
+    Input: mori_ep EP ops at the top of gpu.module. Output: gpu.func kernels (and LDS globals) using
+    mori_ep blocks, mori_shmem, gpu, scf, arith, llvm. Options: wave-size (the target's).
     """
 
     name: ClassVar[str] = "mori-ep-to-kernels"

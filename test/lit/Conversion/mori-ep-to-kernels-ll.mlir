@@ -1,0 +1,30 @@
+// RUN: mori-opt %s -p 'mori-ep-to-kernels{wave-size=64}' | FileCheck %s
+
+// mori_ep.dispatch_ll (IntraNodeLL, passes/ep_ll_kernels.py): world 8, top-8 (8 destinations at most),
+// hidden 7168 bf16 = 896 16-byte vectors, 8 warps of 64 lanes. The kernel keeps two routes (count + 8 x
+// (pe, slot) = 17 entries each) in an LDS global; the control warp routes the first token before the loop
+// (remote slot reservation), one block barrier publishes it; in the loop the control warp routes the next
+// token while the data warps resolve the 8 peer addresses once and load each vector before storing it to
+// every destination; a block barrier ends each token; completion is IntraNode's.
+// CHECK: llvm.mlir.global internal @ep_dispatch_ll_bf16_route() {addr_space = 3 : i32} : !llvm.array<34 x i32>
+// CHECK-LABEL: gpu.func @ep_dispatch_ll_bf16(
+// CHECK: %[[ROUTE:.*]] = llvm.mlir.addressof @ep_dispatch_ll_bf16_route : !llvm.ptr<3>
+// CHECK: "mori_ep.reserve_slot"
+// CHECK: llvm.store %{{.*}}, %{{.*}} : i32, !llvm.ptr<3>
+// CHECK: gpu.barrier
+// CHECK: scf.for %{{.*}} = %block_id_x to %{{.*}} step %grid_dim_x
+// CHECK: "mori_ep.reserve_slot"
+// CHECK-COUNT-8: "mori_shmem.ptr"
+// CHECK: scf.for %{{.*}} = %{{.*}} to %c896 step %c1792
+// CHECK-COUNT-4: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
+// CHECK-NOT: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
+// CHECK: llvm.store %{{.*}}, %{{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
+// CHECK: gpu.barrier
+// CHECK: "mori_ep.grid_barrier"(%arg12)
+// CHECK: "mori_ep.count_signal"(%arg11, %arg15, %arg16) {world_size = 8 : i64}
+// CHECK: gpu.return
+module attributes {gpu.container_module} {
+  gpu.module @ll {
+    "mori_ep.dispatch_ll"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64} : () -> ()
+  }
+}
