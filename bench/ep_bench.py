@@ -5,8 +5,11 @@ Config (issue 4): 8 virtual PEs, hidden 7168, top-8, 256 experts (32 per PE), ra
 --warps. Each leg is captured in its own CUDA graph and replayed (median of --reps replays, CUDA events).
 
 Reported per leg: µs; GB/s in MORI's accounting (ep-semantics.md §5.2: total_recv x H x elem / t per rank,
-mean over ranks); and the roofline ratio: bytes the kernel reads + writes per second (all PEs run on this
-one GPU) over the device-to-device copy's read + write bytes per second, measured in the same run.
+mean over ranks); the roofline ratio ("vs copy"): the leg's bytes, each received row read once and written
+once (performance-anchors.md), per second (all PEs run on this one GPU) over the device-to-device copy's
+read + write bytes per second, measured in the same run; and "physical": the bytes the kernel's own loads
+and stores move (the dispatch reads each token row once for all its destinations, so it moves fewer bytes
+than the roofline count and its ratio can pass 1).
 
     python bench/ep_bench.py --precompile .bundles         # where the compiler is
     MORI_COMPILER_CACHE_DIR=.bundles python bench/ep_bench.py --json out.json --png out.png
@@ -82,7 +85,8 @@ def copy_bandwidth() -> float:
     return best
 
 
-def run(world: int, tokens: int, blocks: int, warps: int, reps: int, copy_bps: float, cblocks: int) -> list[dict]:
+def run(world: int, tokens: int, blocks: int, warps: int, reps: int, copy_bps: float,
+        cblocks_list: list[int]) -> list[dict]:
     import numpy as np
     import torch
 
@@ -103,30 +107,45 @@ def run(world: int, tokens: int, blocks: int, warps: int, reps: int, copy_bps: f
             outs = op.dispatch(xs, ws, None, idxs)  # eager warm-up: uploads argument tables
             for p in range(world):
                 regs[p].copy_(outs[p][0].to(torch.bfloat16))
-            res = op.combine(regs, None, idxs, block_num=cblocks)
+            res = op.combine(regs, None, idxs, block_num=cblocks_list[0])
             torch.cuda.synchronize()
             totals = [int(o[4].item()) for o in outs]
             # correctness gate at every point: identity expert => U * x
             for p in range(min(world, 2)):
                 ref.check_combine(res[p][0][:tokens].float().cpu().numpy(), xs[p].float().cpu().numpy(), idx_np[p],
                                   shape, "bf16", rank=p)  # fmt: skip
-            gd, gc = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            gd = torch.cuda.CUDAGraph()
             with torch.cuda.graph(gd):
                 op.dispatch(xs, ws, None, idxs)
-            with torch.cuda.graph(gc):
-                op.combine(regs, None, idxs, block_num=cblocks)
-            for leg, graph, elem in (("dispatch", gd, dtype.itemsize), ("combine", gc, 2)):
-                if leg == "combine" and dname != "bf16":
+            legs = [("dispatch", gd, dtype.itemsize, blocks)]
+            for cblocks in cblocks_list if dname == "bf16" else ():
+                try:
+                    op.combine(regs, None, idxs, block_num=cblocks)  # eager first: argument tables, co-residency
+                except ValueError as e:  # the grid does not fit co-resident: say so, measure the others
+                    print(f"combine with {cblocks} blocks per PE skipped: {e}")
                     continue
+                torch.cuda.synchronize()
+                gc = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(gc):
+                    op.combine(regs, None, idxs, block_num=cblocks)
+                legs.append(("combine", gc, 2, cblocks))
+            for leg, graph, elem, grid in legs:
                 us = _median_replay_us(graph, reps)
                 per_rank = [t * HIDDEN * elem / (us * 1e-6) / 1e9 for t in totals]
-                moved = sum(totals) * HIDDEN * elem * 2  # every received row is read once and written once
+                # The roofline bytes (performance-anchors: each received byte read once and written once):
+                # dispatch 2 x received rows; combine the received rows read and the token rows written.
+                moved = sum(totals) * HIDDEN * elem * 2
+                # What the kernel's own loads and stores move: the dispatch reads each token row once (and
+                # stores it to every destination), so it moves less than the roofline bytes (ratio > 1 is
+                # possible); the combine moves the roofline bytes.
+                physical = (world * tokens + sum(totals)) * HIDDEN * elem
                 if leg == "combine":
-                    moved = sum(totals) * HIDDEN * elem + world * tokens * HIDDEN * elem
+                    moved = physical = sum(totals) * HIDDEN * elem + world * tokens * HIDDEN * elem
                 rows.append({"leg": leg, "dtype": dname if leg == "dispatch" else "bf16", "tokens": tokens,
                              "us": us, "GBps_mori": sum(per_rank) / world,
-                             "roofline": moved / (us * 1e-6) / copy_bps, "total_recv": totals,
-                             "blocks": blocks if leg == "dispatch" else cblocks, "warps": warps})  # fmt: skip
+                             "roofline": moved / (us * 1e-6) / copy_bps,
+                             "physical": physical / (us * 1e-6) / copy_bps, "total_recv": totals,
+                             "blocks": grid, "warps": warps})  # fmt: skip
     finally:
         op.close()
     return rows
@@ -137,8 +156,9 @@ def main(argv=None) -> int:
     ap.add_argument("--world", type=int, default=8)
     ap.add_argument("--tokens", default="128,512,4096")
     ap.add_argument("--blocks", type=int, default=32, help="blocks per PE for dispatch")
-    ap.add_argument("--combine-blocks", type=int, default=16,
-                    help="blocks per PE for combine (16 x 8 PEs: one 256-thread block per SM is what fits on H200)")
+    ap.add_argument("--combine-blocks", default="32",
+                    help="blocks per PE for combine, comma-separated, each measured (a grid that does not fit "
+                         "co-resident is reported and skipped)")
     ap.add_argument("--warps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
@@ -146,6 +166,7 @@ def main(argv=None) -> int:
     ap.add_argument("--precompile", metavar="CACHE_DIR")
     args = ap.parse_args(argv)
     tokens_list = [int(t) for t in args.tokens.split(",")]
+    cblocks = [int(b) for b in args.combine_blocks.split(",")]
     if args.precompile:
         precompile(args.precompile, args.world, tokens_list, args.blocks, args.warps)
         return 0
@@ -161,15 +182,17 @@ def main(argv=None) -> int:
         copy_bps = copy_bandwidth()
         rows = []
         for tokens in tokens_list:
-            rows += run(args.world, tokens, args.blocks, args.warps, args.reps, copy_bps, args.combine_blocks)
+            rows += run(args.world, tokens, args.blocks, args.warps, args.reps, copy_bps, cblocks)
     finally:
         shmem.shmem_finalize()
     print(f"{torch.cuda.get_device_name()}: {args.world} virtual PEs, hidden {HIDDEN}, top-{TOPK}, {EXPERTS} experts, "
           f"{args.blocks} (dispatch) / {args.combine_blocks} (combine) blocks x {args.warps} warps per PE, graph replay median of {args.reps}; "
           f"D2D copy {copy_bps / 1e9:.0f} GB/s (read+write)")  # fmt: skip
-    print(f"{'leg':<9}{'dtype':<6}{'tokens':>7}{'us':>10}{'GB/s (MORI)':>13}{'vs copy':>9}")
+    print(f"{'leg':<9}{'dtype':<6}{'tokens':>7}{'blocks':>7}{'us':>10}{'GB/s (MORI)':>13}{'vs copy':>9}"
+          f"{'physical':>10}")  # fmt: skip
     for r in rows:
-        print(f"{r['leg']:<9}{r['dtype']:<6}{r['tokens']:>7}{r['us']:>10.1f}{r['GBps_mori']:>13.1f}{r['roofline']:>9.2f}")
+        print(f"{r['leg']:<9}{r['dtype']:<6}{r['tokens']:>7}{r['blocks']:>7}{r['us']:>10.1f}{r['GBps_mori']:>13.1f}"
+              f"{r['roofline']:>9.2f}{r['physical']:>10.2f}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({"copy_GBps_rw": copy_bps / 1e9, "rows": rows}, indent=1))
     if args.png:
@@ -180,7 +203,7 @@ def main(argv=None) -> int:
 
         fig, ax = plt.subplots(figsize=(7, 4))
         for leg, dt in (("dispatch", "bf16"), ("dispatch", "fp8"), ("combine", "bf16")):
-            pts = [r for r in rows if r["leg"] == leg and r["dtype"] == dt]
+            pts = [r for r in rows if r["leg"] == leg and r["dtype"] == dt and r["blocks"] in (args.blocks, cblocks[0])]
             ax.plot([p["tokens"] for p in pts], [p["roofline"] for p in pts], marker="o", label=f"{leg} {dt}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens per PE")

@@ -195,7 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--blocks", type=int, default=32, help="blocks per PE (IntraNode dispatch, AsyncLL)")
     ap.add_argument("--ll-blocks", default="32,64,128", help="IntraNodeLL grids to try (one block per token)")
-    ap.add_argument("--combine-blocks", type=int, default=16)
+    ap.add_argument("--combine-blocks", type=int, default=32)
     ap.add_argument("--warps", type=int, default=8)
     ap.add_argument("--matmul", type=int, default=4096, help="n of the n x n x n bf16 matmul of the overlap test")
     ap.add_argument("--reps", type=int, default=50)

@@ -2,6 +2,7 @@
 
     python bench/ep_multigpu_bench.py --precompile .bundles --world 8     # where the compiler is
     MORI_COMPILER_CACHE_DIR=.bundles python bench/ep_multigpu_bench.py --world 8 --json out.json
+    MORI_COMPILER_CACHE_DIR=.bundles torchrun --nproc-per-node 8 bench/ep_multigpu_bench.py --json out.json
 
 Config: hidden 7168, top-8, 256 experts (256 / W per rank), random routing, tokens per rank 128 / 512 /
 4096 / 8192; dispatch bf16 and fp8 (e4m3fn), combine bf16; every leg captured in a CUDA graph and replayed
@@ -25,6 +26,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -140,21 +142,53 @@ class NcclBaseline:
         return self.combined
 
 
-def _worker(rank: int, world: int, init_file: str, args, results_path: str):
+def _progress(rank: int, t0: float, what: str) -> None:
+    if rank == 0:  # one line per step, so that a slow or stuck run shows where it is
+        print(f"[{time.perf_counter() - t0:7.1f} s] {what}", flush=True)
+
+
+def _report(data: dict, args) -> None:
+    """Rank 0: the table (and --json), ratios to the NCCL baseline of the same leg, dtype and size."""
+    import torch
+
+    base = {(r["leg"], r["dtype"], r["tokens"]): r["us"] for r in data["rows"] if r["impl"] == "nccl-a2a"}
+    print(f"{torch.cuda.get_device_name(0)} x {data['world']}: hidden {HIDDEN}, top-{TOPK}, {EXPERTS} experts; D2D copy "
+          f"(GPU 0) {data['copy_GBps_rw_gpu0']:.0f} GB/s r+w; slowest rank's median of {args.reps} graph replays")  # fmt: skip
+    print(f"{'impl':<12}{'leg':<9}{'dtype':<6}{'tokens':>7}{'us':>9}{'GB/s/rank':>11}{'vs NCCL':>9}")
+    for r in data["rows"]:
+        ratio = base[(r["leg"], r["dtype"], r["tokens"])] / r["us"]
+        r["speedup_vs_nccl"] = ratio
+        print(f"{r['impl']:<12}{r['leg']:<9}{r['dtype']:<6}{r['tokens']:>7}{r['us']:>9.1f}{r['GBps_per_rank']:>11.1f}"
+              f"{ratio:>9.2f}", flush=True)  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1))
+
+
+def _worker(rank: int, world: int, init_file: str | None, args):
+    """One rank. ``init_file``: spawn's rendezvous file; None under torchrun (env://, GPU = LOCAL_RANK)."""
+    import faulthandler
+
     import numpy as np
     import torch
     import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    if args.stack_dump_s:  # a hung rank prints every thread's stack (and goes on waiting)
+        faulthandler.dump_traceback_later(args.stack_dump_s, repeat=True)
 
     from mori_compiler.ops import EpDispatchCombineOp
     from mori_compiler.ops import reference as ref
     from mori_compiler.runtime import shmem
 
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", rank))  # fmt: skip
+    local = int(os.environ.get("LOCAL_RANK", rank)) if init_file is None else rank
+    torch.cuda.set_device(local)
+    init = "env://" if init_file is None else f"file://{init_file}"  # torchrun's environment, or spawn's file
+    dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world,
+                            device_id=torch.device("cuda", local))  # fmt: skip
     gloo = dist.new_group(backend="gloo")
     torch._C._distributed_c10d._register_process_group("ep_shmem", gloo)
     max_tokens = max(args.tokens)
+    done = False
     shmem.shmem_torch_process_group_init("ep_shmem", heap_size=8 * world * max_tokens * HIDDEN * 2 + (512 << 20))
     rows = []
     try:
@@ -164,6 +198,7 @@ def _worker(rank: int, world: int, init_file: str, args, results_path: str):
             idx_np = ref.make_routing("random", [tokens] * world, shape, 17)
             idx = torch.from_numpy(np.ascontiguousarray(idx_np[rank], dtype=np.int32)).cuda()
             for kind in args.kinds:
+                _progress(rank, t0, f"{tokens} tokens: {kind}")
                 op = EpDispatchCombineOp(make_config(world, tokens, args.blocks, args.warps, kind=kind, rank=rank),
                                          asyncll=_asyncll_options(kind))  # fmt: skip
                 try:
@@ -190,6 +225,7 @@ def _worker(rank: int, world: int, init_file: str, args, results_path: str):
                                          "us": _replay_us(gc, args.reps), "total_recv": total, "elem": 2})
                 finally:
                     op.close()
+            _progress(rank, t0, f"{tokens} tokens: NCCL all_to_all baseline")
             for dname, dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
                 base = NcclBaseline(world, rank, tokens, dtype.itemsize)
                 base.plan(idx)
@@ -210,6 +246,8 @@ def _worker(rank: int, world: int, init_file: str, args, results_path: str):
                     gc = _capture(lambda: base.combine(y))
                     rows.append({"impl": "nccl-a2a", "leg": "combine", "dtype": "bf16", "tokens": tokens,
                                  "us": _replay_us(gc, args.reps), "total_recv": recv_total, "elem": 2})
+            if rank == 0 and args.json:  # this rank's rows so far: kept if a later size does not finish
+                Path(args.json + ".partial").write_text(json.dumps(rows, indent=1))
         gathered = [None] * world
         dist.all_gather_object(gathered, rows, group=gloo)
         if rank == 0:
@@ -219,10 +257,15 @@ def _worker(rank: int, world: int, init_file: str, args, results_path: str):
                 us = max(p["us"] for p in per_rank)
                 gbps = statistics.mean(p["total_recv"] * HIDDEN * p["elem"] / (us * 1e-6) / 1e9 for p in per_rank)
                 merged.append(r | {"us": us, "GBps_per_rank": gbps})
-            Path(results_path).write_text(json.dumps({"world": world, "copy_GBps_rw_gpu0": copy_bps / 1e9,
-                                                      "rows": merged}))  # fmt: skip
+            _report({"world": world, "copy_GBps_rw_gpu0": copy_bps / 1e9, "rows": merged}, args)
+        done = True
     finally:
         shmem.shmem_finalize()
+        if done:
+            # destroy_process_group hung in NCCL teardown on both ranks after graphs had captured NCCL
+            # collectives (2 x H200, torch 2.11); the results are written, so the process leaves here.
+            torch.cuda.synchronize()
+            os._exit(0)
         dist.destroy_process_group()
 
 
@@ -235,6 +278,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
+    ap.add_argument("--stack-dump-s", type=float, default=0, help="dump every rank's stacks after this many s")
     ap.add_argument("--precompile", metavar="CACHE_DIR")
     args = ap.parse_args(argv)
     args.tokens = [int(t) for t in args.tokens.split(",")]
@@ -246,25 +290,15 @@ def main(argv=None) -> int:
     import torch
     import torch.multiprocessing as mp
 
+    if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun: this is one rank
+        _worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, args)
+        return 0
     world = args.world or torch.cuda.device_count()
     if world < 2 or torch.cuda.device_count() < world:
         print(f"needs >= 2 GPUs of one host ({torch.cuda.device_count()} visible, {world} asked)")
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "results.json")
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "rendezvous"), args, out), nprocs=world, join=True)
-        data = json.loads(Path(out).read_text())
-    base = {(r["leg"], r["dtype"], r["tokens"]): r["us"] for r in data["rows"] if r["impl"] == "nccl-a2a"}
-    print(f"{torch.cuda.get_device_name(0)} x {world}: hidden {HIDDEN}, top-{TOPK}, {EXPERTS} experts; D2D copy (GPU 0) "
-          f"{data['copy_GBps_rw_gpu0']:.0f} GB/s r+w; slowest rank's median of {args.reps} graph replays")  # fmt: skip
-    print(f"{'impl':<12}{'leg':<9}{'dtype':<6}{'tokens':>7}{'us':>9}{'GB/s/rank':>11}{'vs NCCL':>9}")
-    for r in data["rows"]:
-        ratio = base[(r["leg"], r["dtype"], r["tokens"])] / r["us"]
-        r["speedup_vs_nccl"] = ratio
-        print(f"{r['impl']:<12}{r['leg']:<9}{r['dtype']:<6}{r['tokens']:>7}{r['us']:>9.1f}{r['GBps_per_rank']:>11.1f}"
-              f"{ratio:>9.2f}")  # fmt: skip
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=1))
+        mp.spawn(_worker, args=(world, os.path.join(tmp, "rendezvous"), args), nprocs=world, join=True)
     return 0
 
 

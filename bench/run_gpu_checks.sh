@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Everything the shmem and EP issues check on a GPU machine, in one call: environment, install, the GPU
-# tests, compute-sanitizer memcheck on the test kernels, and the shmem and EP benchmarks. Logs go to $OUT
+# tests, compute-sanitizer memcheck on the test kernels, and the shmem and EP benchmarks (with two or more
+# GPUs also the multi-GPU EP benchmark against NCCL). Logs go to $OUT
 # (or ./gpu-logs). Bundles must have been precompiled on a machine with the compiler:
 #   python test/python/gpu/kernels.py .bundles && python bench/shmem_kernels.py .bundles \
 #     && python bench/ep_bench.py --precompile .bundles && python bench/ep_ll_bench.py --precompile .bundles
+#     (and python bench/ep_multigpu_bench.py --precompile .bundles --world N for an N-GPU host)
 set -uo pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MORI_COMPILER_CACHE_DIR=$PWD/.bundles MORI_TEST_BUNDLES=$PWD/.bundles
@@ -34,4 +36,9 @@ timeout 150 python3 bench/ep_bench.py --json "$OUT/ep_bench.json" --png "$OUT/ep
   | tee "$OUT/ep_bench.log" | tail -11 || status=1
 timeout 120 python3 bench/ep_ll_bench.py --ll-blocks 16,32 --json "$OUT/ep_ll_bench.json" 2>&1 \
   | tee "$OUT/ep_ll_bench.log" | tail -40 || status=1
+ngpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$ngpus" -ge 2 ]; then  # EP across real GPUs (the GPU tests above ran test_ep_multigpu.py)
+  timeout 400 python3 bench/ep_multigpu_bench.py --world "$ngpus" --stack-dump-s 350 --json "$OUT/ep_multigpu.json" \
+    2>&1 | tee "$OUT/ep_multigpu.log" | tail -52 || status=1
+fi
 exit $status

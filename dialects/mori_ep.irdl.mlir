@@ -2,7 +2,8 @@
 //
 // Building blocks (lowered by `mori-ep-blocks-to-calls` into calls of helper functions written with
 // mori_shmem, gpu, scf and llvm ops, one helper per variant, added to the gpu.module once):
-//   row_copy, reserve_slot, count_signal, grid_barrier, device_barrier, accumulate_rows.
+//   row_copy, row_copy_to_peers, reserve_slot, count_signal, grid_barrier, device_barrier,
+//   accumulate_rows.
 // EP ops (expanded by `mori-ep-to-kernels` into gpu.func kernels built from the blocks):
 //   dispatch and combine (IntraNode), dispatch_ll (IntraNodeLL), and the AsyncLL send/recv halves
 //   dispatch_send, dispatch_recv, combine_send, combine_recv. The halves carry the
@@ -21,6 +22,20 @@ irdl.dialect @mori_ep {
     %i64 = irdl.is i64
     %i32 = irdl.is i32
     irdl.operands(dest: %ptr, source: %ptr, bytes: %i64, pe: %i32)
+  }
+
+  // Warp-cooperative copy of one local row to up to `max_peers` destinations: lane k < max_peers with
+  // `send` set names one destination, row `dest` (symmetric address) on PE `pe`. The row (`bytes`, a
+  // constant multiple of 16) is read once, 16-byte vectors, and stored to every named destination.
+  // Called uniformly by a whole warp; plain stores, published by the caller's release fence.
+  irdl.operation @row_copy_to_peers {
+    %ptr = irdl.is !llvm.ptr
+    %i64 = irdl.is i64
+    %i32 = irdl.is i32
+    %i1 = irdl.is i1
+    irdl.operands(dest: %ptr, source: %ptr, bytes: %i64, pe: %i32, send: %i1)
+    %max_peers = irdl.any
+    irdl.attributes { "max_peers" = %max_peers }
   }
 
   // Remote slot reservation: relaxed system-scope fetch-add of 1 on PE `pe`'s 32-bit counter at the

@@ -12,6 +12,9 @@ Defined in ``mori_ep.irdl.mlir``. Two layers:
   row_copy        warp-cooperative copy of a row to a peer → ``__mori_ep_row_copy_vec16``
                   (16-byte vectors, 8 loads in flight per lane; rows a constant multiple of 16
                   bytes) or ``__mori_ep_row_copy`` (``mori_shmem_putmem_nbi_warp``)
+  row_copy_to_   one row to up to ``max_peers`` destinations (lane k names destination k): each
+  peers           16-byte vector loaded once, stored to every destination →
+                  ``__mori_ep_row_copy_to_peers_k{max_peers}`` (``mori_shmem.ptr`` per destination)
   reserve_slot    remote slot reservation, fetch-add of 1 on a peer's counter →
                   ``__mori_ep_reserve_slot`` (``mori_shmem_uint32_atomic_fetch_add_thread``)
   count_signal    count handshake with flow control (send count + 1 once the peer's slot is 0)
@@ -134,4 +137,7 @@ def extra_verify(op: ir.Operation) -> list[str]:
             need(ints["zero_copy"] in (0, 1), "attribute 'zero_copy' must be 0 or 1")
     if short == "accumulate_rows":
         need(len(op.operands) >= 3, "needs at least one source row")
+    if short == "row_copy_to_peers" and "max_peers" in ints:
+        need(1 <= ints["max_peers"] <= 32, f"attribute 'max_peers' must be in [1, 32] (one lane per destination), "
+             f"got {ints['max_peers']}")  # fmt: skip
     return errors

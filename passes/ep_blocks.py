@@ -37,23 +37,37 @@ def row_copy() -> str:
 def row_copy_vec16(wave: int) -> str:
     # The variant for rows whose size is a constant multiple of 16 bytes (token rows; buffers are
     # 256-byte aligned): the peer address once (mori_shmem.ptr), then lane-strided 16-byte vectors, eight
-    # loads in flight per lane before the stores, a one-vector remainder loop, and no byte loops. Plain
-    # stores: the caller publishes them (release fence before its signal).
+    # loads in flight per lane before the stores, and no byte loops. The tail (fewer than 8 vectors left
+    # for the lane) is one more round of 8 loads, all in flight together: a unit past the end loads vector 0
+    # (always in the row) and does not store. A one-vector remainder loop would wait for each load in
+    # turn, since its stores may alias the next load (up to 7 round trips per row: measured on H200, the
+    # fixed cost of a 7 KB fp8 row at 128 tokens). Plain stores: the caller publishes them (release fence
+    # before its signal).
     loads = "\n".join(f"    %i{u} = arith.addi %j, %o{u} : i64\n"
                        f"    %s{u} = llvm.getelementptr %src[%i{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
                        f"    %v{u} = llvm.load %s{u} {{alignment = 16 : i64}} : {P} -> vector<4xi32>" for u in range(8))
     stores = "\n".join(f"    %d{u} = llvm.getelementptr %peer[%i{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
                         f"    llvm.store %v{u}, %d{u} {{alignment = 16 : i64}} : vector<4xi32>, {P}" for u in range(8))
+    tail_loads = "\n".join(f"    %ti{u} = arith.addi %j8, %o{u} : i64\n"
+                            f"    %tin{u} = arith.cmpi ult, %ti{u}, %nvec : i64\n"
+                            f"    %tl{u} = arith.select %tin{u}, %ti{u}, %zero : i64\n"
+                            f"    %ts{u} = llvm.getelementptr %src[%tl{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
+                            f"    %tv{u} = llvm.load %ts{u} {{alignment = 16 : i64}} : {P} -> vector<4xi32>"
+                            for u in range(8))  # fmt: skip
+    tail_stores = "\n".join(f"    scf.if %tin{u} {{\n"
+                             f"      %td{u} = llvm.getelementptr %peer[%ti{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
+                             f"      llvm.store %tv{u}, %td{u} {{alignment = 16 : i64}} : vector<4xi32>, {P}\n"
+                             f"    }}" for u in range(8))  # fmt: skip
     offs = "\n".join(f"  %o{u} = arith.constant {u * wave} : i64" for u in range(8))
     return f"""func.func @{PREFIX}row_copy_vec16(%dst: {P}, %src: {P}, %bytes: i64, %pe: i32) {{
   %peer = "mori_shmem.ptr"(%dst, %pe) : ({P}, i32) -> {P}
   %lane_i = gpu.lane_id
   %lane = arith.index_cast %lane_i : index to i64
   %sixteen = arith.constant 16 : i64
+  %zero = arith.constant 0 : i64
   %nvec = arith.divui %bytes, %sixteen : i64
 {offs}
   %step8 = arith.constant {8 * wave} : i64
-  %wave = arith.constant {wave} : i64
   %j8 = scf.while (%j = %lane) : (i64) -> i64 {{
     %last = arith.addi %j, %o7 : i64
     %more = arith.cmpi ult, %last, %nvec : i64
@@ -65,15 +79,95 @@ def row_copy_vec16(wave: int) -> str:
     %next = arith.addi %j, %step8 : i64
     scf.yield %next : i64
   }}
-  %lb = arith.index_cast %j8 : i64 to index
-  %ub = arith.index_cast %nvec : i64 to index
-  %st = arith.index_cast %wave : i64 to index
-  scf.for %k = %lb to %ub step %st {{
-    %k64 = arith.index_cast %k : index to i64
-    %sk = llvm.getelementptr %src[%k64] : ({P}, i64) -> {P}, vector<4xi32>
-    %vk = llvm.load %sk {{alignment = 16 : i64}} : {P} -> vector<4xi32>
-    %dk = llvm.getelementptr %peer[%k64] : ({P}, i64) -> {P}, vector<4xi32>
-    llvm.store %vk, %dk {{alignment = 16 : i64}} : vector<4xi32>, {P}
+  %left = arith.cmpi ult, %j8, %nvec : i64
+  scf.if %left {{
+{tail_loads}
+{tail_stores}
+  }}
+  return
+}}
+"""
+
+
+def row_copy_to_peers(wave: int, max_peers: int) -> str:
+    # One row to up to K = max_peers destinations (lane k < K names destination k: its symmetric row
+    # address and PE, and whether to send). Each lane resolves its own destination's peer address once
+    # (mori_shmem.ptr; a lane that does not send resolves its own PE, so no table read is out of range),
+    # then every round loads 8 lane-strided 16-byte vectors of the source once and stores them to each
+    # sending destination (addresses and flags broadcast from lane k by shuffles, warp-uniform branches).
+    # The tail round is the 8-load round of row_copy_vec16 with out-of-range units clamped to vector 0
+    # and not stored. Compared with K row_copy calls, the row is read once, not once per destination, and
+    # a token costs ceil(vectors / (8 x wave)) load round trips, not K times that. Plain stores: the
+    # caller publishes them (release fence before its signal).
+    K = max_peers
+    bcast = []
+    for k in range(K):
+        bcast.append(f"""  %kk{k} = arith.constant {k} : i32
+  %sk{k}, %sok{k} = gpu.shuffle idx %s32, %kk{k}, %width : i32
+  %on{k} = arith.cmpi ne, %sk{k}, %c0i : i32
+  %lok{k}, %look{k} = gpu.shuffle idx %lo, %kk{k}, %width : i32
+  %hik{k}, %hiok{k} = gpu.shuffle idx %hi, %kk{k}, %width : i32
+  %lo64_{k} = arith.extui %lok{k} : i32 to i64
+  %hi64_{k} = arith.extui %hik{k} : i32 to i64
+  %hs{k} = arith.shli %hi64_{k}, %c32 : i64
+  %a{k} = arith.ori %hs{k}, %lo64_{k} : i64
+  %d{k} = llvm.inttoptr %a{k} : i64 to {P}""")
+    loads = "\n".join(f"    %i{u} = arith.addi %j, %o{u} : i64\n"
+                       f"    %s{u} = llvm.getelementptr %src[%i{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
+                       f"    %v{u} = llvm.load %s{u} {{alignment = 16 : i64}} : {P} -> vector<4xi32>" for u in range(8))
+    stores = "\n".join(f"""    scf.if %on{k} {{
+""" + "\n".join(f"      %p{k}_{u} = llvm.getelementptr %d{k}[%i{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
+                 f"      llvm.store %v{u}, %p{k}_{u} {{alignment = 16 : i64}} : vector<4xi32>, {P}" for u in range(8)) + """
+    }""" for k in range(K))
+    tail_loads = "\n".join(f"    %ti{u} = arith.addi %j8, %o{u} : i64\n"
+                            f"    %tin{u} = arith.cmpi ult, %ti{u}, %nvec : i64\n"
+                            f"    %tl{u} = arith.select %tin{u}, %ti{u}, %zero : i64\n"
+                            f"    %ts{u} = llvm.getelementptr %src[%tl{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
+                            f"    %tv{u} = llvm.load %ts{u} {{alignment = 16 : i64}} : {P} -> vector<4xi32>"
+                            for u in range(8))  # fmt: skip
+    tail_stores = "\n".join(f"""    scf.if %on{k} {{
+""" + "\n".join(f"      scf.if %tin{u} {{\n"
+                 f"        %tp{k}_{u} = llvm.getelementptr %d{k}[%ti{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
+                 f"        llvm.store %tv{u}, %tp{k}_{u} {{alignment = 16 : i64}} : vector<4xi32>, {P}\n"
+                 f"      }}" for u in range(8)) + """
+    }""" for k in range(K))
+    offs = "\n".join(f"  %o{u} = arith.constant {u * wave} : i64" for u in range(8))
+    nl = "\n"
+    return f"""func.func @{PREFIX}row_copy_to_peers_k{K}(%dst: {P}, %src: {P}, %bytes: i64, %pe: i32, %send: i1) {{
+  %me = "mori_shmem.my_pe"() : () -> i32
+  %pe_s = arith.select %send, %pe, %me : i32
+  %peer = "mori_shmem.ptr"(%dst, %pe_s) : ({P}, i32) -> {P}
+  %pi = llvm.ptrtoint %peer : {P} to i64
+  %c32 = arith.constant 32 : i64
+  %c0i = arith.constant 0 : i32
+  %lo = arith.trunci %pi : i64 to i32
+  %pih = arith.shrui %pi, %c32 : i64
+  %hi = arith.trunci %pih : i64 to i32
+  %s32 = arith.extui %send : i1 to i32
+  %width = arith.constant {wave} : i32
+{nl.join(bcast)}
+  %lane_i = gpu.lane_id
+  %lane = arith.index_cast %lane_i : index to i64
+  %sixteen = arith.constant 16 : i64
+  %zero = arith.constant 0 : i64
+  %nvec = arith.divui %bytes, %sixteen : i64
+{offs}
+  %step8 = arith.constant {8 * wave} : i64
+  %j8 = scf.while (%j = %lane) : (i64) -> i64 {{
+    %last = arith.addi %j, %o7 : i64
+    %more = arith.cmpi ult, %last, %nvec : i64
+    scf.condition(%more) %j : i64
+  }} do {{
+  ^bb0(%j: i64):
+{loads}
+{stores}
+    %next = arith.addi %j, %step8 : i64
+    scf.yield %next : i64
+  }}
+  %left = arith.cmpi ult, %j8, %nvec : i64
+  scf.if %left {{
+{tail_loads}
+{tail_stores}
   }}
   return
 }}
@@ -344,6 +438,12 @@ def helper_for(op: ir.Operation, wave: int, vectors_per_lane: int = 1) -> tuple[
         if _constant_multiple_of_16(op.operands[2]):
             return f"{PREFIX}row_copy_vec16", row_copy_vec16(wave)
         return f"{PREFIX}row_copy", row_copy()
+    if name == "row_copy_to_peers":
+        if not _constant_multiple_of_16(op.operands[2]):
+            raise MoriCompilerError(f"{op.location}: '{op.name}' needs 'bytes' to be a constant multiple of 16 "
+                                    f"(16-byte vectors)")  # fmt: skip
+        k = attrs["max_peers"].value
+        return f"{PREFIX}row_copy_to_peers_k{k}", row_copy_to_peers(wave, k)
     if name == "reserve_slot":
         return f"{PREFIX}reserve_slot", reserve_slot()
     if name == "count_signal":
@@ -370,8 +470,8 @@ def insert_functions(gm: ir.Operation, text: str) -> None:
         op.operation.move_before(anchor)
 
 
-BLOCK_OPS = ("mori_ep.row_copy", "mori_ep.reserve_slot", "mori_ep.count_signal", "mori_ep.grid_barrier",
-             "mori_ep.device_barrier", "mori_ep.accumulate_rows")  # fmt: skip
+BLOCK_OPS = ("mori_ep.row_copy", "mori_ep.row_copy_to_peers", "mori_ep.reserve_slot", "mori_ep.count_signal",
+             "mori_ep.grid_barrier", "mori_ep.device_barrier", "mori_ep.accumulate_rows")  # fmt: skip
 
 
 @dataclass(frozen=True)

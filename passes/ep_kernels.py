@@ -14,7 +14,8 @@ The protocols (ep-semantics.md §3.0-§3.2), with the ordering each block provid
 * dispatch: one warp per token. Lanes < K read the expert ids, drop invalid ones and duplicates per
   destination PE (lowest k is the representative), reserve a slot on each destination's counter
   (``reserve_slot``: relaxed system-scope fetch-add), and record the forward map (pe * R + slot, or the
-  null W * R). The warp copies the token row and the scales to every destination (``row_copy``); lanes < K
+  null W * R). The warp copies the token row to every destination at once (``row_copy_to_peers``: each
+  vector loaded once, stored to all) and the scales to each (``row_copy``); lanes < K
   store the K expert ids and weights, lane 0 the source position (src_pe * S + token), all as relaxed
   system-scope stores. Then ``grid_barrier`` (release/acquire between this PE's blocks) and
   ``count_signal`` (flow-controlled count + 1 per peer: release fence before, acquire fence after), so
@@ -217,15 +218,18 @@ _TOKEN_SOURCE = """        %t64 = arith.extui %t : i32 to i64
 """
 
 
-def send_to_destinations(cfg: "EpKernelConfig", *, rows: bool = True) -> str:
-    """For each destination of token %t (the K representatives, broadcast from their lanes): the row and
-    scales (``rows``: ``mori_ep.row_copy`` to row %dbase + slot of %out_x/%out_s), the K expert ids and
-    weights (lanes < K) and the source position me * S + t (lane 0), as relaxed system-scope stores.
-    Needs %dbase (0 for IntraNode), %src_row, %t64, %wv."""
-    scales = ""
-    if rows and cfg.scale_bytes:
+def send_to_destinations(cfg: "EpKernelConfig", *, rows: bool = True, scales: bool | None = None) -> str:
+    """For each destination of token %t (the K representatives, broadcast from their lanes): the row
+    (``rows``: ``mori_ep.row_copy`` to row %dbase + slot of %out_x), the scales (``scales``, default
+    ``rows``: to %out_s), the K expert ids and weights (lanes < K) and the source position me * S + t
+    (lane 0), as relaxed system-scope stores. Needs %dbase (0 for IntraNode), %src_row, %t64, %wv."""
+    if scales is None:
+        scales = rows
+    if scales and cfg.scale_bytes:
         scales = _SCALES.format(P=P, sb=cfg.scale_bytes)
-    return _SEND_LOOP.format(P=P, rows=_ROWS.format(P=P, scales=scales) if rows else "")
+    else:
+        scales = ""
+    return _SEND_LOOP.format(P=P, rows=_ROWS.format(P=P, scales=scales) if rows else scales)
 
 
 _SCALES = """            scf.if %has_s {{
@@ -270,6 +274,16 @@ _SEND_LOOP = """        scf.for %k = %c0x to %Kx step %c1x {{
             }}
           }}
         }}
+"""
+
+
+# The token row to all its destinations at once (lane k < K names destination k, row %dbase + slot on
+# PE pe, when %ok): each vector is loaded once and stored to every destination.
+_ROW_TO_PEERS = """        %ldrow = arith.addi %dbase, %slot : i32
+        %ldrow64 = arith.extui %ldrow : i32 to i64
+        %ldoff = arith.muli %ldrow64, %row : i64
+        %ldst = llvm.getelementptr %out_x[%ldoff] : ({P}, i64) -> {P}, i8
+        "mori_ep.row_copy_to_peers"(%ldst, %src_row, %row, %pe, %ok) {{max_peers = {K} : i64}} : ({P}, {P}, i64, i32, i1) -> ()
 """
 
 
@@ -321,7 +335,7 @@ def dispatch_kernel(cfg: EpKernelConfig) -> str:
 {_DISPATCH_ROUND.format(P=P)}      %n_x = arith.index_cast %n : i32 to index
       scf.for %t_x = %gw to %n_x step %nw {{
 {route_token()}{_TOKEN_SOURCE.format(P=P)}        %dbase = arith.constant 0 : i32
-{send_to_destinations(cfg)}      }}
+{_ROW_TO_PEERS.format(P=P, K=cfg.top_k)}{send_to_destinations(cfg, rows=False, scales=True)}      }}
 {dispatch_completion(cfg)}      gpu.return
     }}
 """

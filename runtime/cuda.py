@@ -119,6 +119,12 @@ class CudaDriver(BindingsDriver):
                 return
             self._bind(int(ordinal))
 
+    def can_access_peer(self, peer_ordinal: int) -> bool:
+        if int(peer_ordinal) == self.device:
+            return True
+        peer = self._call("cuDeviceGet", int(peer_ordinal))
+        return bool(self._call("cuDeviceCanAccessPeer", self._cudevice, peer))
+
     # ---- modules -------------------------------------------------------------------------------
     def load_module(self, image: bytes) -> Module:
         image = bytes(image)

@@ -253,6 +253,11 @@ class Driver(ABC):
         if ordinal != self.device:
             raise ValueError(f"{type(self).__name__} supports only device {self.device}, not {ordinal}")
 
+    def can_access_peer(self, peer_ordinal: int) -> bool:
+        """Whether kernels on this driver's GPU can load and store GPU ``peer_ordinal``'s memory directly
+        (P2P over NVLink / xGMI / PCIe). The same GPU always can."""
+        return peer_ordinal == self.device
+
     @property
     def torch_interop(self) -> bool:
         """True when torch tensors can be allocated on this driver's device (real drivers with a GPU torch)."""

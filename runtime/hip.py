@@ -131,6 +131,11 @@ class HipDriver(BindingsDriver):
         attr = self._hip.hipDeviceAttribute_t.hipDeviceAttributeMultiprocessorCount
         return int(self._call("hipDeviceGetAttribute", attr, self.device))
 
+    def can_access_peer(self, peer_ordinal: int) -> bool:
+        if int(peer_ordinal) == self.device:
+            return True
+        return bool(self._call("hipDeviceCanAccessPeer", self.device, int(peer_ordinal)))
+
     # ---- IPC -----------------------------------------------------------------------------------
     def ipc_open_mem_handle(self, handle: bytes) -> int:
         buf = bytearray(handle)

@@ -46,6 +46,7 @@ import os
 import re
 import secrets
 import socket
+import sys
 import threading
 
 from mori_compiler.lib_bitcode.state import (FLAG_VIRTUAL_PES, MAX_PES, SYNC_RESERVED_BYTES, WAIT_REPORT_SIZE,
@@ -328,7 +329,8 @@ class ShmemState:
         except Exception as exc:  # noqa: BLE001 - reported to every PE below, so that none hangs
             local_error = f"{type(exc).__name__}: {exc}"
             base = 0
-        info = {"pe": my_pe, "host": host, "pid": _process_identity(), "heap_size": heap_size, "base": base,
+        info = {"pe": my_pe, "host": host, "pid": _process_identity(), "device": driver.device,
+                "heap_size": heap_size, "base": base,
                 "handle": handle, "unique_id": bytes(unique_id) if unique_id is not None else None,
                 "error": local_error}  # fmt: skip
         try:
@@ -344,6 +346,12 @@ class ShmemState:
                 for q, peer in enumerate(infos):
                     if q == my_pe or peer["host"] != host:
                         continue  # our own heap is used directly; other hosts' heaps stay unmapped (no RDMA)
+                    if not driver.can_access_peer(peer["device"]):
+                        # Kernels store straight into the peer's heap: without P2P the mapping would exist but
+                        # every access would fault, so say so here, on every PE.
+                        raise ShmemStateError(f"PE {my_pe} (GPU {driver.device}) has no peer access to PE {q}'s "
+                                              f"GPU {peer['device']} on {host}: intra-node shmem needs "
+                                              f"P2P-capable GPUs (NVLink, xGMI or PCIe P2P)")  # fmt: skip
                     mapped = driver.ipc_open_mem_handle(peer["handle"])
                     state._ipc_mapped.append(mapped)
                     state.heap_bases[q] = mapped
@@ -772,6 +780,42 @@ def shmem_torch_process_group_init(group_name: str, *, heap_size: int | None = N
     """Initialize over the torch process group registered as ``group_name`` ('default'/'world': WORLD when
     torch.distributed is initialized). Collective over that group. Returns 0."""
     return shmem_init_comm(TorchComm(resolve_process_group(group_name)), heap_size=heap_size, driver=driver)
+
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def shmem_init_from_env(*, heap_size: int | None = None, backend: str = "gloo",
+                        driver: Driver | None = None) -> int:  # fmt: skip
+    """The torchrun path: one process per GPU, started by ``torchrun --nproc-per-node N`` (or anything
+    that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT). Binds this process to GPU
+    LOCAL_RANK, initializes torch.distributed from the environment when it is not yet (``backend``:
+    gloo is enough, only host objects travel), then does the collective shmem init over WORLD: IPC handles
+    exchanged through torch.distributed, every peer's heap mapped after checking peer access. Returns
+    LOCAL_RANK (the GPU ordinal)."""
+    missing = [v for v in TORCHRUN_VARIABLES if v not in os.environ]
+    dist = _torch_distributed()
+    if missing and not dist.is_initialized():
+        raise ShmemError(f"shmem_init_from_env: {', '.join(missing)} not set; start one process per GPU with "
+                         f"torchrun --nproc-per-node <GPUs> (it sets {', '.join(TORCHRUN_VARIABLES)})")  # fmt: skip
+    try:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        raise ShmemError(f"LOCAL_RANK must be an integer, got {os.environ['LOCAL_RANK']!r}") from None
+    drv = driver if driver is not None else _default_driver()
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and hasattr(cuda, "device_count"):
+        count = cuda.device_count()
+        if not 0 <= local_rank < count:
+            raise ShmemError(f"LOCAL_RANK {local_rank} but {count} GPU(s) visible to this process; start at most "
+                             f"{count} processes per node")  # fmt: skip
+        cuda.set_device(local_rank)
+    drv.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method="env://")
+    shmem_init_comm(TorchComm(None), heap_size=heap_size, driver=drv)
+    return local_rank
 
 
 def shmem_init_comm(comm, *, heap_size: int | None = None, driver: Driver | None = None) -> int:

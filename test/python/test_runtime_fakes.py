@@ -63,6 +63,7 @@ class FakeGPU:
         self.sm_count = 132
         self.fail: dict[str, int] = {}
         self.ipc_maps: dict[int, int] = {}
+        self.peers: set[int] = set()  # other GPU ordinals this one has P2P access to
 
     def alloc(self, n: int) -> int:
         addr = self.next_addr
@@ -263,6 +264,9 @@ class FakeCudaModule(types.ModuleType):
     def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, f, block, shm):
         return self._rec("cuOccupancyMaxActiveBlocksPerMultiprocessor", f.kernel, block, shm), self.gpu.occupancy
 
+    def cuDeviceCanAccessPeer(self, dev, peer):
+        return self._rec("cuDeviceCanAccessPeer", int(dev), int(peer)), int(int(peer) in self.gpu.peers)
+
     def cuDeviceGetAttribute(self, attr, dev):
         assert attr == CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
         return self._rec("cuDeviceGetAttribute", int(attr), int(dev)), self.gpu.sm_count
@@ -421,6 +425,9 @@ class FakeHipModule(types.ModuleType):
 
     def hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(self, f, block, shm):
         return self._rec("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", block, shm), self.gpu.occupancy
+
+    def hipDeviceCanAccessPeer(self, dev, peer):
+        return self._rec("hipDeviceCanAccessPeer", dev, peer), int(peer in self.gpu.peers)
 
     def hipDeviceGetAttribute(self, attr, dev):
         assert attr == hipDeviceAttribute_t.hipDeviceAttributeMultiprocessorCount
@@ -674,6 +681,16 @@ def test_occupancy_sm_count_and_ipc(fake_cuda, gpu):
     assert gpu.calls[-1] == ("cuIpcCloseMemHandle", mapped)
     with pytest.raises(ValueError, match="64 bytes"):
         drv.ipc_open_mem_handle(b"short")
+
+
+def test_peer_access_query(fake_cuda, fake_hip, gpu):
+    gpu.peers = {2}
+    for backend, call in (("nvvm", "cuDeviceCanAccessPeer"), ("rocdl", "hipDeviceCanAccessPeer")):
+        drv = get_driver(backend)
+        assert drv.can_access_peer(drv.device)  # the same GPU: no driver call needed
+        assert not any(c[0] == call for c in gpu.calls)
+        assert drv.can_access_peer(2) and not drv.can_access_peer(1)
+        assert (call, 0, 2) in gpu.calls and (call, 0, 1) in gpu.calls
 
 
 def test_current_stream_falls_back_to_0_without_torch(fake_cuda):

@@ -125,6 +125,17 @@ class FakeDriver(Driver):
     def stream_synchronize(self, stream):
         self._rec("stream_synchronize", stream)
 
+    ordinal = 0  # the GPU this "process" works on
+    peers: frozenset = frozenset()  # other GPUs it has P2P access to
+
+    @property
+    def device(self):
+        return self.ordinal
+
+    def can_access_peer(self, peer_ordinal):
+        self._rec("can_access_peer", peer_ordinal)
+        return peer_ordinal == self.ordinal or peer_ordinal in self.peers
+
     def device_synchronize(self):
         self._rec("device_synchronize")
 
@@ -506,6 +517,32 @@ def test_allocation_order_mismatch_is_detected_on_every_pe(world):
     run_ranks(w, lambda r: states[r].finalize())
 
 
+def test_multiprocess_checks_peer_access(world):
+    # One process per GPU: GPUs 0 and 1 reach each other (P2P), GPU 2 reaches nobody. Every PE reports the
+    # failure (the error is all-gathered), naming the PE and the GPUs; nothing stays mapped or allocated.
+    w = world(3)
+    ipc = IpcRegistry()
+    drivers = [FakeDriver(ipc) for _ in range(3)]
+    for r, d in enumerate(drivers):
+        d.ordinal = r
+    drivers[0].peers, drivers[1].peers = frozenset({1}), frozenset({0})
+    results = _mp_states(w, drivers)
+    for r, res in enumerate(results):
+        assert isinstance(res, ShmemStateError), res
+        assert "PE 0 (GPU 0) has no peer access to PE 2's GPU 2" in str(res)
+        assert "PE 2 (GPU 2) has no peer access to PE 0's GPU 0" in str(res)
+        assert not drivers[r].mapped and not drivers[r].memory
+    # all peer-accessible: the heaps are mapped
+    w = world(2)
+    drivers = [FakeDriver(ipc) for _ in range(2)]
+    drivers[0].ordinal, drivers[1].ordinal = 0, 1
+    drivers[0].peers, drivers[1].peers = frozenset({1}), frozenset({0})
+    states = _mp_states(w, drivers)
+    assert all(isinstance(s, ShmemState) for s in states), states
+    assert [("can_access_peer", 1 - r) in drivers[r].calls for r in range(2)] == [True, True]
+    run_ranks(w, lambda r: states[r].finalize())
+
+
 def test_multiprocess_init_mismatches(world):
     w = world(2)
     ipc = IpcRegistry()
@@ -580,6 +617,50 @@ def test_torch_process_group_init(world, drv):
     w.initialized = False
     with pytest.raises(ShmemStateError, match="torch.distributed is not initialized"):
         shmem.shmem_torch_process_group_init("default", heap_size=HEAP, driver=drv)
+
+
+def test_init_from_env_is_the_torchrun_path(world, drv, monkeypatch):
+    # torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; without them (and without an
+    # initialized torch.distributed) the error says how to start the processes.
+    w = world(1, initialized=False)
+    w.local.rank = 0
+    for var in shmem.TORCHRUN_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ShmemError, match=r"RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not set; "
+                                         r"start one process per GPU with torchrun --nproc-per-node"):
+        shmem.shmem_init_from_env(heap_size=HEAP, driver=drv)
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    inits = []
+
+    def init_process_group(backend, init_method=None):
+        inits.append((backend, init_method))
+        w.initialized = True
+
+    sys.modules["torch.distributed"].init_process_group = init_process_group
+    assert shmem.shmem_init_from_env(heap_size=HEAP, driver=drv) == 0
+    assert inits == [("gloo", "env://")]  # torch.distributed from the environment, host objects only
+    s = shmem.current_state()
+    assert s.mode == "multiprocess" and s.my_pe == 0 and s.n_pes == 1 and s.comm.group is None
+    shmem.shmem_finalize()
+    assert shmem.shmem_init_from_env(heap_size=HEAP, driver=drv) == 0  # already initialized: not again
+    assert len(inits) == 1
+    shmem.shmem_finalize()
+    monkeypatch.setenv("LOCAL_RANK", "x")
+    with pytest.raises(ShmemError, match="LOCAL_RANK must be an integer, got 'x'"):
+        shmem.shmem_init_from_env(heap_size=HEAP, driver=drv)
+    monkeypatch.setenv("LOCAL_RANK", "3")  # the fake driver has only GPU 0
+    with pytest.raises(ValueError, match="supports only device 0, not 3"):
+        shmem.shmem_init_from_env(heap_size=HEAP, driver=drv)
+    bound = []  # with torch's CUDA: LOCAL_RANK is checked against the visible GPUs, then bound
+    sys.modules["torch"].cuda = types.SimpleNamespace(device_count=lambda: 2, set_device=bound.append)
+    with pytest.raises(ShmemError, match=r"LOCAL_RANK 3 but 2 GPU\(s\) visible to this process; start at most 2"):
+        shmem.shmem_init_from_env(heap_size=HEAP, driver=drv)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert shmem.shmem_init_from_env(heap_size=HEAP, driver=drv) == 0 and bound == [0]
+    shmem.shmem_finalize()
+    assert shmem.current_state() is None
 
 
 # ---- tensors (through a fake torch) -----------------------------------------------------------------

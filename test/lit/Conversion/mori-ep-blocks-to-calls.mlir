@@ -92,6 +92,103 @@ module attributes {gpu.container_module} {
 
 // -----
 
+// row_copy of a constant multiple of 16 bytes (7168 = 448 vectors): the peer address once, then rounds of
+// 8 lane-strided vectors, all 8 loads before the 8 stores; the rest of the row (fewer than 8 vectors for
+// the lane) is one more round of 8 loads, each past the end clamped to vector 0, then 8 guarded stores,
+// so a row never costs more than ceil(vectors / (8 x wave)) load round trips.
+// CHECK-LABEL: func.func @__mori_ep_row_copy_vec16(
+// CHECK-SAME: %[[DST:[^:]+]]: !llvm.ptr, %[[SRC:[^:]+]]: !llvm.ptr, %[[BYTES:[^:]+]]: i64, %[[PE:[^:]+]]: i32) {
+// CHECK-NEXT: %[[PEER:.*]] = "mori_shmem.ptr"(%[[DST]], %[[PE]]) : (!llvm.ptr, i32) -> !llvm.ptr
+// CHECK: %[[ZERO:.*]] = arith.constant 0 : i64
+// CHECK-NEXT: %[[NVEC:.*]] = arith.divui %[[BYTES]], %{{.*}} : i64
+// CHECK: %[[O7:.*]] = arith.constant 448 : i64
+// CHECK-NEXT: %[[STEP:.*]] = arith.constant 512 : i64
+// CHECK-NEXT: %[[J8:.*]] = scf.while
+// CHECK: } do {
+// CHECK-COUNT-8: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
+// CHECK-NOT: llvm.load
+// CHECK-COUNT-8: llvm.store %{{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
+// CHECK-NEXT: arith.addi %{{.*}}, %[[STEP]] : i64
+// CHECK-NEXT: scf.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: %[[LEFT:.*]] = arith.cmpi ult, %[[J8]], %[[NVEC]] : i64
+// CHECK-NEXT: scf.if %[[LEFT]] {
+// CHECK-NEXT: %[[I0:.*]] = arith.addi %[[J8]], %{{.*}} : i64
+// CHECK-NEXT: %[[IN0:.*]] = arith.cmpi ult, %[[I0]], %[[NVEC]] : i64
+// CHECK-NEXT: %[[L0:.*]] = arith.select %[[IN0]], %[[I0]], %[[ZERO]] : i64
+// CHECK-NEXT: %[[S0:.*]] = llvm.getelementptr %[[SRC]][%[[L0]]] : (!llvm.ptr, i64) -> !llvm.ptr, vector<4xi32>
+// CHECK-NEXT: %[[V0:.*]] = llvm.load %[[S0]] {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
+// CHECK-COUNT-7: llvm.load
+// CHECK-NOT: llvm.load
+// CHECK: scf.if %[[IN0]] {
+// CHECK-NEXT: %[[D0:.*]] = llvm.getelementptr %[[PEER]][%[[I0]]] : (!llvm.ptr, i64) -> !llvm.ptr, vector<4xi32>
+// CHECK-NEXT: llvm.store %[[V0]], %[[D0]] {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
+// CHECK-NEXT: }
+// CHECK-COUNT-7: llvm.store
+// CHECK-NOT: llvm.load
+// CHECK: return
+// CHECK-LABEL: gpu.func @k(
+// CHECK: func.call @__mori_ep_row_copy_vec16(
+// ONCE-LABEL: gpu.module @row_copy_vec16
+// ONCE-NEXT: func.func @__mori_ep_row_copy_vec16(
+// W32-LABEL: func.func @__mori_ep_row_copy_vec16(
+// W32: arith.constant 224 : i64
+// W32-NEXT: arith.constant 256 : i64
+module attributes {gpu.container_module} {
+  gpu.module @row_copy_vec16 {
+    gpu.func @k(%d: !llvm.ptr, %s: !llvm.ptr, %pe: i32) kernel {
+      %n = arith.constant 7168 : i64
+      "mori_ep.row_copy"(%d, %s, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+      gpu.return
+    }
+  }
+}
+
+// -----
+
+// row_copy_to_peers, K = 2 destinations: each lane resolves its own destination (mori_shmem.ptr of its
+// row on its PE, or on our PE when it does not send: no out-of-range table read); lane k's flag and
+// address (two 32-bit halves) are broadcast by shuffles; every round loads 8 vectors once, then stores
+// them to each sending destination (8 stores per destination, behind its flag).
+// CHECK-LABEL: func.func @__mori_ep_row_copy_to_peers_k2(
+// CHECK-SAME: %[[DST:[^:]+]]: !llvm.ptr, %[[SRC:[^:]+]]: !llvm.ptr, %[[BYTES:[^:]+]]: i64, %[[PE:[^:]+]]: i32, %[[SEND:[^:]+]]: i1) {
+// CHECK-NEXT: %[[ME:.*]] = "mori_shmem.my_pe"() : () -> i32
+// CHECK-NEXT: %[[PES:.*]] = arith.select %[[SEND]], %[[PE]], %[[ME]] : i32
+// CHECK-NEXT: %[[PEER:.*]] = "mori_shmem.ptr"(%[[DST]], %[[PES]]) : (!llvm.ptr, i32) -> !llvm.ptr
+// CHECK-COUNT-3: gpu.shuffle idx
+// CHECK: %[[D0:.*]] = llvm.inttoptr %{{.*}} : i64 to !llvm.ptr
+// CHECK-COUNT-3: gpu.shuffle idx
+// CHECK: %[[D1:.*]] = llvm.inttoptr %{{.*}} : i64 to !llvm.ptr
+// CHECK-NOT: gpu.shuffle
+// CHECK: scf.while
+// CHECK: } do {
+// CHECK-COUNT-8: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
+// CHECK-NOT: llvm.load
+// CHECK: scf.if
+// CHECK-COUNT-8: llvm.getelementptr %[[D0]][%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, vector<4xi32>
+// CHECK: scf.if
+// CHECK-COUNT-8: llvm.getelementptr %[[D1]][%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, vector<4xi32>
+// CHECK-NOT: llvm.load
+// CHECK: scf.yield
+// The tail round: 8 clamped loads, then per destination 8 stores guarded by the unit's range.
+// CHECK: scf.if
+// CHECK-COUNT-8: llvm.load
+// CHECK-NOT: llvm.load
+// CHECK: return
+// ONCE-LABEL: gpu.module @row_copy_to_peers
+// ONCE-NEXT: func.func @__mori_ep_row_copy_to_peers_k2(
+module attributes {gpu.container_module} {
+  gpu.module @row_copy_to_peers {
+    gpu.func @k(%d: !llvm.ptr, %s: !llvm.ptr, %pe: i32, %send: i1) kernel {
+      %n = arith.constant 7168 : i64
+      "mori_ep.row_copy_to_peers"(%d, %s, %n, %pe, %send) {max_peers = 2 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
+      gpu.return
+    }
+  }
+}
+
+// -----
+
 // reserve_slot: a relaxed system-scope fetch-add of 1 on the peer's 32-bit counter; the old value is the slot.
 // CHECK-LABEL: func.func @__mori_ep_reserve_slot(
 // CHECK-SAME: %[[CTR:[^:]+]]: !llvm.ptr, %[[PE:[^:]+]]: i32) -> i32 {

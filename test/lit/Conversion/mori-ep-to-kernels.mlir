@@ -15,14 +15,15 @@
 // CHECK-LABEL: gpu.func @ep_dispatch_bf16(
 // CHECK-SAME: {{^}}{{(%arg[0-9]+: !llvm.ptr, ){4}%arg4}}: i32, {{(%arg[0-9]+: !llvm.ptr, ){12}%arg17}}: !llvm.ptr) kernel attributes {known_block_size = array<i32: {{[0-9]+}}, 1, 1>} {
 // Round parity selects the slot counter (slot_ctrs = %arg10); valid representatives reserve a slot on
-// their destination PE, the warp copies the row there (14336 bytes), then the grid and the PEs meet.
+// their destination PE, the warp copies the row to all its destinations at once (14336 bytes; lane k
+// names destination k: its row address, its PE and whether it sends), then the grid and the PEs meet.
 // CHECK: %[[ROW:.*]] = arith.constant 14336 : i64
 // CHECK: %{{.*}} = llvm.load %arg13 : !llvm.ptr -> i64
 // CHECK: %[[CTR:.*]] = llvm.getelementptr %arg10[%{{.*}}] : (!llvm.ptr, i32) -> !llvm.ptr, i32
 // CHECK: %{{.*}} = "mori_ep.reserve_slot"(%[[CTR]], %{{.*}}) : (!llvm.ptr, i32) -> i32
 // CHECK: %[[DST:.*]] = llvm.getelementptr %arg5[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: "mori_ep.row_copy"(%[[DST]], %{{.*}}, %[[ROW]], %{{.*}}) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
-// CHECK-NOT: "mori_ep.row_copy"
+// CHECK-NEXT: "mori_ep.row_copy_to_peers"(%[[DST]], %{{.*}}, %[[ROW]], %{{.*}}, %{{.*}}) {max_peers = 8 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
+// CHECK-NOT: "mori_ep.row_copy
 // CHECK: "mori_ep.grid_barrier"(%arg12) : (!llvm.ptr) -> ()
 // CHECK: "mori_ep.count_signal"(%arg11, %arg15, %arg16) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
 // CHECK: llvm.store %{{.*}}, %arg13 : i64, !llvm.ptr
@@ -74,13 +75,13 @@ module attributes {gpu.container_module} {
 
 // -----
 
-// fp8 dispatch with scales: the scales are a second row_copy (scale_bytes = 56 per token) next to the
-// token row (7168 bytes); other ops of the gpu.module stay where they are.
+// fp8 dispatch with scales: the token row (7168 bytes) goes to all destinations at once, the scales
+// (scale_bytes = 56 per token) by a row_copy per destination; other ops of the gpu.module stay where they are.
 // CHECK-LABEL: gpu.module @fp8
 // CHECK-NEXT: gpu.func @before() kernel
 // CHECK: gpu.func @ep_dispatch_fp8_e4m3fn(
 // CHECK: %[[ROW:.*]] = arith.constant 7168 : i64
-// CHECK: "mori_ep.row_copy"(%{{.*}}, %{{.*}}, %[[ROW]], %{{.*}})
+// CHECK: "mori_ep.row_copy_to_peers"(%{{.*}}, %{{.*}}, %[[ROW]], %{{.*}}, %{{.*}}) {max_peers = 8 : i64}
 // CHECK: %[[SB:.*]] = arith.constant 56 : i64
 // CHECK: "mori_ep.row_copy"(%{{.*}}, %{{.*}}, %[[SB]], %{{.*}})
 // CHECK: "mori_ep.grid_barrier"

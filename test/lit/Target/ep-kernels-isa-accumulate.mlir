@@ -20,6 +20,8 @@
 // CHECK: {{^}}[[PULL_LOOP:\.LBB[0-9]+_[0-9]+]]:{{(([[:space:]]+(v_|s_mov|s_add|s_lshl|s_and_b|s_or_b|s_nop).*)*[[:space:]]+flat_load_dwordx4 v.*){8}[[:space:]]}}
 // CHECK: {{s_cbranch_execnz|s_cbranch_vccnz|s_cbranch_scc[01]|s_branch}} [[PULL_LOOP]]{{$}}
 // CHECK-LABEL: {{^}}ep_combine_push_bf16:
+// (Past the device barrier's poll: before it, the push kernel's row copies also start with 8 loads.)
+// CHECK: s_sleep
 // CHECK: {{^}}[[PUSH_LOOP:\.LBB[0-9]+_[0-9]+]]:{{(([[:space:]]+(v_|s_mov|s_add|s_lshl|s_and_b|s_or_b|s_nop).*)*[[:space:]]+global_load_dwordx4 v.*){8}[[:space:]]}}
 // CHECK: {{s_cbranch_execnz|s_cbranch_vccnz|s_cbranch_scc[01]|s_branch}} [[PUSH_LOOP]]{{$}}
 

@@ -2,9 +2,11 @@
 // RUN: mori-compile %s --target=gfx942 --emit=isa -o - > %t.gfx942.s
 // RUN: FileCheck %s --check-prefix=RES --input-file=%t.gfx942.s
 // RUN: FileCheck %s --check-prefix=COPY --input-file=%t.gfx942.s
+// RUN: awk '/^ep_dispatch_bf16:/,/^\.Lfunc_end0/' %t.gfx942.s | grep -oE 'global_load_dwordx4|flat_store_dwordx4' | uniq -c | FileCheck %s --check-prefix=RUNS
 // RUN: FileCheck %s --check-prefix=PULL --input-file=%t.gfx942.s
 // RUN: sed -e 's/wave_size = 64/wave_size = 32/' %s | mori-compile - --target=sm_90 --emit=ptx -o - > %t.sm_90.ptx
 // RUN: FileCheck %s --check-prefix=PTX --input-file=%t.sm_90.ptx
+// RUN: awk '/^.visible .entry ep_dispatch_bf16/,/^}/' %t.sm_90.ptx | grep -oE 'ld\.global\.v4|st\.v4' | uniq -c | FileCheck %s --check-prefix=RUNSPTX
 
 // Code-quality pins of the IntraNode EP kernels (world 8, hidden 7168 bf16 = 14336-byte rows, top-k 8,
 // 32 experts per rank): the default bf16 bundle for gfx942 (wave64) and, with wave_size rewritten to 32,
@@ -93,12 +95,14 @@
 // COPY-NOT: {{s_waitcnt|v_readfirstlane}}
 // COPY: s_waitcnt vmcnt({{[0-7]}}){{$}}
 // COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NOT: v_readfirstlane
-// COPY: {{^}}[[REM0:\.LBB0_[0-9]+]]:{{[[:space:]]+}}global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
-// COPY-NOT: v_readfirstlane
-// COPY: flat_store_dwordx4
-// COPY-NOT: v_readfirstlane
-// COPY: s_cbranch_execnz [[REM0]]{{$}}
+// The dispatch reads each token row once (row_copy_to_peers): the runs of 16-byte loads and stores in
+// ep_dispatch_bf16 are the first round (8 vectors per lane) stored to all 8 destinations (64 stores), then
+// the tail round (896 = 512 + 6 x 64: 6 vectors per lane, loaded back to back) stored to all 8 (48, plus
+// one other 16-byte store). A row_copy per destination would alternate 8 loads / 8 stores.
+// RUNS: {{^ *}}{{[89]}} global_load_dwordx4
+// RUNS-NEXT: {{^ *}}64 flat_store_dwordx4
+// RUNS-NEXT: {{^ *}}6 global_load_dwordx4
+// RUNS-NEXT: {{^ *}}{{4[89]}} flat_store_dwordx4
 // COPY-LABEL: {{^}}ep_combine_push_bf16:
 // COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
 // COPY-NOT: {{s_waitcnt|v_readfirstlane}}
@@ -118,12 +122,13 @@
 // COPY-NOT: {{s_waitcnt|v_readfirstlane}}
 // COPY: s_waitcnt vmcnt({{[0-7]}}){{$}}
 // COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-NOT: v_readfirstlane
-// COPY: {{^}}[[REM2:\.LBB2_[0-9]+]]:{{[[:space:]]+}}global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
-// COPY-NOT: v_readfirstlane
-// COPY: flat_store_dwordx4
-// COPY-NOT: v_readfirstlane
-// COPY: s_cbranch_execnz [[REM2]]{{$}}
+// COPY-COUNT-7: flat_store_dwordx4
+// COPY-NEXT: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
+// COPY-NOT: {{s_waitcnt|v_readfirstlane|flat_store}}
+// COPY-COUNT-5: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
+// COPY-NOT: {{flat_store|global_load}}
+// COPY: s_waitcnt vmcnt(0){{$}}
+// COPY-NEXT: flat_store_dwordx4
 
 // ---- gfx942: pull combine ------------------------------------------------------------------------
 // No scratch and no sub-dword access at all (rows are a multiple of 16 bytes); the accumulate loop reads
@@ -138,15 +143,16 @@
 // PULL: .amdhsa_kernel ep_combine_pull_bf16
 
 // ---- sm_90 (wave32) ---------------------------------------------------------------------------------
-// Dispatch: relaxed system-scope fetch-add for the slot (reserve_slot); the row copy loop moves eight
-// 16-byte vectors per lane per iteration (ld.global.v4 from the local row, st.v4 to the peer).
+// Dispatch: relaxed system-scope fetch-add for the slot (reserve_slot); the row copy loop loads eight
+// 16-byte vectors per lane per iteration (ld.global.v4 from the local row, no branch in between) and
+// stores them to every destination (st.v4 to the peers): runs of 8 loads and 8 x 8 stores (RUNSPTX).
 // PTX-LABEL: .visible .entry ep_dispatch_bf16(
 // PTX: atom.relaxed.sys.add.u32
 // PTX-COUNT-8: ld.global.v4.b32 {{.*}}, [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}];
 // PTX-NOT: {{^\$L__BB}}
 // PTX: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
-// PTX-NOT: {{^\$L__BB}}
-// PTX: bra $L__BB{{[0-9]+_[0-9]+}};
+// RUNSPTX: {{^ *}}8 ld.global.v4
+// RUNSPTX-NEXT: {{^ *}}64 st.v4
 // Grid barrier (sense reversal): bar.sync; generation read; fence; u64 arrival fetch-add; the last
 // arriver resets the count and, after a fence, publishes; the others poll relaxed at system scope;
 // fence; bar.sync.

@@ -18,6 +18,22 @@ func.func @row_copy_bytes(%d: !llvm.ptr, %pe: i32) {
 }
 
 // -----
+// row_copy_to_peers: `max_peers` is 1..32 (one lane per destination).
+func.func @row_copy_to_peers_max(%d: !llvm.ptr, %n: i64, %pe: i32, %on: i1) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.row_copy_to_peers' attribute 'max_peers' must be in [1, 32] (one lane per destination), got 0
+  "mori_ep.row_copy_to_peers"(%d, %d, %n, %pe, %on) {max_peers = 0 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
+  return
+}
+
+// -----
+// row_copy_to_peers: `send` is i1.
+func.func @row_copy_to_peers_send(%d: !llvm.ptr, %n: i64, %pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.row_copy_to_peers' operand 'send' must be i1, got i32
+  "mori_ep.row_copy_to_peers"(%d, %d, %n, %pe, %pe) {max_peers = 8 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i32) -> ()
+  return
+}
+
+// -----
 // row_copy: `dest` is a pointer.
 func.func @row_copy_dest(%n: i64, %d: !llvm.ptr, %pe: i32) {
   // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_ep.row_copy' operand 'dest' must be !llvm.ptr, got i64
