@@ -34,34 +34,38 @@ def row_copy() -> str:
 """
 
 
-def row_copy_vec16(wave: int) -> str:
-    # The variant for rows whose size is a constant multiple of 16 bytes (token rows; buffers are
-    # 256-byte aligned): the peer address once (mori_shmem.ptr), then lane-strided 16-byte vectors, eight
-    # loads in flight per lane before the stores, and no byte loops. The tail (fewer than 8 vectors left
-    # for the lane) is one more round of 8 loads, all in flight together: a unit past the end loads vector 0
-    # (always in the row) and does not store. A one-vector remainder loop would wait for each load in
-    # turn, since its stores may alias the next load (up to 7 round trips per row: measured on H200, the
-    # fixed cost of a 7 KB fp8 row at 128 tokens). Plain stores: the caller publishes them (release fence
-    # before its signal).
+def _vector_rounds(wave: int, targets: list[tuple[str | None, str]]) -> str:
+    """The copy loop of the 16-byte-vector row copies: rounds of 8 lane-strided vectors of %src (%bytes
+    long), all 8 loads before the stores, each round stored to every (guard, destination pointer) of
+    ``targets`` (guard: an i1 value or None). The tail (fewer than 8 vectors left for the lane) is one
+    more round of 8 loads, all in flight together: a unit past the end loads vector 0 (always in the row)
+    and does not store. A one-vector remainder loop would wait for each load in turn, since its stores may
+    alias the next load (up to 7 round trips per row: on H200 the fixed cost of a 7 KB fp8 row at 128
+    tokens)."""
+
+    def guarded(guard: str | None, body: str) -> str:
+        return body if guard is None else f"    scf.if {guard} {{\n{body}\n    }}"
+
     loads = "\n".join(f"    %i{u} = arith.addi %j, %o{u} : i64\n"
                        f"    %s{u} = llvm.getelementptr %src[%i{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
                        f"    %v{u} = llvm.load %s{u} {{alignment = 16 : i64}} : {P} -> vector<4xi32>" for u in range(8))
-    stores = "\n".join(f"    %d{u} = llvm.getelementptr %peer[%i{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
-                        f"    llvm.store %v{u}, %d{u} {{alignment = 16 : i64}} : vector<4xi32>, {P}" for u in range(8))
+    stores = "\n".join(guarded(guard, "\n".join(
+        f"    %p{t}_{u} = llvm.getelementptr {dst}[%i{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
+        f"    llvm.store %v{u}, %p{t}_{u} {{alignment = 16 : i64}} : vector<4xi32>, {P}" for u in range(8)))
+        for t, (guard, dst) in enumerate(targets))  # fmt: skip
     tail_loads = "\n".join(f"    %ti{u} = arith.addi %j8, %o{u} : i64\n"
                             f"    %tin{u} = arith.cmpi ult, %ti{u}, %nvec : i64\n"
                             f"    %tl{u} = arith.select %tin{u}, %ti{u}, %zero : i64\n"
                             f"    %ts{u} = llvm.getelementptr %src[%tl{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
                             f"    %tv{u} = llvm.load %ts{u} {{alignment = 16 : i64}} : {P} -> vector<4xi32>"
                             for u in range(8))  # fmt: skip
-    tail_stores = "\n".join(f"    scf.if %tin{u} {{\n"
-                             f"      %td{u} = llvm.getelementptr %peer[%ti{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
-                             f"      llvm.store %tv{u}, %td{u} {{alignment = 16 : i64}} : vector<4xi32>, {P}\n"
-                             f"    }}" for u in range(8))  # fmt: skip
+    tail_stores = "\n".join(guarded(guard, "\n".join(
+        f"    scf.if %tin{u} {{\n"
+        f"      %tp{t}_{u} = llvm.getelementptr {dst}[%ti{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
+        f"      llvm.store %tv{u}, %tp{t}_{u} {{alignment = 16 : i64}} : vector<4xi32>, {P}\n"
+        f"    }}" for u in range(8))) for t, (guard, dst) in enumerate(targets))  # fmt: skip
     offs = "\n".join(f"  %o{u} = arith.constant {u * wave} : i64" for u in range(8))
-    return f"""func.func @{PREFIX}row_copy_vec16(%dst: {P}, %src: {P}, %bytes: i64, %pe: i32) {{
-  %peer = "mori_shmem.ptr"(%dst, %pe) : ({P}, i32) -> {P}
-  %lane_i = gpu.lane_id
+    return f"""  %lane_i = gpu.lane_id
   %lane = arith.index_cast %lane_i : index to i64
   %sixteen = arith.constant 16 : i64
   %zero = arith.constant 0 : i64
@@ -84,7 +88,17 @@ def row_copy_vec16(wave: int) -> str:
 {tail_loads}
 {tail_stores}
   }}
-  return
+"""
+
+
+def row_copy_vec16(wave: int) -> str:
+    # The variant for rows whose size is a constant multiple of 16 bytes (token rows; buffers are
+    # 256-byte aligned): the peer address once (mori_shmem.ptr), then rounds of 8 lane-strided 16-byte
+    # vectors (_vector_rounds), no byte loops. Plain stores: the caller publishes them (release fence
+    # before its signal).
+    return f"""func.func @{PREFIX}row_copy_vec16(%dst: {P}, %src: {P}, %bytes: i64, %pe: i32) {{
+  %peer = "mori_shmem.ptr"(%dst, %pe) : ({P}, i32) -> {P}
+{_vector_rounds(wave, [(None, "%peer")])}  return
 }}
 """
 
@@ -93,15 +107,13 @@ def row_copy_to_peers(wave: int, max_peers: int) -> str:
     # One row to up to K = max_peers destinations (lane k < K names destination k: its symmetric row
     # address and PE, and whether to send). Each lane resolves its own destination's peer address once
     # (mori_shmem.ptr; a lane that does not send resolves its own PE, so no table read is out of range),
-    # then every round loads 8 lane-strided 16-byte vectors of the source once and stores them to each
-    # sending destination (addresses and flags broadcast from lane k by shuffles, warp-uniform branches).
-    # The tail round is the 8-load round of row_copy_vec16 with out-of-range units clamped to vector 0
-    # and not stored. Compared with K row_copy calls, the row is read once, not once per destination, and
-    # a token costs ceil(vectors / (8 x wave)) load round trips, not K times that. Plain stores: the
-    # caller publishes them (release fence before its signal).
-    K = max_peers
+    # then every round (_vector_rounds) loads 8 lane-strided 16-byte vectors of the source once and stores
+    # them to each sending destination (addresses and flags broadcast from lane k by shuffles: warp-uniform
+    # branches). Compared with K row_copy calls, the row is read once, not once per destination, and a token
+    # costs ceil(vectors / (8 x wave)) load round trips, not K times that. Plain stores: the caller
+    # publishes them (release fence before its signal).
     bcast = []
-    for k in range(K):
+    for k in range(max_peers):
         bcast.append(f"""  %kk{k} = arith.constant {k} : i32
   %sk{k}, %sok{k} = gpu.shuffle idx %s32, %kk{k}, %width : i32
   %on{k} = arith.cmpi ne, %sk{k}, %c0i : i32
@@ -112,28 +124,9 @@ def row_copy_to_peers(wave: int, max_peers: int) -> str:
   %hs{k} = arith.shli %hi64_{k}, %c32 : i64
   %a{k} = arith.ori %hs{k}, %lo64_{k} : i64
   %d{k} = llvm.inttoptr %a{k} : i64 to {P}""")
-    loads = "\n".join(f"    %i{u} = arith.addi %j, %o{u} : i64\n"
-                       f"    %s{u} = llvm.getelementptr %src[%i{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
-                       f"    %v{u} = llvm.load %s{u} {{alignment = 16 : i64}} : {P} -> vector<4xi32>" for u in range(8))
-    stores = "\n".join(f"""    scf.if %on{k} {{
-""" + "\n".join(f"      %p{k}_{u} = llvm.getelementptr %d{k}[%i{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
-                 f"      llvm.store %v{u}, %p{k}_{u} {{alignment = 16 : i64}} : vector<4xi32>, {P}" for u in range(8)) + """
-    }""" for k in range(K))
-    tail_loads = "\n".join(f"    %ti{u} = arith.addi %j8, %o{u} : i64\n"
-                            f"    %tin{u} = arith.cmpi ult, %ti{u}, %nvec : i64\n"
-                            f"    %tl{u} = arith.select %tin{u}, %ti{u}, %zero : i64\n"
-                            f"    %ts{u} = llvm.getelementptr %src[%tl{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
-                            f"    %tv{u} = llvm.load %ts{u} {{alignment = 16 : i64}} : {P} -> vector<4xi32>"
-                            for u in range(8))  # fmt: skip
-    tail_stores = "\n".join(f"""    scf.if %on{k} {{
-""" + "\n".join(f"      scf.if %tin{u} {{\n"
-                 f"        %tp{k}_{u} = llvm.getelementptr %d{k}[%ti{u}] : ({P}, i64) -> {P}, vector<4xi32>\n"
-                 f"        llvm.store %tv{u}, %tp{k}_{u} {{alignment = 16 : i64}} : vector<4xi32>, {P}\n"
-                 f"      }}" for u in range(8)) + """
-    }""" for k in range(K))
-    offs = "\n".join(f"  %o{u} = arith.constant {u * wave} : i64" for u in range(8))
     nl = "\n"
-    return f"""func.func @{PREFIX}row_copy_to_peers_k{K}(%dst: {P}, %src: {P}, %bytes: i64, %pe: i32, %send: i1) {{
+    targets = [(f"%on{k}", f"%d{k}") for k in range(max_peers)]
+    return f"""func.func @{PREFIX}row_copy_to_peers_k{max_peers}(%dst: {P}, %src: {P}, %bytes: i64, %pe: i32, %send: i1) {{
   %me = "mori_shmem.my_pe"() : () -> i32
   %pe_s = arith.select %send, %pe, %me : i32
   %peer = "mori_shmem.ptr"(%dst, %pe_s) : ({P}, i32) -> {P}
@@ -146,30 +139,7 @@ def row_copy_to_peers(wave: int, max_peers: int) -> str:
   %s32 = arith.extui %send : i1 to i32
   %width = arith.constant {wave} : i32
 {nl.join(bcast)}
-  %lane_i = gpu.lane_id
-  %lane = arith.index_cast %lane_i : index to i64
-  %sixteen = arith.constant 16 : i64
-  %zero = arith.constant 0 : i64
-  %nvec = arith.divui %bytes, %sixteen : i64
-{offs}
-  %step8 = arith.constant {8 * wave} : i64
-  %j8 = scf.while (%j = %lane) : (i64) -> i64 {{
-    %last = arith.addi %j, %o7 : i64
-    %more = arith.cmpi ult, %last, %nvec : i64
-    scf.condition(%more) %j : i64
-  }} do {{
-  ^bb0(%j: i64):
-{loads}
-{stores}
-    %next = arith.addi %j, %step8 : i64
-    scf.yield %next : i64
-  }}
-  %left = arith.cmpi ult, %j8, %nvec : i64
-  scf.if %left {{
-{tail_loads}
-{tail_stores}
-  }}
-  return
+{_vector_rounds(wave, targets)}  return
 }}
 """
 
