@@ -6,26 +6,26 @@ Defined in ``mori_ep.irdl.mlir``. Two layers:
   ``mori-ep-blocks-to-calls`` (passes/ep_blocks.py) into calls of helper functions written with
   ``mori_shmem``, gpu, scf and llvm ops:
 
-  =============== ==========================================================================
-  op              semantics → helper symbol (and the mori_shmem ABI it calls)
-  =============== ==========================================================================
-  row_copy        warp-cooperative copy of a row to a peer → ``__mori_ep_row_copy_vec16``
-                  (16-byte vectors, 8 loads in flight per lane; rows a constant multiple of 16
-                  bytes) or ``__mori_ep_row_copy`` (``mori_shmem_putmem_nbi_warp``)
-  row_copy_to_   one row to up to ``max_peers`` destinations (lane k names destination k): each
-  peers           16-byte vector loaded once, stored to every destination →
-                  ``__mori_ep_row_copy_to_peers_k{max_peers}`` (``mori_shmem.ptr`` per destination)
-  reserve_slot    remote slot reservation, fetch-add of 1 on a peer's counter →
-                  ``__mori_ep_reserve_slot`` (``mori_shmem_uint32_atomic_fetch_add_thread``)
-  count_signal    count handshake with flow control (send count + 1 once the peer's slot is 0)
-                  → ``__mori_ep_count_signal_w{W}`` (``wait_until``, ``fence``, ``p``)
-  grid_barrier    all blocks of this PE's grid meet (sense reversal: arrivals + generation, no
-                  host reset) → ``__mori_ep_grid_barrier``
-  device_barrier  blocks b of all PEs meet (device-side monotone epoch per block: graph-replay
-                  safe) → ``__mori_ep_device_barrier_w{W}``
-  accumulate_rows out = sum of K rows in fp32 (bf16/f32), K loads in flight per lane →
-                  ``__mori_ep_accumulate_rows_{dtype}_k{K}``
-  =============== ==========================================================================
+  ================= ==========================================================================
+  op                semantics → helper symbol (and the mori_shmem ABI it calls)
+  ================= ==========================================================================
+  row_copy          warp-cooperative copy of a row to a peer → ``__mori_ep_row_copy_vec16``
+                    (16-byte vectors, 8 loads in flight per lane; rows a constant multiple of 16
+                    bytes) or ``__mori_ep_row_copy`` (``mori_shmem_putmem_nbi_warp``)
+  row_copy_to_peers one row to up to ``max_peers`` destinations (lane k names destination k): each
+                    16-byte vector loaded once, stored to every destination →
+                    ``__mori_ep_row_copy_to_peers_k{max_peers}`` (``mori_shmem.ptr`` per destination)
+  reserve_slot      remote slot reservation, fetch-add of 1 on a peer's counter →
+                    ``__mori_ep_reserve_slot`` (``mori_shmem_uint32_atomic_fetch_add_thread``)
+  count_signal      count handshake with flow control (send count + 1 once the peer's slot is 0)
+                    → ``__mori_ep_count_signal_w{W}`` (``wait_until``, ``fence``, ``p``)
+  grid_barrier      all blocks of this PE's grid meet (sense reversal: arrivals + generation, no
+                    host reset) → ``__mori_ep_grid_barrier``
+  device_barrier    blocks b of all PEs meet (device-side monotone epoch per block: graph-replay
+                    safe) → ``__mori_ep_device_barrier_w{W}``
+  accumulate_rows   out = sum of K rows in fp32 (bf16/f32), K loads in flight per lane →
+                    ``__mori_ep_accumulate_rows_{dtype}_k{K}``
+  ================= ==========================================================================
 
 * **EP ops**, whose attributes carry the whole configuration; ``mori-ep-to-kernels`` replaces each by
   gpu.func kernels built from the blocks:

@@ -1,10 +1,11 @@
 """``mori-ep-blocks-to-calls``: lower the EP building blocks to calls of helper functions.
 
-Input: mori_ep building-block ops (row_copy, reserve_slot, count_signal, grid_barrier, device_barrier,
-accumulate_rows) inside gpu.module. Output: ``func.call``s of helper ``func.func``s, added to the
-gpu.module once per variant and written with mori_shmem, gpu, scf, arith and llvm ops (they are inlined
-after the link step: every non-kernel function becomes internal). Options: ``wave-size`` (32 or 64; the
-lane count of warp-cooperative helpers).
+Input: mori_ep building-block ops (row_copy, row_copy_to_peers, reserve_slot, count_signal,
+grid_barrier, device_barrier, accumulate_rows) inside gpu.module. Output: ``func.call``s of helper
+``func.func``s, added to the gpu.module once per variant and written with mori_shmem, gpu, scf, arith and
+llvm ops (they are inlined after the link step: every non-kernel function becomes internal). Options:
+``wave-size`` (32 or 64; the lane count of warp-cooperative helpers) and ``vectors-per-lane`` (1 or 2, the
+16-byte vectors accumulate_rows sums per lane and iteration).
 
 Each helper's memory-ordering protocol is written next to it below and pinned by lit tests
 (test/lit/Conversion/mori-ep-blocks-to-calls.mlir) and by the ISA/PTX tests of the EP kernels.
