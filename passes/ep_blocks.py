@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mori_compiler._mlir import ir, nested_ops
+from mori_compiler.dialects.registry import format_location
 from mori_compiler.errors import MoriCompilerError
 
 P = "!llvm.ptr"
@@ -411,8 +412,6 @@ def helper_for(op: ir.Operation, wave: int, vectors_per_lane: int = 1) -> tuple[
         return f"{PREFIX}row_copy", row_copy()
     if name == "row_copy_to_peers":
         if not _constant_multiple_of_16(op.operands[2]):
-            from mori_compiler.dialects.registry import format_location  # noqa: PLC0415 - as mori_shmem_to_abi
-
             raise MoriCompilerError(f"'{op.name}' operand 'bytes' must be a constant multiple of 16 (the row is "
                                     f"copied in 16-byte vectors)", format_location(op.location, "-"))  # fmt: skip
         k = attrs["max_peers"].value

@@ -218,18 +218,13 @@ _TOKEN_SOURCE = """        %t64 = arith.extui %t : i32 to i64
 """
 
 
-def send_to_destinations(cfg: "EpKernelConfig", *, rows: bool = True, scales: bool | None = None) -> str:
+def send_to_destinations(cfg: "EpKernelConfig", *, rows: bool = True, scales: bool = True) -> str:
     """For each destination of token %t (the K representatives, broadcast from their lanes): the row
-    (``rows``: ``mori_ep.row_copy`` to row %dbase + slot of %out_x), the scales (``scales``, default
-    ``rows``: to %out_s), the K expert ids and weights (lanes < K) and the source position me * S + t
-    (lane 0), as relaxed system-scope stores. Needs %dbase (0 for IntraNode), %src_row, %t64, %wv."""
-    if scales is None:
-        scales = rows
-    if scales and cfg.scale_bytes:
-        scales = _SCALES.format(P=P, sb=cfg.scale_bytes)
-    else:
-        scales = ""
-    return _SEND_LOOP.format(P=P, rows=_ROWS.format(P=P, scales=scales) if rows else scales)
+    (``rows``: ``mori_ep.row_copy`` to row %dbase + slot of %out_x), the scales (``scales``: to %out_s),
+    the K expert ids and weights (lanes < K) and the source position me * S + t (lane 0), as relaxed
+    system-scope stores. Needs %dbase (0 for IntraNode), %src_row, %t64, %wv."""
+    scale_copy = _SCALES.format(P=P, sb=cfg.scale_bytes) if scales and cfg.scale_bytes else ""
+    return _SEND_LOOP.format(P=P, rows=_ROWS.format(P=P, scales=scale_copy) if rows else scale_copy)
 
 
 _SCALES = """            scf.if %has_s {{
@@ -335,7 +330,7 @@ def dispatch_kernel(cfg: EpKernelConfig) -> str:
 {_DISPATCH_ROUND.format(P=P)}      %n_x = arith.index_cast %n : i32 to index
       scf.for %t_x = %gw to %n_x step %nw {{
 {route_token()}{_TOKEN_SOURCE.format(P=P)}        %dbase = arith.constant 0 : i32
-{_ROW_TO_PEERS.format(P=P, K=cfg.top_k)}{send_to_destinations(cfg, rows=False, scales=True)}      }}
+{_ROW_TO_PEERS.format(P=P, K=cfg.top_k)}{send_to_destinations(cfg, rows=False)}      }}
 {dispatch_completion(cfg)}      gpu.return
     }}
 """

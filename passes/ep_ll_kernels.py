@@ -127,7 +127,7 @@ def _control_warp(cfg: EpKernelConfig, token: str) -> str:
             llvm.store %count, %pn : i32, !llvm.ptr<3>
           }}
           %dbase = arith.constant 0 : i32
-{send_to_destinations(cfg, rows=False)}
+{send_to_destinations(cfg, rows=False, scales=False)}
 """
 
 

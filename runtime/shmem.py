@@ -46,7 +46,6 @@ import os
 import re
 import secrets
 import socket
-import sys
 import threading
 
 from mori_compiler.lib_bitcode.state import (FLAG_VIRTUAL_PES, MAX_PES, SYNC_RESERVED_BYTES, WAIT_REPORT_SIZE,
@@ -803,14 +802,13 @@ def shmem_init_from_env(*, heap_size: int | None = None, backend: str = "gloo",
     except ValueError:
         raise ShmemError(f"LOCAL_RANK must be an integer, got {os.environ['LOCAL_RANK']!r}") from None
     drv = driver if driver is not None else _default_driver()
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    if cuda is not None and hasattr(cuda, "device_count"):
-        count = cuda.device_count()
+    torch = torch_cuda()
+    if torch is not None:
+        count = torch.cuda.device_count()
         if not 0 <= local_rank < count:
             raise ShmemError(f"LOCAL_RANK {local_rank} but {count} GPU(s) visible to this process; start at most "
                              f"{count} processes per node")  # fmt: skip
-        cuda.set_device(local_rank)
+        torch.cuda.set_device(local_rank)
     drv.set_device(local_rank)
     if not dist.is_initialized():
         dist.init_process_group(backend, init_method="env://")

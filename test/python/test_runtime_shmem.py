@@ -654,7 +654,8 @@ def test_init_from_env_is_the_torchrun_path(world, drv, monkeypatch):
     with pytest.raises(ValueError, match="supports only device 0, not 3"):
         shmem.shmem_init_from_env(heap_size=HEAP, driver=drv)
     bound = []  # with torch's CUDA: LOCAL_RANK is checked against the visible GPUs, then bound
-    sys.modules["torch"].cuda = types.SimpleNamespace(device_count=lambda: 2, set_device=bound.append)
+    sys.modules["torch"].cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 2,
+                                                      set_device=bound.append)
     with pytest.raises(ShmemError, match=r"LOCAL_RANK 3 but 2 GPU\(s\) visible to this process; start at most 2"):
         shmem.shmem_init_from_env(heap_size=HEAP, driver=drv)
     monkeypatch.setenv("LOCAL_RANK", "0")
