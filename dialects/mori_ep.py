@@ -14,7 +14,8 @@ Defined in ``mori_ep.irdl.mlir``. Two layers:
                     bytes) or ``__mori_ep_row_copy`` (``mori_shmem_putmem_nbi_warp``)
   row_copy_to_peers one row to up to ``max_peers`` destinations (lane k names destination k): each
                     16-byte vector loaded once, stored to every destination →
-                    ``__mori_ep_row_copy_to_peers_k{max_peers}`` (``mori_shmem.ptr`` per destination)
+                    ``__mori_ep_row_copy_to_peers_k{max_peers}`` (``mori_shmem_my_pe``, one
+                    ``mori_shmem_ptr`` per lane, then plain stores)
   reserve_slot      remote slot reservation, fetch-add of 1 on a peer's counter →
                     ``__mori_ep_reserve_slot`` (``mori_shmem_uint32_atomic_fetch_add_thread``)
   count_signal      count handshake with flow control (send count + 1 once the peer's slot is 0)
