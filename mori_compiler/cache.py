@@ -131,7 +131,8 @@ def get_bundle(source: str, options: CompileOptions, *, config: dict | None = No
 def compile_bundle(source: str, options: CompileOptions, *, config: dict | None = None, cache_root=None) -> Bundle:
     """The bundle for (source, options): from the cache, or compiled and published now."""
     from .lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
-    from .pipeline import compile_source, device_bitcode
+    from .options import device_bitcode
+    from .pipeline import compile_source
 
     root = Path(cache_root) if cache_root else cache_dir()
     bitcode = device_bitcode(options)

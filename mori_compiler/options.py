@@ -71,3 +71,15 @@ class CompileOptions:
         d.pop("extra")
         d["bitcode"] = list(self.bitcode)
         return d
+
+
+def device_bitcode(options: CompileOptions) -> list[str]:
+    """The device bitcode files ``options`` link, in link order (without importing MLIR: the cache looks
+    bundles up with it before the compiler is loaded)."""
+    if options.bitcode:
+        return list(options.bitcode)
+    if not options.device_library:
+        return []
+    from .lib_bitcode.library import library_path
+
+    return [str(library_path(options.gpu_target))]

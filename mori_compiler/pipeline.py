@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ._mlir import ir
 from .dialects import registry
 from .errors import MoriCompilerError, with_filename
-from .options import CompileOptions
+from .options import CompileOptions, device_bitcode  # noqa: F401 (device_bitcode: re-exported)
 from .pass_pipeline import build_pass_manager
 from .passes import codegen, device_link
 from .passes.to_llvm_ir import gpu_module_to_llvm_ir
@@ -115,16 +115,6 @@ def stage_output(result: CompileResult) -> str | bytes:
     if stage in ("isa", "ptx"):
         return result.assembly or ""
     return result.binary or b""
-
-
-def device_bitcode(options: CompileOptions) -> list[str]:
-    if options.bitcode:
-        return list(options.bitcode)
-    if not options.device_library:
-        return []
-    from .lib_bitcode.library import library_path
-
-    return [str(library_path(options.gpu_target))]
 
 
 def _check_stage(name: str, target: GPUTarget) -> None:
