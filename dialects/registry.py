@@ -10,7 +10,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from mori_compiler._mlir import ir
+from mori_compiler._mlir import ir, new_context
 from mori_compiler.errors import MoriCompilerError
 
 from . import irdl_spec, mori_ep, mori_shmem
@@ -44,7 +44,7 @@ def emit_irdl() -> str:
 @functools.cache
 def op_specs() -> dict[str, irdl_spec.OpSpec]:
     specs: dict[str, irdl_spec.OpSpec] = {}
-    with ir.Context():
+    with new_context():
         for d in DIALECTS:
             specs |= irdl_spec.read_irdl(ir.Module.parse(d.irdl_source()))
     return specs
@@ -108,7 +108,7 @@ def parse_source(text: str, ctx: ir.Context, filename: str = "-") -> ir.Module:
 
     Errors name the file, line and column; for project ops also the op, the field and what is allowed.
     """
-    with ir.Context() as scratch:
+    with new_context() as scratch:
         scratch.allow_unregistered_dialects = True
         try:
             module = ir.Module.parse(text)

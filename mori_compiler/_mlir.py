@@ -32,11 +32,23 @@ __all__ = [
     "passmanager",
     "rewrite",
     "nested_ops",
+    "new_context",
     "scf",
     "translate_module_to_llvm_ir",
 ]
 
 MLIRError = ir.MLIRError
+
+
+def new_context() -> ir.Context:
+    """A context that runs everything on the calling thread.
+
+    MLIR's multi-threaded verifier and pass manager call back into Python (diagnostic handlers, Python
+    passes) from worker threads that do not hold the GIL, which makes nanobind abort the process; one
+    thread also keeps diagnostics in source order."""
+    ctx = ir.Context()
+    ctx.enable_multithreading(False)
+    return ctx
 
 
 def nested_ops(op, predicate) -> list:

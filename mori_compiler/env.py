@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import tempfile
 from pathlib import Path
@@ -41,3 +43,19 @@ def write_atomically(path: Path, data: bytes | str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path):
+    """Hold an advisory exclusive lock on ``path`` (created if missing) for the ``with`` block.
+
+    Ranks of one job that compile the same bundle or library serialize on it: the first compiles, the
+    others wait and then find its published result. ``flock`` (standard library, no dependency for GPU
+    machines) is released by the kernel when the process dies, so a killed compile never leaves a stale lock."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ._mlir import ir
+from ._mlir import ir, new_context
 from .dialects import registry
 from .errors import MoriCompilerError, with_filename
 from .options import CompileOptions, device_bitcode  # noqa: F401 (device_bitcode: re-exported)
@@ -147,7 +147,7 @@ def compile_source(
         clock = now
         return stage == stop_after
 
-    ctx = ir.Context()
+    ctx = new_context()
     module = registry.parse_source(source, ctx, filename)
     if lap("mori"):
         result.mlir = str(module)

@@ -53,12 +53,12 @@ def _chunks(text: str, split: bool) -> list[tuple[str, int]]:
 
 
 def process_chunk(text: str, filename: str, args) -> str:
-    from mori_compiler._mlir import ir
+    from mori_compiler._mlir import ir, new_context
     from mori_compiler.dialects import registry
     from mori_compiler.errors import MoriCompilerError, with_filename
     from mori_compiler.pass_pipeline import build_pass_manager
 
-    ctx = ir.Context()
+    ctx = new_context()
     module = registry.parse_source(text, ctx, filename)
     if args.pass_pipeline:
         pm = build_pass_manager(args.pass_pipeline, ctx)
