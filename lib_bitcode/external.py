@@ -116,10 +116,15 @@ def outlined_functions(module) -> list[str]:
                   if not f.is_declaration and f.linkage == llvm.Linkage.external and _function_size(f) > OUTLINE_ABOVE)  # fmt: skip
 
 
+def function_attributes(fn) -> str:
+    """The function attributes of an llvmlite function, as IR text."""
+    return " ".join(a.decode() for a in fn.attributes)
+
+
 def _prepare(module) -> bytes:
     for name in outlined_functions(module):
         fn = module.get_function(name)
-        if "alwaysinline" not in str(fn.attributes):
+        if "alwaysinline" not in function_attributes(fn).split():
             fn.add_function_attribute("noinline")
     return module.as_bitcode()
 

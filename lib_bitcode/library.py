@@ -55,9 +55,12 @@ def _llvmlite_version() -> str:
     return llvmlite.__version__
 
 
+CACHE_FORMAT = "verified-1"  # part of the hash: entries of an older layout (no content record) are not looked at
+
+
 def library_hash(target: GPUTarget) -> str:
     h = hashlib.sha256()
-    for item in (target.name, target.triple, target.features, _llvmlite_version(), library_ir(target)):
+    for item in (CACHE_FORMAT, target.name, target.triple, target.features, _llvmlite_version(), library_ir(target)):
         h.update(item.encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
