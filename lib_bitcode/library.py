@@ -96,10 +96,17 @@ def lowering_support_ir(target: GPUTarget) -> str:
     return f'target triple = "{target.triple}"\n' + _source(SUPPORT_SOURCE)
 
 
-def lowering_support_path(target: GPUTarget | str) -> Path:
+SUPPORT_CODE_OBJECT_VERSIONS = (5, 6)  # the hidden-argument layout its definitions read (see the source)
+
+
+def lowering_support_path(target: GPUTarget | str, code_object_version: int = 6) -> Path:
     """Path of the cached, verified lowering-support bitcode for the AMDGPU ``target``."""
     if isinstance(target, str):
         target = get_target(target)
+    if code_object_version not in SUPPORT_CODE_OBJECT_VERSIONS:
+        raise MoriCompilerError(
+            f"the lowering-support bitcode reads the hidden kernel arguments of code object v5/v6; code object "
+            f"version {code_object_version} lays them out differently")  # fmt: skip
     text = lowering_support_ir(target)
     digest = hashlib.sha256("\0".join((target.triple, _llvmlite_version(), text)).encode()).hexdigest()[:16]
     path = cache_dir() / "lib" / f"support-{target.triple}-{digest}" / SUPPORT_NAME

@@ -101,5 +101,5 @@ def device_bitcode(options: CompileOptions) -> list[str]:
     if target.is_amdgpu:
         from .lib_bitcode.library import lowering_support_path
 
-        files.append(str(lowering_support_path(target)))
+        files.append(str(lowering_support_path(target, options.code_object_version)))
     return files

@@ -238,6 +238,8 @@ def test_lowering_support_bitcode(fresh_cache):
 
     with pytest.raises(MoriCompilerError, match="sm_90 needs no lowering-support bitcode"):
         library.lowering_support_path("sm_90")
+    with pytest.raises(MoriCompilerError, match="code object v5/v6; code object version 4 lays them out"):
+        library.lowering_support_path("gfx942", 4)
 
 
 # ----------------------------------------------------------------------------------------------------

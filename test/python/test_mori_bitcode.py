@@ -162,9 +162,25 @@ def compiled(tmp_path_factory):
     return build
 
 
+@pytest.fixture(scope="module")
+def state_size():
+    """state_size(cov): bytes of MORI's state global as the bitcode defines it."""
+    import llvmlite.binding as llvm
+
+    from mori_compiler.passes.device_link import target_machine
+    from mori_compiler.targets import get_target
+
+    data = str(target_machine(get_target("gfx942")).target_data)
+    sizes = {}
+    for cov, path in BITCODE.items():
+        gv = llvm.parse_bitcode(path.read_bytes()).get_global_variable(MORI_STATE_SYMBOL)
+        sizes[cov] = llvm.create_target_data(data).get_abi_size(gv.global_value_type)
+    return sizes.__getitem__
+
+
 @pytest.mark.parametrize("cov", VERSIONS)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_family_links_with_mori_bitcode(compiled, family, cov):
+def test_family_links_with_mori_bitcode(compiled, state_size, family, cov):
     binary, kernels, switch = compiled(family, cov)
     info = read_amdgpu_code_object(binary)
     report = format_resource_report(info)
@@ -177,7 +193,7 @@ def test_family_links_with_mori_bitcode(compiled, family, cov):
     assert {f"{k}.kd" for k in kernels} <= set(exported), sorted(exported)
     state = exported.get(MORI_STATE_SYMBOL)
     assert state is not None, f"{MORI_STATE_SYMBOL} is not in the dynamic symbol table: {sorted(exported)}"
-    assert state.bind == STB_GLOBAL and state.size >= MORI_STATE_SIZE, state
+    assert state.bind == STB_GLOBAL and state.size == state_size(cov) >= MORI_STATE_SIZE, state
     for k in info.kernels:
         assert k.vgpr_spill_count == 0, f"{k.name} spills {k.vgpr_spill_count} VGPRs\n{report}"
         assert k.sgpr_spill_count <= MAX_SGPR_SPILLS, f"{k.name} spills {k.sgpr_spill_count} SGPRs\n{report}"
