@@ -79,31 +79,37 @@ def _discard(path: Path, problem: str, what: str) -> None:
 
 
 def _usable_folder(folder: Path, what: str) -> None:
-    """Make ``folder`` a directory: a file (or a dangling link) in its place is damage, not a user error."""
-    for parent in (folder.parent, folder):
-        if (parent.exists() or parent.is_symlink()) and not parent.is_dir():
-            _discard(parent, "is not a directory", what)
+    """A file (or a dangling link) where ``folder`` belongs is damage, not a user error: discard it."""
+    if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
+        _discard(folder, "is not a directory", what)
+
+
+def _is_valid(path: Path) -> bool:
+    try:
+        return _verified_bytes(path) is not None
+    except _Damaged:
+        return False
 
 
 def cached_bitcode(path: Path, build: Callable[[], bytes], what: str) -> Path:
     """``path`` holding the verified output of ``build()``: reused when its record matches, else built
-    (once across processes) and published with its record."""
+    (once across processes) and published with its record.
 
-    def check() -> bool:
-        try:
-            return _verified_bytes(path) is not None
-        except _Damaged as damage:
-            _discard(path, str(damage), what)
-            return False
-
+    Only the lock holder discards: a reader outside the lock may see a pair being replaced (new file, old
+    record) and must not delete the new file; it takes the lock and looks again."""
     try:
-        if path.parent.is_dir() and check():
+        if path.parent.is_dir() and _is_valid(path):
             return path
-        _usable_folder(path.parent, what)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _usable_folder(path.parent.parent, what)
+        path.parent.parent.mkdir(parents=True, exist_ok=True)
         with exclusive_lock(path.parent.with_name(path.parent.name + ".lock")):
-            if check():  # another process built it while this one waited
-                return path
+            _usable_folder(path.parent, what)
+            try:
+                if _verified_bytes(path) is not None:  # another process built it while this one waited
+                    return path
+            except _Damaged as damage:
+                _discard(path, str(damage), what)
+            path.parent.mkdir(exist_ok=True)
             data = build()
             write_atomically(path, data)
             write_atomically(_record_path(path), _record_text(data))

@@ -136,12 +136,15 @@ def _damage(path, how: str) -> None:
     elif how == "folder-is-a-file":
         shutil.rmtree(path.parent)
         path.parent.write_text("not a folder")
+    elif how == "lib-is-a-file":
+        shutil.rmtree(path.parent.parent)
+        path.parent.parent.write_text("not a folder")
     else:
         raise AssertionError(how)
 
 
 DAMAGE = ("truncated", "empty", "garbage", "same-size-garbage", "deleted", "record-deleted", "record-garbage",
-          "directory", "folder-is-a-file")  # fmt: skip
+          "directory", "folder-is-a-file", "lib-is-a-file")  # fmt: skip
 
 
 @pytest.mark.parametrize("how", DAMAGE)
