@@ -9,12 +9,20 @@ Two device libraries can be linked into a kernel:
 * **the project's own** (default): an implementation of all 98 ABI functions for peer-to-peer peers, built
   per target from ``sources/`` at first use. Its state global ``mori_compiler_shmem_state`` is filled by
   ``mori_compiler.runtime`` after each code-object load (``state.py``).
-* **MORI's** ``libmori_shmem_device.bc`` (``MORI_SHMEM_BC=<path>`` or ``mori-compile --bitcode <path>``): it
-  adds RDMA/IBGDA and SDMA transports. Its state global ``_ZN4mori5shmem15globalGpuStatesE`` is kept
-  exported by the link step; load such a code object with HIP's module API and call
+* **MORI's** ``libmori_shmem_device.bc`` (``mori-compile --bitcode <path>``, ``CompileOptions(bitcode=)``, or
+  ``MORI_SHMEM_BC=<path>``, which ``CompileOptions`` takes as its default): it adds RDMA/IBGDA and SDMA
+  transports. It is checked against the compile options (triple, GPU, wave size, code object version: its
+  ``amdhsa_code_object_version`` flag must equal ``--code-object-version``, 5 for a bitcode from
+  ``find_bitcode(cov=5)``, 6 for ``cov=6``) and linked through a prepared copy that keeps its large,
+  transport-switching functions out of line (``external.py``); beside it, on AMDGPU, the project links the
+  lowering-support bitcode (the ockl work-item queries MLIR's ROCDL lowering calls; ``library.py``), so no
+  ROCm install is needed. Its state global ``_ZN4mori5shmem15globalGpuStatesE`` stays exported (in the code
+  object's dynamic symbol table): load such a code object with HIP's module API and call
   ``mori.shmem.shmem_module_init(hip_module)`` (it must return 0) after MORI's own shmem init, then launch
-  (device-abi.md §3 and §4.5). Match the code object version: ``--code-object-version`` 5 for a bitcode
-  from ``find_bitcode(cov=5)``, 6 for ``cov=6``.
+  (device-abi.md §3 and §4.5).
+
+Built bitcode files in the cache (the library, the lowering support, prepared copies) are verified on every use
+and rebuilt when damaged (``cached.py``).
 """
 
 from __future__ import annotations

@@ -114,7 +114,8 @@ class TransportType(enum.IntEnum):
 
 #: Mangled name of ``mori::shmem::globalGpuStates``, the per-code-object device state (addrspace 1).
 MORI_STATE_SYMBOL = "_ZN4mori5shmem15globalGpuStatesE"
-#: ``sizeof(mori::shmem::GpuStates)`` under LP64.
+#: ``sizeof(mori::shmem::GpuStates)`` under LP64 in the layout of device-abi.md §3: the least a MORI bitcode
+#: defines (MORI 1.2.4's, with more fields, is 200 bytes).
 MORI_STATE_SIZE = 80
 
 # ----------------------------------------------------------------------------------------------------------

@@ -5,8 +5,12 @@ barrier and memory-ordering primitives, the target-neutral building blocks (``sh
 98 exported ABI functions generated from the ABI table (``wrappers.py``). ``library_path(target)``
 assembles them with llvmlite into ``libmori_shmem_device.bc`` at first use and caches the file under
 ``<cache>/lib/<target>-<hash>/``, where the hash covers the source text, the target and the llvmlite
-version. A build writes to a temporary file and renames it into place, so no reader ever sees a
-half-written file and concurrent builders are harmless.
+version. The cached file is verified on every use against the content record written beside it, and
+concurrent builders build it once (``cached.py``: damaged files are reported, discarded and rebuilt).
+
+``lowering_support_path(target)`` is the small AMDGPU bitcode (``sources/lowering_support_amdgcn.ll``) with
+the ockl work-item queries MLIR's ROCDL lowering calls; the project's library has them in its prelude, so it
+is linked only beside other device bitcode (``options.device_bitcode``).
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ import hashlib
 from importlib.resources import files
 from pathlib import Path
 
-from mori_compiler.env import cache_dir, write_atomically
+from mori_compiler.env import cache_dir
 from mori_compiler.errors import MoriCompilerError
 from mori_compiler.targets import GPUTarget, get_target
 
+from .cached import cached_bitcode
+
 LIBRARY_NAME = "libmori_shmem_device.bc"
 COMMON_SOURCES = ("shmem_core.ll",)
+SUPPORT_NAME = "libmori_compiler_lowering_support.bc"
+SUPPORT_SOURCE = "lowering_support_amdgcn.ll"
 
 
 def _source(name: str) -> str:
@@ -47,34 +55,59 @@ def _llvmlite_version() -> str:
     return llvmlite.__version__
 
 
+CACHE_FORMAT = "verified-1"  # part of the hash: entries of an older layout (no content record) are not looked at
+
+
 def library_hash(target: GPUTarget) -> str:
     h = hashlib.sha256()
-    for item in (target.name, target.triple, target.features, _llvmlite_version(), library_ir(target)):
+    for item in (CACHE_FORMAT, target.name, target.triple, target.features, _llvmlite_version(), library_ir(target)):
         h.update(item.encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
 
 
-def build_library(target: GPUTarget) -> bytes:
-    """Assemble and verify the library for ``target``; returns the bitcode bytes."""
+def _assemble(text: str, what: str) -> bytes:
     import llvmlite.binding as llvm
 
     try:
-        module = llvm.parse_assembly(library_ir(target))
+        module = llvm.parse_assembly(text)
         module.verify()
     except RuntimeError as exc:  # a bug in our sources, not a user error
-        raise RuntimeError(f"device library for {target.name} does not assemble: {exc}") from None
+        raise RuntimeError(f"{what} does not assemble: {exc}") from None
     return module.as_bitcode()
 
 
+def build_library(target: GPUTarget) -> bytes:
+    """Assemble and verify the library for ``target``; returns the bitcode bytes."""
+    return _assemble(library_ir(target), f"device library for {target.name}")
+
+
 def library_path(target: GPUTarget | str) -> Path:
-    """Path of the cached library bitcode for ``target``, built first if needed."""
+    """Path of the cached, verified library bitcode for ``target``, built first if needed."""
     if isinstance(target, str):
         target = get_target(target)
     path = cache_dir() / "lib" / f"{target.name}-{library_hash(target)}" / LIBRARY_NAME
-    if not path.is_file():
-        try:
-            write_atomically(path, build_library(target))
-        except OSError as exc:
-            raise MoriCompilerError(f"cannot write the device library cache at {path.parent}: {exc}") from None
-    return path
+    return cached_bitcode(path, lambda: build_library(target), f"device library for {target.name}")
+
+
+def lowering_support_ir(target: GPUTarget) -> str:
+    if not target.is_amdgpu:
+        raise MoriCompilerError(f"target {target.name} needs no lowering-support bitcode (AMDGPU only)")
+    return f'target triple = "{target.triple}"\n' + _source(SUPPORT_SOURCE)
+
+
+SUPPORT_CODE_OBJECT_VERSIONS = (5, 6)  # the hidden-argument layout its definitions read (see the source)
+
+
+def lowering_support_path(target: GPUTarget | str, code_object_version: int = 6) -> Path:
+    """Path of the cached, verified lowering-support bitcode for the AMDGPU ``target``."""
+    if isinstance(target, str):
+        target = get_target(target)
+    if code_object_version not in SUPPORT_CODE_OBJECT_VERSIONS:
+        raise MoriCompilerError(
+            f"the lowering-support bitcode reads the hidden kernel arguments of code object v5/v6; code object "
+            f"version {code_object_version} lays them out differently")  # fmt: skip
+    text = lowering_support_ir(target)
+    digest = hashlib.sha256("\0".join((target.triple, _llvmlite_version(), text)).encode()).hexdigest()[:16]
+    path = cache_dir() / "lib" / f"support-{target.triple}-{digest}" / SUPPORT_NAME
+    return cached_bitcode(path, lambda: _assemble(text, "lowering-support bitcode"), "lowering-support bitcode")

@@ -39,6 +39,8 @@ SHT_SYMTAB, SHT_NOTE, SHT_NOBITS, SHT_DYNSYM = 2, 7, 8, 11
 PT_NOTE = 4
 SHN_UNDEF, SHN_XINDEX = 0, 0xFFFF
 STT_FUNC = 2
+STB_GLOBAL, STB_WEAK = 1, 2
+STV_DEFAULT, STV_PROTECTED = 0, 3
 NT_AMDGPU_METADATA = 32
 AMDGPU_NOTE_OWNER = "AMDGPU"
 
@@ -66,11 +68,18 @@ class ElfSymbol:
     type: int  # STT_*
     bind: int  # STB_*
     shndx: int  # section index; 0 (SHN_UNDEF) means "defined elsewhere"
+    visibility: int = STV_DEFAULT  # STV_* (the low bits of st_other)
 
     @property
     def undefined(self) -> bool:
         """True for a named symbol that this object references but does not define."""
         return self.shndx == SHN_UNDEF and self.name != ""
+
+    @property
+    def exported(self) -> bool:
+        """Defined, global or weak, and visible to the loader (default or protected visibility)."""
+        return (self.shndx != SHN_UNDEF and self.bind in (STB_GLOBAL, STB_WEAK)
+                and self.visibility in (STV_DEFAULT, STV_PROTECTED))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -102,10 +111,15 @@ class CodeObjectInfo:
     symbols: tuple[ElfSymbol, ...]
     kernels: tuple[KernelResources, ...]
     metadata: dict = field(compare=False)
+    dynamic_symbols: tuple[ElfSymbol, ...] = ()  # .dynsym: what the loader (hipModuleGetGlobal) can find
 
     def undefined_symbols(self) -> list[str]:
         """Sorted, de-duplicated names of the symbols referenced but not defined."""
         return _undefined_names(self.symbols)
+
+    def exported_symbols(self) -> dict[str, ElfSymbol]:
+        """The dynamic symbols a host runtime can look up by name after loading the code object."""
+        return {s.name: s for s in self.dynamic_symbols if s.exported}
 
     @property
     def gfx_name(self) -> str:
@@ -203,9 +217,9 @@ class _Elf:
         end = table.find(b"\0", offset)
         return table[offset:end if end >= 0 else len(table)].decode("utf-8", errors="replace")
 
-    def symbols(self) -> list[ElfSymbol]:
+    def symbols(self, kinds=(SHT_SYMTAB, SHT_DYNSYM)) -> list[ElfSymbol]:
         # .symtab is the complete table; a stripped object only keeps the dynamic one.
-        for wanted in (SHT_SYMTAB, SHT_DYNSYM):
+        for wanted in kinds:
             tables = [s for s in self.sections if s.type == wanted]
             if tables:
                 return [sym for table in tables for sym in self._symbol_table(table)]
@@ -221,9 +235,9 @@ class _Elf:
         names = self.section_data(self.sections[table.link], "symbol string table")
         symbols = []
         for offset in range(0, len(raw) - _SYM.size + 1, entsize):
-            name, info, _, shndx, value, size = _SYM.unpack_from(raw, offset)
-            symbols.append(ElfSymbol(name=self.string_at(names, name, "symbol"), value=value,
-                                     size=size, type=info & 0xF, bind=info >> 4, shndx=shndx))
+            name, info, other, shndx, value, size = _SYM.unpack_from(raw, offset)
+            symbols.append(ElfSymbol(name=self.string_at(names, name, "symbol"), value=value, size=size,
+                                     type=info & 0xF, bind=info >> 4, shndx=shndx, visibility=other & 0x3))
         return symbols
 
     def notes(self) -> list[tuple[str, int, bytes]]:
@@ -303,6 +317,7 @@ def read_amdgpu_code_object(data: bytes) -> CodeObjectInfo:
         symbols=symbols,
         kernels=tuple(_kernel_resources(elf, k, symbols) for k in kernels),
         metadata=metadata,
+        dynamic_symbols=tuple(elf.symbols((SHT_DYNSYM,))),
     )
 
 

@@ -9,6 +9,7 @@ from .errors import MoriCompilerError
 from .targets import DEFAULT_TARGET, GPUTarget, get_target
 
 CODE_OBJECT_VERSIONS = (5, 6)
+MORI_SHMEM_BC_VAR = "MORI_SHMEM_BC"  # a MORI device bitcode to link instead of the project's library
 OPT_LEVELS = (0, 1, 2, 3)
 
 
@@ -17,8 +18,10 @@ class CompileOptions:
     """How to compile one kernel module.
 
     ``bitcode``: device bitcode files to link *instead of* the project's own device library (e.g.
-    MORI's ``libmori_shmem_device.bc``). ``device_library``: link the project's library when no
-    ``bitcode`` is given (turn off to check that a module needs no device functions).
+    MORI's ``libmori_shmem_device.bc``); when none is given and ``device_library`` is on, the file named by
+    ``MORI_SHMEM_BC`` (if set) is recorded here, so that every entry point (mori-compile, ep_bundle, the
+    Python API) honours it and the cache key covers its content. ``device_library``: link the project's
+    library when no ``bitcode`` is given (turn off to check that a module needs no device functions).
     ``code_object_version`` applies to AMDGPU targets (5 or 6, default 6 = ELF ABI version 4).
     ``virtual_pes``: kernels read their parameters from a per-PE argument table indexed by the grid's z
     (several PEs in one launch on one GPU; see lib_bitcode/kernel_abi.py).
@@ -44,9 +47,13 @@ class CompileOptions:
         if isinstance(self.bitcode, (str, os.PathLike)):
             object.__setattr__(self, "bitcode", (str(self.bitcode),))
         object.__setattr__(self, "bitcode", tuple(str(b) for b in self.bitcode))
+        from_env = not self.bitcode and self.device_library and os.environ.get(MORI_SHMEM_BC_VAR)
+        if from_env:
+            object.__setattr__(self, "bitcode", (from_env,))
         for path in self.bitcode:
             if not os.path.isfile(path):
-                raise MoriCompilerError(f"device bitcode file not found: {path}")
+                where = f" ({MORI_SHMEM_BC_VAR})" if from_env else ""
+                raise MoriCompilerError(f"device bitcode file not found{where}: {path}")
 
     def _check_types(self) -> None:
         expected = {"target": str, "code_object_version": int, "opt_level": int, "device_library": bool,
@@ -75,11 +82,24 @@ class CompileOptions:
 
 def device_bitcode(options: CompileOptions) -> list[str]:
     """The device bitcode files ``options`` link, in link order (without importing MLIR: the cache looks
-    bundles up with it before the compiler is loaded)."""
-    if options.bitcode:
-        return list(options.bitcode)
-    if not options.device_library:
-        return []
-    from .lib_bitcode.library import library_path
+    bundles up with it before the compiler is loaded).
 
-    return [str(library_path(options.gpu_target))]
+    * default: the project's library (it also defines what the AMDGPU lowering calls);
+    * ``options.bitcode`` (``--bitcode``, ``MORI_SHMEM_BC``): each file checked against the options and linked
+      through its prepared copy (lib_bitcode/external.py), then, on AMDGPU, the lowering-support bitcode
+      (the ockl work-item queries of MLIR's ROCDL lowering, which MORI's bitcode does not export);
+    * ``device_library=False``: only the lowering-support bitcode on AMDGPU (no device functions).
+    """
+    target = options.gpu_target
+    if not options.bitcode and options.device_library:
+        from .lib_bitcode.library import library_path
+
+        return [str(library_path(target))]
+    from .lib_bitcode.external import prepared_bitcode
+
+    files = [str(prepared_bitcode(path, target, options.code_object_version)) for path in options.bitcode]
+    if target.is_amdgpu:
+        from .lib_bitcode.library import lowering_support_path
+
+        files.append(str(lowering_support_path(target, options.code_object_version)))
+    return files

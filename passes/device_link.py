@@ -18,10 +18,14 @@ import re
 from pathlib import Path
 
 from mori_compiler.errors import MoriCompilerError
+from mori_compiler.lib_bitcode.abi import MORI_STATE_SYMBOL
+from mori_compiler.lib_bitcode.state import STATE_SYMBOL
 from mori_compiler.targets import GPUTarget
 
-# Globals a host runtime looks up by name after loading the code object: never internalize them.
-PRESERVED_GLOBALS = frozenset({"_ZN4mori5shmem15globalGpuStatesE", "mori_compiler_shmem_state"})
+# Globals a host runtime looks up by name after loading the code object: never internalize them (they stay in
+# the code object's dynamic symbol table). MORI's shmem_module_init fills MORI_STATE_SYMBOL (its bitcode's
+# globalGpuStates), mori_compiler.runtime fills STATE_SYMBOL (the project's library); lib_bitcode names both.
+PRESERVED_GLOBALS = frozenset({MORI_STATE_SYMBOL, STATE_SYMBOL})
 
 
 @functools.cache

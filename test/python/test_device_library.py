@@ -8,13 +8,14 @@ from importlib.resources import files
 
 import pytest
 
-from mori_compiler.lib_bitcode import library, state
+from mori_compiler.lib_bitcode import cached, library, state
 from mori_compiler.lib_bitcode.abi import ABI_BY_SYMBOL
 from mori_compiler.targets import TARGETS, get_target
 
 llvm = pytest.importorskip("llvmlite.binding")
 
 ALL_TARGETS = sorted(TARGETS)
+RECORD = cached.RECORD_SUFFIX
 SOURCES = files("mori_compiler.lib_bitcode").joinpath("sources")
 PRELUDES = ("prelude_amdgcn.ll", "prelude_nvptx.ll")
 CHECKED_FUNCTIONS = (
@@ -55,7 +56,8 @@ def test_library_path_builds_once_and_caches(target, session_cache_dir, monkeypa
     assert library.library_path(target) == path
     assert library.library_path(get_target(target)) == path
     assert path.stat().st_mtime_ns == mtime
-    assert not [p.name for p in path.parent.iterdir() if p.name != library.LIBRARY_NAME]  # no temporary files
+    # Only the library and its content record: no temporary files.
+    assert sorted(p.name for p in path.parent.iterdir()) == [library.LIBRARY_NAME, library.LIBRARY_NAME + RECORD]
 
 
 @pytest.mark.parametrize("target", ALL_TARGETS)
@@ -95,6 +97,152 @@ def test_library_path_rejects_unknown_target():
 
     with pytest.raises(MoriCompilerError, match="unknown target 'gfx1'"):
         library.library_path("gfx1")
+
+
+# ----------------------------------------------------------------------------------------------------
+# A damaged cached library is reported once, discarded and rebuilt; concurrent builders build it once
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MORI_COMPILER_CACHE_DIR", str(tmp_path))
+    cached._warned.clear()
+    return tmp_path
+
+
+def _damage(path, how: str) -> None:
+    import shutil
+
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "garbage":
+        path.write_bytes(bytes(range(256)) * 8)
+    elif how == "same-size-garbage":
+        path.write_bytes(b"\xde" * len(data))
+    elif how == "deleted":
+        path.unlink()
+    elif how == "record-deleted":
+        path.with_name(path.name + RECORD).unlink()
+    elif how == "record-garbage":
+        path.with_name(path.name + RECORD).write_bytes(b"\xff\xfe not a record")
+    elif how == "directory":
+        path.unlink()
+        path.mkdir()
+        (path / "x").write_text("x")
+    elif how == "folder-is-a-file":
+        shutil.rmtree(path.parent)
+        path.parent.write_text("not a folder")
+    elif how == "lib-is-a-file":
+        shutil.rmtree(path.parent.parent)
+        path.parent.parent.write_text("not a folder")
+    else:
+        raise AssertionError(how)
+
+
+DAMAGE = ("truncated", "empty", "garbage", "same-size-garbage", "deleted", "record-deleted", "record-garbage",
+          "directory", "folder-is-a-file", "lib-is-a-file")  # fmt: skip
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_damaged_library_is_warned_once_discarded_and_rebuilt(fresh_cache, how):
+    path = library.library_path("gfx942")
+    good = path.read_bytes()
+    _damage(path, how)
+    with pytest.warns(cached.DeviceLibraryCacheWarning) as caught:
+        again = library.library_path("gfx942")
+    assert again == path
+    messages = [str(w.message) for w in caught if issubclass(w.category, cached.DeviceLibraryCacheWarning)]
+    assert len(messages) == 1, messages
+    assert "device library for gfx942" in messages[0] and "discarded, rebuilding it" in messages[0]
+    rebuilt = path.read_bytes()
+    assert len(rebuilt) == len(good)
+    llvm.parse_bitcode(rebuilt).verify()
+    # Once rebuilt it is used as it is: no second warning, no rebuild.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert library.library_path("gfx942") == path
+    assert path.read_bytes() == rebuilt
+
+
+def test_each_damage_names_its_problem(fresh_cache):
+    path = library.library_path("gfx942")
+    expected = {"truncated": "does not match its content record", "empty": "is empty",
+                "record-deleted": "has no content record", "directory": "is not a regular file"}  # fmt: skip
+    for how, problem in expected.items():
+        cached._warned.clear()
+        _damage(path, how)
+        with pytest.warns(cached.DeviceLibraryCacheWarning, match=problem):
+            library.library_path("gfx942")
+
+
+def test_unwritable_cache_is_a_clear_error(fresh_cache, monkeypatch):
+    from mori_compiler.errors import MoriCompilerError
+
+    (fresh_cache / "lib").mkdir()
+    monkeypatch.setattr(cached, "write_atomically", _raise_permission_error)
+    with pytest.raises(MoriCompilerError, match="cannot write the device library for gfx942 cache"):
+        library.library_path("gfx942")
+
+
+def _raise_permission_error(path, data):
+    raise PermissionError(13, "Permission denied", str(path))
+
+
+_CONCURRENT_BUILD = """
+import sys, time
+from mori_compiler.lib_bitcode import library
+original = library.build_library
+def slow_build(target):
+    with open(sys.argv[1], "a") as log:
+        log.write("build\\n")
+    time.sleep(0.5)  # long enough that the other process arrives while this one builds
+    return original(target)
+library.build_library = slow_build
+print(library.library_path("gfx942"))
+"""
+
+
+def test_concurrent_builders_build_once(fresh_cache, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "builds.log"
+    env = dict(os.environ, MORI_COMPILER_CACHE_DIR=str(fresh_cache))
+    procs = [subprocess.Popen([sys.executable, "-c", _CONCURRENT_BUILD, str(log)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]  # fmt: skip
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    paths = {out.strip() for out, _ in outputs}
+    assert len(paths) == 1
+    assert log.read_text().count("build") == 1, "the library was built more than once"
+    assert not any(err.strip() for _, err in outputs), outputs  # nobody saw a damaged file
+    data = open(paths.pop(), "rb").read()
+    llvm.parse_bitcode(data).verify()
+
+
+def test_lowering_support_bitcode(fresh_cache):
+    """The AMDGPU lowering-support bitcode defines exactly the two ockl queries, mergeable (linkonce_odr)."""
+    path = library.lowering_support_path("gfx942")
+    assert path.parent.parent == fresh_cache / "lib"
+    module = llvm.parse_bitcode(path.read_bytes())
+    defined = {f.name: f for f in module.functions if not f.is_declaration}
+    exported = sorted(n for n, f in defined.items() if f.linkage != llvm.Linkage.internal)
+    assert exported == ["__ockl_get_local_size", "__ockl_get_num_groups"]
+    assert all(defined[n].linkage == llvm.Linkage.linkonce_odr for n in exported)
+    assert library.lowering_support_path("gfx942") == path
+    from mori_compiler.errors import MoriCompilerError
+
+    with pytest.raises(MoriCompilerError, match="sm_90 needs no lowering-support bitcode"):
+        library.lowering_support_path("sm_90")
+    with pytest.raises(MoriCompilerError, match="code object v5/v6; code object version 4 lays them out"):
+        library.lowering_support_path("gfx942", 4)
 
 
 # ----------------------------------------------------------------------------------------------------
