@@ -1,0 +1,136 @@
+"""Warm start: how long a new process takes to get the EP op's kernel bundle when it is already cached.
+
+Two paths, each measured in N fresh processes per version, interleaved (this checkout, the base checkout,
+this checkout, ...), every process timing itself from just before its first ``mori_compiler`` import to
+holding the ``Bundle`` (interpreter start excluded; torch is not imported: ``ep_bundle`` does not need it):
+
+* **op path**: ``ep_bundle(config, target, virtual_pes=True)`` on a machine with the compiler, i.e. what
+  ``EpDispatchCombineOp`` does at construction: compute the bundle key, find and verify the bundle;
+* **runtime path**: the same call on a GPU machine that has only the runtime (no MLIR, no llvmlite): there
+  ``compiler_available()`` is false and ``get_bundle`` looks the bundle up through the index
+  (``<cache>/index/<request>``) written when it was compiled. Simulated by making ``mlir`` and
+  ``llvmlite`` unimportable in the child (``sys.modules[name] = None``), which is exactly what such a
+  machine sees, for both versions alike.
+
+Each version uses its own cache directory, filled by that version (one cold compile, not timed). Bytecode:
+``cached`` (the normal case of an installed package: ``.pyc`` files exist; they are written to a private
+``PYTHONPYCACHEPREFIX`` by one untimed run, so neither checkout is touched) or ``none``
+(``PYTHONDONTWRITEBYTECODE=1``, every module compiled from source at import, as in this sandbox's default
+environment); ``both`` measures the two.
+
+    .venv/bin/python bench/warm_start.py [--runs 10] [--target gfx942] [--base /work/base] [--bytecode both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+
+CONFIG = dict(data_type="bf16", rank=0, world_size=8, hidden_dim=7168, scale_dim=0, scale_type_size=0,
+              max_token_type_size=2, max_num_inp_token_per_rank=128, num_experts_per_rank=32,
+              num_experts_per_token=8)  # fmt: skip
+
+# Runs in the child: argv[1] = JSON {"target", "config", "runtime_only"}; prints one JSON line.
+CHILD = r"""
+import json, sys, time
+args = json.loads(sys.argv[1])
+if args["runtime_only"]:  # a GPU machine without the compiler: neither package can be imported
+    sys.modules["mlir"] = None
+    sys.modules["llvmlite"] = None
+t0 = time.perf_counter()
+from mori_compiler.ops import EpDispatchCombineConfig, ep_bundle
+bundle = ep_bundle(EpDispatchCombineConfig(**args["config"]), args["target"], virtual_pes=True)
+t1 = time.perf_counter()
+heavy = sorted({m.split(".")[0] for m, v in sys.modules.items() if v is not None and m.split(".")[0] in ("mlir", "llvmlite", "numpy")})
+print(json.dumps({"ms": (t1 - t0) * 1e3, "key": bundle.key, "kernels": len(bundle.kernels), "heavy": heavy}))
+"""
+
+
+def run_child(python: str, env: dict, target: str, runtime_only: bool, cwd: str) -> dict:
+    arg = json.dumps({"target": target, "config": CONFIG, "runtime_only": runtime_only})
+    proc = subprocess.run([python, "-c", CHILD, arg], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: child failed ({python}, runtime_only={runtime_only}):\n{proc.stderr.strip()}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def child_env(cache: Path, bytecode: str, pycache: Path) -> dict:
+    env = dict(os.environ, MORI_COMPILER_CACHE_DIR=str(cache))
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    if bytecode == "cached":
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=10, help="fresh processes per path and version (>= 10)")
+    parser.add_argument("--target", default="gfx942", choices=("gfx942", "gfx950", "sm_90"))
+    parser.add_argument("--base", default="/work/base", help="checkout to compare with (its own .venv)")
+    parser.add_argument("--bytecode", default="both", choices=("cached", "none", "both"))
+    parser.add_argument("--work-dir", help="where the caches go (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    if args.runs < 10:
+        parser.error("--runs must be >= 10")
+    versions = {"this": HERE}
+    base = Path(args.base)
+    if (base / ".venv" / "bin" / "python").is_file():
+        versions["base"] = base
+    else:
+        print(f"note: no {base}/.venv/bin/python: measuring this checkout only", file=sys.stderr)
+    modes = ("cached", "none") if args.bytecode == "both" else (args.bytecode,)
+
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="warm-start-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cwd = str(work)  # neutral: the children import the package installed in each venv
+    pythons = {name: str(root / ".venv" / "bin" / "python") for name, root in versions.items()}
+    caches = {name: work / f"cache-{name}" for name in versions}
+    for name in versions:  # fill each cache with that version's bundle (cold compile, not timed)
+        first = run_child(pythons[name], child_env(caches[name], "cached", work / f"pyc-{name}"), args.target, False,
+                          cwd)  # fmt: skip
+        print(f"{name}: {versions[name]} bundle {first['key'][:12]} ({first['kernels']} kernels) in {caches[name]}",
+              file=sys.stderr)  # fmt: skip
+        run_child(pythons[name], child_env(caches[name], "cached", work / f"pyc-{name}"), args.target, True, cwd)
+
+    paths = {"op": False, "runtime": True}
+    results: dict[tuple, list[float]] = {}
+    heavy: dict[tuple, set] = {}
+    for mode in modes:
+        for _ in range(args.runs):
+            for path, runtime_only in paths.items():
+                for name in versions:
+                    r = run_child(pythons[name], child_env(caches[name], mode, work / f"pyc-{name}"), args.target,
+                                  runtime_only, cwd)  # fmt: skip
+                    results.setdefault((mode, path, name), []).append(r["ms"])
+                    heavy.setdefault((mode, path, name), set()).update(r["heavy"])
+
+    print(f"warm start of ep_bundle({args.target}, virtual_pes=True), IntraNode bf16 config, {args.runs} fresh "
+          f"processes each, ms from the first mori_compiler import to the Bundle")  # fmt: skip
+    print(f"{'bytecode':9} {'path':8} " + " ".join(f"{name + ' median':>12} {'min':>6} {'max':>6}" for name in versions)
+          + ("   ratio" if "base" in versions else "") + "   heavy imports (this)")  # fmt: skip
+    for mode in modes:
+        for path in paths:
+            cells, medians = [], {}
+            for name in versions:
+                xs = results[(mode, path, name)]
+                medians[name] = statistics.median(xs)
+                cells.append(f"{medians[name]:12.1f} {min(xs):6.1f} {max(xs):6.1f}")
+            ratio = f"   {medians['this'] / medians['base']:5.2f}x" if "base" in versions else ""
+            loaded = ", ".join(sorted(heavy[(mode, path, "this")])) or "none"
+            print(f"{mode:9} {path:8} " + " ".join(cells) + ratio + f"   {loaded}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
