@@ -121,10 +121,16 @@ class Bundle:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _read_plain_file(directory: Path, name, what: str, *, owner: Path | None = None, limit: int = -1) -> bytes:
-    """The bytes of the regular file ``name`` directly inside ``directory``; a BundleError naming ``owner``
-    (default: ``directory``) if ``name`` is not a plain file name, resolves outside the directory, is a
-    symlink or not a regular file (a FIFO would block), or cannot be read."""
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _read_plain_file(directory: Path, name, what: str, *, dir_fd: int | None = None, owner: Path | None = None,
+                     limit: int = -1) -> bytes:  # fmt: skip
+    """The bytes of the regular file ``name`` directly inside ``directory`` (opened relative to ``dir_fd``, an
+    open descriptor of it, where given: all files of one bundle then come from the same directory even if it
+    is renamed meanwhile); a BundleError naming ``owner`` (default: ``directory``) if ``name`` is not a plain
+    file name, resolves outside the directory, is a symlink or not a regular file (a FIFO would block), or
+    cannot be read."""
     owner = directory if owner is None else owner
     if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or os.sep in name or "\0" in name:
         raise BundleError(f"bundle {owner}: {what} {name!r} is not a plain file name inside the bundle directory",
@@ -133,7 +139,7 @@ def _read_plain_file(directory: Path, name, what: str, *, owner: Path | None = N
     if os.path.dirname(os.path.realpath(path)) != os.path.realpath(directory):
         raise BundleError(f"bundle {owner}: {what} {name} resolves outside the bundle directory", owner)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd) if dir_fd is not None else os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         raise BundleError(f"bundle {owner}: {what} {name} is missing", owner) from None
     except OSError as exc:
@@ -237,10 +243,19 @@ def load_bundle(path: str | os.PathLike, *, key: str | None = None, target: str 
     than asked: ``key`` (the bundle must carry it), ``target`` (built for it) and ``kernels`` (names it
     must contain), where given."""
     path = Path(path)
-    if not os.path.isdir(path) or os.path.islink(path):
+    try:
+        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
         what = "missing" if not os.path.lexists(path) else "not a directory"
-        raise BundleError(f"no kernel bundle at {path} ({what})", path)
-    raw = _read_plain_file(path, METADATA_FILE, "metadata")
+        raise BundleError(f"no kernel bundle at {path} ({what})", path) from None
+    try:
+        return _load(path, dir_fd, key, target, kernels)
+    finally:
+        os.close(dir_fd)
+
+
+def _load(path: Path, dir_fd: int, key: str | None, target: str | None, kernels) -> Bundle:
+    raw = _read_plain_file(path, METADATA_FILE, "metadata", dir_fd=dir_fd)
     try:
         meta = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -280,7 +295,7 @@ def load_bundle(path: str | os.PathLike, *, key: str | None = None, target: str 
     for name, (ty, default) in extras.items():
         if not isinstance(meta.get(name, default), ty):
             raise BundleError(f"bundle {path}: metadata field {name} must be a {ty.__name__}", path)
-    code = _read_plain_file(path, meta["binary"], "code object")
+    code = _read_plain_file(path, meta["binary"], "code object", dir_fd=dir_fd)
     _check_code(path, meta["backend"], meta["binary"], code, meta["binary_sha256"])
     return Bundle(path, meta["key"], meta["target"], meta["backend"], meta["binary"], table, state,
                   meta.get("compiler", ""), meta.get("config", {}), meta.get("virtual_pes", False),

@@ -172,9 +172,10 @@ def opened(monkeypatch):
     seen = []
     real_os_open, real_open = os.open, builtins.open
 
-    def os_open(path, *args, **kwargs):
-        seen.append(os.path.realpath(path))
-        return real_os_open(path, *args, **kwargs)
+    def os_open(path, *args, dir_fd=None, **kwargs):
+        base = os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd is not None else ""
+        seen.append(os.path.realpath(os.path.join(base, path)))
+        return real_os_open(path, *args, dir_fd=dir_fd, **kwargs)
 
     def py_open(file, *args, **kwargs):
         if isinstance(file, (str, bytes, os.PathLike)):
@@ -372,3 +373,21 @@ def test_toolchain_versions_are_read_without_importlib_metadata(monkeypatch):
     assert cache.installed_version("mlir", "xtc-mlir-python-bindings") == version("xtc-mlir-python-bindings")
     assert cache.installed_version("llvmlite", "llvmlite") == version("llvmlite")
     assert cache.installed_version("no_such_package_here", "nothing") == "unknown"
+
+
+def test_a_bundle_replaced_while_it_is_read_is_never_mixed_with_the_new_one(root, example_source, compiles,
+                                                                            monkeypatch):  # fmt: skip
+    """Metadata and code object come from one directory, even if it is renamed and replaced in between."""
+    first = _compile(example_source, root)
+    real_loads = rt.json.loads
+
+    def swap_then_parse(raw):
+        aside = first.path.parent / ".aside"
+        os.rename(first.path, aside)
+        shutil.copytree(aside, first.path)
+        _garbage(first.path, "kernels.hsaco")  # the replacement's code object does not match the old metadata
+        return real_loads(raw)
+
+    monkeypatch.setattr(rt.json, "loads", swap_then_parse)
+    loaded = load_bundle(first.path, key=first.key)
+    assert loaded.binary == first.binary
