@@ -213,12 +213,15 @@ def compile_bundle(source: str, options: CompileOptions, *, config: dict | None 
     key = bundle_key(source, options, bitcode, config)
     request = bundle_request(source, options, config)
     bundle = _cached_bundle(root, key, options, kernels, repair=False)
-    if bundle is None:
-        with exclusive_lock(_lock_path(root, key)):
-            bundle = _cached_bundle(root, key, options, kernels, repair=True)
-            if bundle is None:
-                bundle = _compile_and_publish(root, key, source, options, config, kernels)
-    _index(root, request, key)
+    try:
+        if bundle is None:
+            with exclusive_lock(_lock_path(root, key)):
+                bundle = _cached_bundle(root, key, options, kernels, repair=True)
+                if bundle is None:
+                    bundle = _compile_and_publish(root, key, source, options, config, kernels)
+        _index(root, request, key)
+    except OSError as exc:  # a read-only or full cache, a path that is a file...
+        raise MoriCompilerError(f"cannot write the kernel cache at {root}: {exc}") from None
     return bundle
 
 

@@ -109,6 +109,8 @@ DAMAGES = {
     "bundle.json empty": lambda p, o: (p / "bundle.json").write_bytes(b""),
     "bundle.json garbage": lambda p, o: _garbage(p, "bundle.json"),
     "bundle.json not an object": lambda p, o: (p / "bundle.json").write_text("[1, 2]"),
+    "bundle.json nested too deep": lambda p, o: (p / "bundle.json").write_text("[" * 100_000),
+    "bundle.json not UTF-8": lambda p, o: (p / "bundle.json").write_bytes(b'{"format": "\xff"}'),
     "metadata deleted": lambda p, o: os.unlink(p / "bundle.json"),
     "code object deleted": lambda p, o: os.unlink(p / "kernels.hsaco"),
     "bundle dir replaced by a file": _dir_to_file,
@@ -391,3 +393,11 @@ def test_a_bundle_replaced_while_it_is_read_is_never_mixed_with_the_new_one(root
     monkeypatch.setattr(rt.json, "loads", swap_then_parse)
     loaded = load_bundle(first.path, key=first.key)
     assert loaded.binary == first.binary
+
+
+def test_an_unwritable_cache_is_a_clear_error(tmp_path, example_source, compiles):
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / "bundles").write_text("a file where the bundles folder should be")
+    with pytest.raises(MoriCompilerError, match=r"cannot write the kernel cache at .*cache"):
+        _compile(example_source, root)
