@@ -62,8 +62,9 @@ def compiler_source_digest() -> str:
 
 def installed_version(package: str, distribution: str) -> str:
     """The version of ``distribution`` that provides the importable ``package``, read from the
-    ``<distribution>-<version>.dist-info`` folder next to it (neither imported nor scanned with
-    importlib.metadata, which costs 15-25 ms a call); "unknown" if there is none."""
+    ``<distribution>-<version>.dist-info`` folder next to it: neither imported nor looked up with
+    importlib.metadata (15-25 ms a call), which is asked only where no such folder is found (another
+    install layout); "unknown" if the distribution is not installed."""
     import importlib.util
 
     spec = importlib.util.find_spec(package)
@@ -78,7 +79,12 @@ def installed_version(package: str, distribution: str) -> str:
         for name in names:
             if name.startswith(prefix) and name.endswith(".dist-info"):
                 return name[len(prefix):-len(".dist-info")]
-    return "unknown"
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "unknown"
 
 
 @functools.lru_cache(maxsize=None)

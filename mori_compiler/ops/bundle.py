@@ -87,16 +87,23 @@ def ep_bundle(config: EpDispatchCombineConfig, target: str, *, virtual_pes: bool
     project's device library; None leaves the choice to ``CompileOptions``. A cached bundle is verified
     (target, kernel table, code-object hash) before it is returned; see mori_compiler/cache.py."""
     from mori_compiler.cache import get_bundle
+    from mori_compiler.errors import MoriCompilerError
     from mori_compiler.options import CompileOptions
-    from mori_compiler.targets import get_target
+    from mori_compiler.targets import TARGETS, get_target
 
+    if not isinstance(target, str):
+        raise MoriCompilerError(f"ep_bundle: target must be a target name ({', '.join(TARGETS)}), got {target!r}")
+    if cache_root is not None and not isinstance(cache_root, (str, os.PathLike)):
+        raise MoriCompilerError(f"ep_bundle: cache_root must be None or a path, got {cache_root!r}")
     gpu_target = get_target(target)
     validate_config(config, gpu_target.wave_size)
     kind = EpDispatchCombineKernelType(config.kernel_type)
-    if kind == EpDispatchCombineKernelType.AsyncLL and asyncll is None:
-        from .asyncll import resolve
+    if kind == EpDispatchCombineKernelType.AsyncLL:
+        from .asyncll import AsyncLLOptions, resolve
 
-        asyncll = resolve()
+        asyncll = resolve() if asyncll is None else asyncll
+        if not isinstance(asyncll, AsyncLLOptions):
+            raise MoriCompilerError(f"ep_bundle: asyncll must be None or an AsyncLLOptions, got {asyncll!r}")
     source = kernel_module_source(config, gpu_target.wave_size, asyncll)
     choice = {} if bitcode is None else {"bitcode": _bitcode_paths(bitcode)}
     options = CompileOptions(target=gpu_target.name, virtual_pes=virtual_pes, **choice)

@@ -362,3 +362,15 @@ def test_ep_bundle_expects_the_kernels_its_source_defines(asked, kind):
     compiled = pipeline.compile_source(source, options, stop_after="ep")
     assert sorted(kwargs["kernels"]) == sorted(compiled.signatures)
     assert len(kwargs["kernels"]) >= 4
+
+
+@pytest.mark.parametrize("bad", [dict(target=["gfx942"]), dict(target=5), dict(cache_root=3),
+                                 dict(kind="AsyncLL", asyncll={"early_notify": True})])  # fmt: skip
+def test_ep_bundle_refuses_wrong_arguments(asked, bad):
+    from mori_compiler.ops import ep_bundle
+
+    kind = bad.pop("kind", "IntraNode")
+    target = bad.pop("target", "gfx942")
+    with pytest.raises(cache.MoriCompilerError, match=r"ep_bundle: (target|cache_root|asyncll) must be"):
+        ep_bundle(_ep_config(kind), target, virtual_pes=True, **bad)
+    assert asked == []
