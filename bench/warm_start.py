@@ -12,11 +12,13 @@ holding the ``Bundle`` (interpreter start excluded; torch is not imported: ``ep_
   ``llvmlite`` unimportable in the child (``sys.modules[name] = None``), which is exactly what such a
   machine sees, for both versions alike.
 
-Each version uses its own cache directory, filled by that version (one cold compile, not timed). Bytecode:
-``cached`` (the normal case of an installed package: ``.pyc`` files exist; they are written to a private
-``PYTHONPYCACHEPREFIX`` by one untimed run, so neither checkout is touched) or ``none``
-(``PYTHONDONTWRITEBYTECODE=1``, every module compiled from source at import, as in this sandbox's default
-environment); ``both`` measures the two.
+Each version uses its own cache directory, filled by that version (one cold compile, not timed). Bytecode
+lives in a private ``PYTHONPYCACHEPREFIX`` per mode and version, filled by untimed runs (neither checkout is
+touched, and stray ``__pycache__`` folders in them are never read): ``cached`` is the normal case of an
+installed package (every module has its ``.pyc``); ``none`` drops the project's own ``.pyc`` files, so its
+modules are compiled from source at every import while the standard library and the venv's packages keep
+theirs, as in an environment with ``PYTHONDONTWRITEBYTECODE=1`` (this sandbox's default); ``both``
+measures the two.
 
     .venv/bin/python bench/warm_start.py [--runs 10] [--target gfx942] [--base /work/base] [--bytecode both]
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -62,15 +65,29 @@ def run_child(python: str, env: dict, target: str, runtime_only: bool, cwd: str)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def child_env(cache: Path, bytecode: str, pycache: Path) -> dict:
-    env = dict(os.environ, MORI_COMPILER_CACHE_DIR=str(cache))
-    env.pop("PYTHONPYCACHEPREFIX", None)
-    if bytecode == "cached":
+# The project's source folders (pyproject.toml package-dir): in bytecode mode "none" these are compiled at
+# every import, while the standard library and the venv's packages keep their bytecode.
+PROJECT_DIRS = ("mori_compiler", "runtime", "passes", "dialects", "lib_bitcode")
+
+
+def child_env(cache: Path, pycache: Path, *, write_bytecode: bool) -> dict:
+    """The environment of a child: its cache, and bytecode only from (and, when asked, into) ``pycache``
+    (PYTHONPYCACHEPREFIX), so that stray ``__pycache__`` folders in a checkout are never read."""
+    env = dict(os.environ, MORI_COMPILER_CACHE_DIR=str(cache), PYTHONPYCACHEPREFIX=str(pycache))
+    if write_bytecode:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-        env["PYTHONPYCACHEPREFIX"] = str(pycache)
     else:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
+
+
+def prepare_bytecode(python: str, cache: Path, pycache: Path, root: Path, target: str, cwd: str, mode: str) -> None:
+    """Fill ``pycache`` by untimed runs of both paths; for mode "none", then drop the project's own bytecode."""
+    for runtime_only in (False, True):
+        run_child(python, child_env(cache, pycache, write_bytecode=True), target, runtime_only, cwd)
+    if mode == "none":
+        for folder in PROJECT_DIRS:
+            shutil.rmtree(pycache / root.relative_to(root.anchor) / folder, ignore_errors=True)
 
 
 def main(argv=None) -> int:
@@ -97,11 +114,13 @@ def main(argv=None) -> int:
     pythons = {name: str(root / ".venv" / "bin" / "python") for name, root in versions.items()}
     caches = {name: work / f"cache-{name}" for name in versions}
     for name in versions:  # fill each cache with that version's bundle (cold compile, not timed)
-        first = run_child(pythons[name], child_env(caches[name], "cached", work / f"pyc-{name}"), args.target, False,
-                          cwd)  # fmt: skip
+        first = run_child(pythons[name], child_env(caches[name], work / "pyc-build", write_bytecode=True),
+                          args.target, False, cwd)  # fmt: skip
         print(f"{name}: {versions[name]} bundle {first['key'][:12]} ({first['kernels']} kernels) in {caches[name]}",
               file=sys.stderr)  # fmt: skip
-        run_child(pythons[name], child_env(caches[name], "cached", work / f"pyc-{name}"), args.target, True, cwd)
+    pycaches = {(mode, name): work / f"pyc-{mode}-{name}" for mode in modes for name in versions}
+    for (mode, name), pycache in pycaches.items():
+        prepare_bytecode(pythons[name], caches[name], pycache, versions[name], args.target, cwd, mode)
 
     paths = {"op": False, "runtime": True}
     results: dict[tuple, list[float]] = {}
@@ -111,8 +130,8 @@ def main(argv=None) -> int:
         for _ in range(args.runs):
             for path, runtime_only in paths.items():
                 for name in versions:
-                    r = run_child(pythons[name], child_env(caches[name], mode, work / f"pyc-{name}"), args.target,
-                                  runtime_only, cwd)  # fmt: skip
+                    env = child_env(caches[name], pycaches[(mode, name)], write_bytecode=False)
+                    r = run_child(pythons[name], env, args.target, runtime_only, cwd)
                     results.setdefault((mode, path, name), []).append(r["ms"])
                     cpu.setdefault((mode, path, name), []).append(r["cpu_ms"])
                     heavy.setdefault((mode, path, name), set()).update(r["heavy"])
