@@ -307,8 +307,9 @@ def test_a_fifo_is_refused_without_blocking(root, example_source, compiles):
 # ----------------------------------------------------------------------------------------------------
 
 
-def _compile_in_child(source: str, root: str, marker: str, barrier) -> tuple[str, str]:
-    """A rank: count its real compiles in ``marker``, start with the others, compile the same bundle."""
+def _compile_in_child(source: str, root: str, marker: str, barrier) -> tuple[str, str, int]:
+    """A rank: count its real compiles in ``marker``, start with the others, compile the same bundle; returns
+    the bundle's key, its code object's SHA-256 and how many damage warnings this rank saw."""
     import time
 
     from mori_compiler import cache as child_cache
@@ -324,25 +325,45 @@ def _compile_in_child(source: str, root: str, marker: str, barrier) -> tuple[str
 
     child_pipeline.compile_source = counted
     barrier.wait()
-    bundle = child_cache.compile_bundle(source, CompileOptions(target="gfx942"), cache_root=root)
-    return bundle.key, hashlib.sha256(bundle.binary).hexdigest()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        bundle = child_cache.compile_bundle(source, CompileOptions(target="gfx942"), cache_root=root)
+    return bundle.key, hashlib.sha256(bundle.binary).hexdigest(), len(_only_damage_warnings(record))
+
+
+def _run_ranks(ranks: int, source: str, root: Path, marker: Path) -> list[tuple[str, str, int]]:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Manager().Barrier(ranks)
+    with ctx.Pool(ranks) as pool:
+        return pool.starmap(_compile_in_child, [(source, str(root), str(marker), barrier)] * ranks)
 
 
 @pytest.mark.slow
 def test_concurrent_ranks_compile_a_bundle_once(tmp_path, example_source):
-    ctx = multiprocessing.get_context("spawn")
-    ranks = 3
-    barrier = ctx.Manager().Barrier(ranks)
-    marker = tmp_path / "compiles.txt"
-    root = tmp_path / "cache"
-    with ctx.Pool(ranks) as pool:
-        results = pool.starmap(_compile_in_child, [(example_source, str(root), str(marker), barrier)] * ranks)
+    marker, root = tmp_path / "compiles.txt", tmp_path / "cache"
+    results = _run_ranks(3, example_source, root, marker)
     assert len(marker.read_text().splitlines()) == 1, marker.read_text()
     assert len(set(results)) == 1
-    key, digest = results[0]
+    key, digest, warned = results[0]
+    assert warned == 0
     bundle = load_bundle(root / "bundles" / key, key=key, target="gfx942")
     assert hashlib.sha256(bundle.binary).hexdigest() == digest
     assert sorted(p.name for p in (root / "bundles").iterdir()) == [key]
+
+
+@pytest.mark.slow
+def test_concurrent_ranks_repair_a_damaged_bundle_once(tmp_path, example_source):
+    """Ranks that all find the same damaged bundle: one reports it, discards it and compiles; the others
+    wait on the lock and load the new one."""
+    root = tmp_path / "cache"
+    first = cache.compile_bundle(example_source, OPTIONS, cache_root=root)
+    _garbage(first.path, "kernels.hsaco")
+    marker = tmp_path / "compiles.txt"
+    results = _run_ranks(3, example_source, root, marker)
+    assert len(marker.read_text().splitlines()) == 1, marker.read_text()
+    assert sum(warned for _, _, warned in results) == 1
+    assert {(key, digest) for key, digest, _ in results} == {(first.key, hashlib.sha256(first.binary).hexdigest())}
+    assert sorted(p.name for p in (root / "bundles").iterdir()) == [first.key]
 
 
 # ----------------------------------------------------------------------------------------------------
