@@ -20,7 +20,7 @@ modules are compiled from source at every import while the standard library and 
 theirs, as in an environment with ``PYTHONDONTWRITEBYTECODE=1`` (this sandbox's default); ``both``
 measures the two.
 
-    .venv/bin/python bench/warm_start.py [--runs 10] [--target gfx942] [--base /work/base] [--bytecode both]
+    .venv/bin/python bench/warm_start.py [--runs 10] [--targets gfx942,sm_90] [--base /work/base] [--bytecode both]
 """
 
 from __future__ import annotations
@@ -81,10 +81,11 @@ def child_env(cache: Path, pycache: Path, *, write_bytecode: bool) -> dict:
     return env
 
 
-def prepare_bytecode(python: str, cache: Path, pycache: Path, root: Path, target: str, cwd: str, mode: str) -> None:
+def prepare_bytecode(python: str, cache: Path, pycache: Path, root: Path, targets, cwd: str, mode: str) -> None:
     """Fill ``pycache`` by untimed runs of both paths; for mode "none", then drop the project's own bytecode."""
-    for runtime_only in (False, True):
-        run_child(python, child_env(cache, pycache, write_bytecode=True), target, runtime_only, cwd)
+    for target in targets:
+        for runtime_only in (False, True):
+            run_child(python, child_env(cache, pycache, write_bytecode=True), target, runtime_only, cwd)
     if mode == "none":
         for folder in PROJECT_DIRS:
             shutil.rmtree(pycache / root.relative_to(root.anchor) / folder, ignore_errors=True)
@@ -92,14 +93,18 @@ def prepare_bytecode(python: str, cache: Path, pycache: Path, root: Path, target
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=10, help="fresh processes per path and version (>= 10)")
-    parser.add_argument("--target", default="gfx942", choices=("gfx942", "gfx950", "sm_90"))
+    parser.add_argument("--runs", type=int, default=10, help="fresh processes per path, target and version (>= 10)")
+    parser.add_argument("--targets", default="gfx942,sm_90", help="comma-separated (gfx942, gfx950, gfx1250, sm_90)")
     parser.add_argument("--base", default="/work/base", help="checkout to compare with (its own .venv)")
     parser.add_argument("--bytecode", default="both", choices=("cached", "none", "both"))
     parser.add_argument("--work-dir", help="where the caches go (default: a temporary directory)")
     args = parser.parse_args(argv)
     if args.runs < 10:
         parser.error("--runs must be >= 10")
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    unknown = sorted(set(targets) - {"gfx942", "gfx950", "gfx1250", "sm_90"})
+    if unknown or not targets:
+        parser.error(f"--targets: unknown {', '.join(unknown) or 'nothing given'}")
     versions = {"this": HERE}
     base = Path(args.base)
     if (base / ".venv" / "bin" / "python").is_file():
@@ -113,45 +118,54 @@ def main(argv=None) -> int:
     cwd = str(work)  # neutral: the children import the package installed in each venv
     pythons = {name: str(root / ".venv" / "bin" / "python") for name, root in versions.items()}
     caches = {name: work / f"cache-{name}" for name in versions}
-    for name in versions:  # fill each cache with that version's bundle (cold compile, not timed)
-        first = run_child(pythons[name], child_env(caches[name], work / "pyc-build", write_bytecode=True),
-                          args.target, False, cwd)  # fmt: skip
-        print(f"{name}: {versions[name]} bundle {first['key'][:12]} ({first['kernels']} kernels) in {caches[name]}",
-              file=sys.stderr)  # fmt: skip
+    for name in versions:  # fill each cache with that version's bundles (cold compiles, not timed)
+        for target in targets:
+            first = run_child(pythons[name], child_env(caches[name], work / "pyc-build", write_bytecode=True), target,
+                              False, cwd)  # fmt: skip
+            print(f"{name} ({versions[name]}): {target} bundle {first['key'][:12]}, {first['kernels']} kernels",
+                  file=sys.stderr)  # fmt: skip
     pycaches = {(mode, name): work / f"pyc-{mode}-{name}" for mode in modes for name in versions}
     for (mode, name), pycache in pycaches.items():
-        prepare_bytecode(pythons[name], caches[name], pycache, versions[name], args.target, cwd, mode)
+        prepare_bytecode(pythons[name], caches[name], pycache, versions[name], targets, cwd, mode)
 
     paths = {"op": False, "runtime": True}
-    results: dict[tuple, list[float]] = {}
+    wall: dict[tuple, list[float]] = {}
     cpu: dict[tuple, list[float]] = {}
     heavy: dict[tuple, set] = {}
     for mode in modes:
-        for _ in range(args.runs):
-            for path, runtime_only in paths.items():
-                for name in versions:
-                    env = child_env(caches[name], pycaches[(mode, name)], write_bytecode=False)
-                    r = run_child(pythons[name], env, args.target, runtime_only, cwd)
-                    results.setdefault((mode, path, name), []).append(r["ms"])
-                    cpu.setdefault((mode, path, name), []).append(r["cpu_ms"])
-                    heavy.setdefault((mode, path, name), set()).update(r["heavy"])
+        for _ in range(args.runs):  # interleaved: this, base, this, base, ...
+            for target in targets:
+                for path, runtime_only in paths.items():
+                    for name in versions:
+                        env = child_env(caches[name], pycaches[(mode, name)], write_bytecode=False)
+                        r = run_child(pythons[name], env, target, runtime_only, cwd)
+                        row = (mode, target, path, name)
+                        wall.setdefault(row, []).append(r["ms"])
+                        cpu.setdefault(row, []).append(r["cpu_ms"])
+                        heavy.setdefault(row, set()).update(r["heavy"])
 
-    print(f"warm start of ep_bundle({args.target}, virtual_pes=True), IntraNode bf16 config, {args.runs} fresh "
-          f"processes each: ms from the first mori_compiler import to the Bundle, wall clock (median, min, max) "
-          f"and the process's CPU time (median)")  # fmt: skip
-    header = " ".join(f"{name + ' median':>12} {'min':>6} {'max':>6} {'cpu':>6}" for name in versions)
-    print(f"{'bytecode':9} {'path':8} {header}" + ("   ratio" if "base" in versions else "") + "   heavy imports (this)")
+    print(f"warm start of ep_bundle(target, virtual_pes=True), IntraNode bf16 config, {args.runs} fresh processes "
+          f"each: ms from the first mori_compiler import to the Bundle; wall clock median (min-max) and the "
+          f"process's CPU time (median)")  # fmt: skip
+    header = " ".join(f"{name + ' wall':>20} {name + ' cpu':>9}" for name in versions)
+    ratio_header = "  wall ratio  cpu ratio" if "base" in versions else ""
+    print(f"{'bytecode':8} {'target':7} {'path':7} {header}{ratio_header}  heavy imports (this)")
     for mode in modes:
-        for path in paths:
-            cells, medians = [], {}
-            for name in versions:
-                xs = results[(mode, path, name)]
-                medians[name] = statistics.median(xs)
-                cells.append(f"{medians[name]:12.1f} {min(xs):6.1f} {max(xs):6.1f} "
-                             f"{statistics.median(cpu[(mode, path, name)]):6.1f}")  # fmt: skip
-            ratio = f"   {medians['this'] / medians['base']:5.2f}x" if "base" in versions else ""
-            loaded = ", ".join(sorted(heavy[(mode, path, "this")])) or "none"
-            print(f"{mode:9} {path:8} " + " ".join(cells) + ratio + f"   {loaded}")
+        for target in targets:
+            for path in paths:
+                cells, med_wall, med_cpu = [], {}, {}
+                for name in versions:
+                    xs = wall[(mode, target, path, name)]
+                    med_wall[name] = statistics.median(xs)
+                    med_cpu[name] = statistics.median(cpu[(mode, target, path, name)])
+                    spread = f"{med_wall[name]:.1f} ({min(xs):.1f}-{max(xs):.1f})"
+                    cells.append(f"{spread:>20} {med_cpu[name]:9.1f}")
+                ratios = ""
+                if "base" in versions:
+                    ratios = (f"  {med_wall['this'] / med_wall['base']:9.2f}x "
+                              f"{med_cpu['this'] / med_cpu['base']:9.2f}x")  # fmt: skip
+                loaded = ", ".join(sorted(heavy[(mode, target, path, "this")])) or "none"
+                print(f"{mode:8} {target:7} {path:7} " + " ".join(cells) + ratios + f"  {loaded}")
     return 0
 
 
