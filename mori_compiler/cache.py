@@ -159,7 +159,7 @@ def get_bundle(source: str, options: CompileOptions, *, config: dict | None = No
                                        kernels=kernels)  # fmt: skip
     except BundleError as exc:
         raise MoriCompilerError(f"damaged precompiled bundle for {what}: {exc}; the compiler is not installed "
-                                f"here to rebuild it: {how} (a compile replaces a damaged bundle)") from None  # fmt: skip
+                                f"here to rebuild it: {how} (a compile replaces a damaged bundle)") from None
     if found is None:
         raise MoriCompilerError(
             f"no precompiled bundle for {what} (target {options.target}) in {root}, and the compiler is not "

@@ -259,7 +259,8 @@ def _load(path: Path, dir_fd: int, key: str | None, target: str | None, kernels)
     try:
         meta = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested beyond the parser's depth
-        raise BundleError(f"bundle {path}: corrupt metadata {METADATA_FILE}: {exc or type(exc).__name__}", path) from None
+        problem = str(exc) or type(exc).__name__
+        raise BundleError(f"bundle {path}: corrupt metadata {METADATA_FILE}: {problem}", path) from None
     if not isinstance(meta, dict):
         raise BundleError(f"bundle {path}: corrupt metadata {METADATA_FILE}: not a JSON object", path)
     if meta.get("format") != BUNDLE_FORMAT:

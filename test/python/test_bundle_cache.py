@@ -75,7 +75,8 @@ def test_bundle_json_fields(tmp_path, example_source):
     assert meta["config"]["kernel"] == "ring"
     assert meta["config"]["options"]["target"] == "gfx942"
     assert (b.path / "kernels.hsaco").read_bytes()[:4] == b"\x7fELF"
-    assert meta["binary_sha256"] == hashlib.sha256((b.path / "kernels.hsaco").read_bytes()).hexdigest() == b.binary_sha256
+    code_hash = hashlib.sha256((b.path / "kernels.hsaco").read_bytes()).hexdigest()
+    assert meta["binary_sha256"] == code_hash == b.binary_sha256
     # What load_bundle makes of it.
     assert b.kernel("ring_put_signal").params[3] == KernelParam("arg3", "i64")
     assert b.kernel("ring_put_signal").block == (256, 1, 1)

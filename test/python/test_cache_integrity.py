@@ -98,6 +98,12 @@ def _symlinked_code(path: Path, outside: Path) -> None:
     os.symlink(outside, path / "kernels.hsaco")
 
 
+def _drop_field(path: Path, name: str) -> None:
+    meta = _meta(path)
+    del meta[name]
+    (path / "bundle.json").write_text(json.dumps(meta))
+
+
 def _kernel_param_type(path: Path, _outside) -> None:
     meta = _meta(path)
     meta["kernels"]["ring_put_signal"]["params"][0]["type"] = "index"
@@ -126,7 +132,7 @@ DAMAGES = {
     "old bundle format": lambda p, o: _set_meta(p, format=1),
     "key other than the directory": lambda p, o: _set_meta(p, key="0" * 64),
     "key not a key": lambda p, o: _set_meta(p, key="../../elsewhere"),
-    "hash missing": lambda p, o: (lambda m: (m.pop("binary_sha256"), (p / "bundle.json").write_text(json.dumps(m))))(_meta(p)),
+    "hash missing": lambda p, o: _drop_field(p, "binary_sha256"),
     "binary with ../ traversal": lambda p, o: _set_meta(p, binary=_relative_to_outside(p, o)),
     "binary an absolute path": lambda p, o: _set_meta(p, binary=str(o)),
     "binary a symlink": _symlinked_code,
