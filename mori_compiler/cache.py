@@ -47,8 +47,11 @@ def codegen_source_files() -> list[Path]:
     files = [root / m for m in _CODEGEN_MODULES]
     for package in _CODEGEN_PACKAGES:  # located, not imported: package-dir maps them to the top-level folders
         spec = importlib.util.find_spec(f"{__package__}.{package}")
-        base = Path(spec.submodule_search_locations[0]).resolve()
-        files += sorted(f for f in base.rglob("*") if f.suffix in (".py", ".mlir") and "__pycache__" not in f.parts)
+        found = []
+        for folder, subfolders, names in os.walk(Path(spec.submodule_search_locations[0]).resolve()):
+            subfolders[:] = [d for d in subfolders if d != "__pycache__"]
+            found += [Path(folder, n) for n in names if n.endswith((".py", ".mlir"))]
+        files += sorted(found)
     return files
 
 
