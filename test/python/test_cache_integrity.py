@@ -377,21 +377,27 @@ def test_concurrent_ranks_repair_a_damaged_bundle_once(tmp_path, example_source)
 # ----------------------------------------------------------------------------------------------------
 
 _WARM = r"""
-import sys
-from mori_compiler import cache
-from mori_compiler.options import CompileOptions
-from mori_compiler.examples import example_source
-b = cache.compile_bundle(example_source("ring_put_signal"), CompileOptions(target="gfx942"), cache_root=sys.argv[1])
-loaded = sorted(m for m in ("mlir", "llvmlite.binding", "numpy", "importlib.metadata", "mori_compiler.pipeline")
-                if m in sys.modules)
+import json, sys
+from mori_compiler.ops import EpDispatchCombineConfig, ep_bundle
+b = ep_bundle(EpDispatchCombineConfig(**json.loads(sys.argv[2])), "sm_90", virtual_pes=True, cache_root=sys.argv[1])
+loaded = sorted(m for m in ("mlir", "llvmlite.binding", "numpy", "torch", "importlib.metadata", "mori_compiler.pipeline",
+                            "mori_compiler.passes", "mori_compiler.ops.dispatch_combine") if m in sys.modules)
 print(b.key, ",".join(loaded) or "-")
 """
 
+WARM_CONFIG = dict(data_type="bf16", rank=0, world_size=2, hidden_dim=256, scale_dim=0, scale_type_size=0,
+                   max_token_type_size=2, max_num_inp_token_per_rank=8, num_experts_per_rank=2,
+                   num_experts_per_token=2)  # fmt: skip
 
-def test_warm_start_imports_no_compiler(tmp_path, example_source):
-    first = cache.compile_bundle(example_source, OPTIONS, cache_root=tmp_path / "cache")
-    proc = subprocess.run([sys.executable, "-c", _WARM, str(tmp_path / "cache")], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)  # fmt: skip
+
+def test_warm_start_imports_no_compiler(tmp_path):
+    """A new process that finds the op's bundle in the cache loads neither MLIR, the passes, the op class nor
+    importlib.metadata: the key is computed and the bundle verified first."""
+    from mori_compiler.ops import EpDispatchCombineConfig, ep_bundle
+
+    first = ep_bundle(EpDispatchCombineConfig(**WARM_CONFIG), "sm_90", virtual_pes=True, cache_root=tmp_path / "c")
+    proc = subprocess.run([sys.executable, "-c", _WARM, str(tmp_path / "c"), json.dumps(WARM_CONFIG)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [first.key, "-"]
 
