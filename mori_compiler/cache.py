@@ -3,7 +3,15 @@
 The key is a SHA-256 over the MLIR source, the compile options, the compiler and toolchain versions, a
 digest of the compiler's own code-generating sources (passes, dialects, pipeline: a changed lowering must
 not reuse binaries of the old one, even at the same version number) and the *content* of every linked
-device bitcode (never its path), so a changed input can never reuse an old binary. Bundles live in ``MORI_COMPILER_CACHE_DIR`` (default ``~/.cache/mori_compiler``).
+device bitcode (never its path), so a changed input can never reuse an old binary. Bundles live in
+``MORI_COMPILER_CACHE_DIR`` (default ``~/.cache/mori_compiler``).
+
+The key is computed without MLIR (versions are read from the installed distributions' folder names), so a
+warm start never imports the compiler. Every cached bundle is verified when it is looked up
+(mori_compiler/runtime/bundle.py: metadata, target, kernel table, code-object hash, paths); a damaged one is
+reported once as a ``DamagedBundleWarning``, discarded and rebuilt, and so is a damaged index entry.
+Concurrent compiles of one bundle (ranks of a job) serialize on ``<cache>/locks/<key>.lock``: one compiles,
+the others find its result when they get the lock.
 """
 
 from __future__ import annotations
@@ -11,14 +19,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
+import warnings
 from pathlib import Path
 
 from . import __version__
-from .env import cache_dir
-from .options import CompileOptions
+from .env import cache_dir, exclusive_lock
 from .errors import MoriCompilerError
-from .runtime.bundle import (Bundle, KernelInfo, KernelParam, find_bundle, find_bundle_by_request,
-                             publish_bundle, record_request, request_key)  # fmt: skip
+from .options import CompileOptions
+from .runtime.bundle import (Bundle, BundleError, DamagedBundleWarning, KernelInfo, KernelParam, bundle_dir, discard,
+                             find_bundle, find_bundle_by_request, index_path, indexed_key, publish_bundle,
+                             record_request, request_key)  # fmt: skip
 
 COMPILER_VERSION = f"mori_compiler {__version__}"
 
@@ -30,13 +41,17 @@ _CODEGEN_MODULES = ("pipeline.py", "pass_pipeline.py", "options.py", "targets.py
 
 def codegen_source_files() -> list[Path]:
     """The compiler's code-generating source files, in a fixed order."""
-    import importlib
+    import importlib.util
 
     root = Path(__file__).resolve().parent
     files = [root / m for m in _CODEGEN_MODULES]
-    for package in _CODEGEN_PACKAGES:  # located by import: package-dir maps them to the top-level folders
-        base = Path(importlib.import_module(f"{__package__}.{package}").__file__).resolve().parent
-        files += sorted(f for f in base.rglob("*") if f.suffix in (".py", ".mlir") and "__pycache__" not in f.parts)
+    for package in _CODEGEN_PACKAGES:  # located, not imported: package-dir maps them to the top-level folders
+        spec = importlib.util.find_spec(f"{__package__}.{package}")
+        found = []
+        for folder, subfolders, names in os.walk(Path(spec.submodule_search_locations[0]).resolve()):
+            subfolders[:] = [d for d in subfolders if d != "__pycache__"]
+            found += [Path(folder, n) for n in names if n.endswith((".py", ".mlir"))]
+        files += sorted(found)
     return files
 
 
@@ -48,19 +63,40 @@ def compiler_source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=None)
-def toolchain_fingerprint() -> str:
-    """Versions (and the compiler's source digest) that change generated code; read once per process."""
-    import llvmlite
+def installed_version(package: str, distribution: str) -> str:
+    """The version of ``distribution`` that provides the importable ``package``, read from the
+    ``<distribution>-<version>.dist-info`` folder next to it: neither imported nor looked up with
+    importlib.metadata (15-25 ms a call), which is asked only where no such folder is found (another
+    install layout); "unknown" if the distribution is not installed."""
+    import importlib.util
 
+    spec = importlib.util.find_spec(package)
+    locations = (spec.submodule_search_locations or []) if spec else []
+    prefix = distribution.replace("-", "_") + "-"
+    for location in locations:
+        site = os.path.dirname(os.path.abspath(location))
+        try:
+            names = os.listdir(site)
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(prefix) and name.endswith(".dist-info"):
+                return name[len(prefix):-len(".dist-info")]
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        mlir_version = version("xtc-mlir-python-bindings")
+        return version(distribution)
     except PackageNotFoundError:
-        mlir_version = "unknown"
-    return (f"mori_compiler {__version__} ({compiler_source_digest()}); mlir {mlir_version}; "
-            f"llvmlite {llvmlite.__version__}")  # fmt: skip
+        return "unknown"
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain_fingerprint() -> str:
+    """Versions (and the compiler's source digest) that change generated code; read once per process,
+    without importing MLIR (the cache is consulted before the compiler is loaded)."""
+    return (f"mori_compiler {__version__} ({compiler_source_digest()}); "
+            f"mlir {installed_version('mlir', 'xtc-mlir-python-bindings')}; "
+            f"llvmlite {installed_version('llvmlite', 'llvmlite')}")  # fmt: skip
 
 
 def bundle_key(source: str, options: CompileOptions, bitcode_paths, extra: dict | None = None) -> str:
@@ -109,49 +145,114 @@ def compiler_available() -> bool:
 
 
 def get_bundle(source: str, options: CompileOptions, *, config: dict | None = None, cache_root=None,
-               what: str = "kernel") -> Bundle:  # fmt: skip
+               what: str = "kernel", kernels=()) -> Bundle:  # fmt: skip
     """The bundle for (source, options): compiled if the compiler is installed, else precompiled.
 
-    Without the compiler (GPU machines) only bundles recorded by an earlier compile or
-    ``mori-compile --precompile`` are found; anything else is a clear error saying how to build it.
+    ``kernels``: names the bundle must hold (a cached bundle without them is damaged). Without the compiler
+    (GPU machines) only bundles recorded by an earlier compile or ``mori-compile --precompile`` are found;
+    anything else, and a damaged bundle, is a clear error saying how to build it.
     """
     root = Path(cache_root) if cache_root else cache_dir()
     if compiler_available():
-        return compile_bundle(source, options, config=config, cache_root=root)
-    found = find_bundle_by_request(root, bundle_request(source, options, config))
+        return compile_bundle(source, options, config=config, cache_root=root, kernels=kernels)
+    how = ("build it on a machine with mori_compiler's compiler (`mori-compile --precompile CONFIGS.json`, or run "
+           "the same program there) and copy MORI_COMPILER_CACHE_DIR")  # fmt: skip
+    try:
+        found = find_bundle_by_request(root, bundle_request(source, options, config), target=options.target,
+                                       kernels=kernels)  # fmt: skip
+    except BundleError as exc:
+        raise MoriCompilerError(f"damaged precompiled bundle for {what}: {exc}; the compiler is not installed "
+                                f"here to rebuild it: {how} (a compile replaces a damaged bundle)") from None
     if found is None:
         raise MoriCompilerError(
             f"no precompiled bundle for {what} (target {options.target}) in {root}, and the compiler is not "
-            "installed here; build it on a machine with mori_compiler's compiler (`mori-compile --precompile "
-            "CONFIGS.json`, or run the same program there) and copy MORI_COMPILER_CACHE_DIR"
+            f"installed here; {how}"
         )
     return found
 
 
-def compile_bundle(source: str, options: CompileOptions, *, config: dict | None = None, cache_root=None) -> Bundle:
-    """The bundle for (source, options): from the cache, or compiled and published now."""
-    from .lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
+def _report_damage(exc: BundleError) -> None:
+    warnings.warn(f"damaged kernel cache entry, discarded and rebuilt: {exc}", DamagedBundleWarning, stacklevel=4)
+
+
+def _cached_bundle(root: Path, key: str, options: CompileOptions, kernels, *, repair: bool) -> Bundle | None:
+    """The verified cached bundle ``key``, or None. A damaged one is None too; with ``repair`` (only under the
+    bundle's lock: no writer races it) it is also reported and discarded."""
+    try:
+        return find_bundle(root, key, target=options.target, kernels=kernels)
+    except BundleError as exc:
+        if repair:
+            _report_damage(exc)
+            discard(bundle_dir(root, key))
+        return None
+
+
+def _index(root: Path, request: str, key: str) -> None:
+    """Make the index name ``key`` for ``request`` (runtime lookups); a damaged entry is reported and replaced."""
+    try:
+        if indexed_key(root, request) == key:
+            return
+    except BundleError:
+        with exclusive_lock(_lock_path(root, key)):
+            try:
+                indexed_key(root, request)
+            except BundleError as exc:
+                _report_damage(exc)
+                discard(index_path(root, request))
+    record_request(root, request, key)
+
+
+def _lock_path(root: Path, key: str) -> Path:
+    return root / "locks" / f"{key}.lock"
+
+
+def compile_bundle(source: str, options: CompileOptions, *, config: dict | None = None, cache_root=None,
+                   kernels=()) -> Bundle:  # fmt: skip
+    """The bundle for (source, options): from the cache (verified), or compiled and published now.
+
+    The cache is consulted before the compiler is imported (a warm start loads no MLIR). Processes that
+    miss the same bundle serialize on its lock file and look again once they hold it, so one compiles and
+    the others load its result; a damaged bundle is reported once (DamagedBundleWarning), discarded and
+    rebuilt. ``kernels``: names the bundle must hold.
+    """
     from .options import device_bitcode
-    from .pipeline import compile_source
 
     root = Path(cache_root) if cache_root else cache_dir()
     bitcode = device_bitcode(options)
     key = bundle_key(source, options, bitcode, config)
     request = bundle_request(source, options, config)
-    cached = find_bundle(root, key)
-    if cached is not None:
-        if find_bundle_by_request(root, request) is None:
-            record_request(root, request, key)
-        return cached
+    bundle = _cached_bundle(root, key, options, kernels, repair=False)
+    try:
+        if bundle is None:
+            with exclusive_lock(_lock_path(root, key)):
+                bundle = _cached_bundle(root, key, options, kernels, repair=True)
+                if bundle is None:
+                    bundle = _compile_and_publish(root, key, source, options, config, kernels)
+        _index(root, request, key)
+    except OSError as exc:  # a read-only or full cache, a path that is a file...
+        raise MoriCompilerError(f"cannot write the kernel cache at {root}: {exc}") from None
+    return bundle
+
+
+def _compile_and_publish(root: Path, key: str, source: str, options: CompileOptions, config, kernels) -> Bundle:
+    from .lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
+    from .pipeline import compile_source
+
     result = compile_source(source, options)
-    kernels = result.signatures
-    missing = sorted(set(result.kernels) - set(kernels))
+    signatures = result.signatures
+    missing = sorted(set(result.kernels) - set(signatures))
     if missing:  # a kernel parameter the bundle format cannot carry (or a kernel that is not a gpu.func)
         raise MoriCompilerError(result.signature_problems.get(missing[0]) or (
             f"kernel '{missing[0]}' cannot go into a bundle: bundles take gpu.func kernels"))
+    if not signatures:
+        raise MoriCompilerError("the module defines no gpu.func kernel: there is nothing to put in a bundle")
+    absent = [name for name in kernels if name not in signatures]
+    if absent:
+        raise MoriCompilerError(f"the compiled module lacks the expected kernels {', '.join(absent)} "
+                                f"(has: {', '.join(signatures)})")  # fmt: skip
     state = [{"symbol": STATE_SYMBOL, "size": STATE_SIZE}] if not options.bitcode and options.device_library else []
     return publish_bundle(
         root, key, target=options.target, backend=options.gpu_target.backend, binary=result.binary,
-        kernels=list(kernels.values()), state_globals=state, compiler=toolchain_fingerprint(),
-        config={"options": options.to_dict(), **(config or {})}, virtual_pes=options.virtual_pes, request=request,
+        kernels=list(signatures.values()), state_globals=state, compiler=toolchain_fingerprint(),
+        config={"options": options.to_dict(), **(config or {})}, virtual_pes=options.virtual_pes,
     )  # fmt: skip

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import tempfile
 from pathlib import Path
 
 
@@ -29,10 +28,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mori_compiler"
 
 
-
 def write_atomically(path: Path, data: bytes | str) -> None:
     """Write ``path`` so that readers see the old file or the whole new one, never a partial one (a temporary
     file in the same folder, then a rename); the temporary file is removed if writing fails."""
+    import tempfile  # not at the top: a warm start (bundle found in the cache) writes nothing
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:

@@ -2,17 +2,13 @@
 
 Importing this package imports neither MLIR nor torch; building an op needs torch and an initialized
 shmem (mori_compiler.runtime.shmem), and the compiler only when its kernels are not precompiled.
-``reference`` holds the NumPy reference model and correctness oracle (ep-semantics.md §2.9, §4).
+``EpDispatchCombineOp`` is loaded on first access: a warm start (``ep_bundle`` finding its bundle in the
+cache) imports only the config, ``bundle`` and the cache. ``reference`` holds the NumPy reference model
+and correctness oracle (ep-semantics.md §2.9, §4).
 """
 
-from .dispatch_combine import (
-    EpDispatchCombineConfig,
-    EpDispatchCombineKernelType,
-    EpDispatchCombineOp,
-    ep_bundle,
-    kernel_module_source,
-    validate_config,
-)
+from .bundle import ep_bundle, kernel_module_source
+from .config import EpDispatchCombineConfig, EpDispatchCombineKernelType, validate_config
 
 __all__ = [
     "EpDispatchCombineConfig",
@@ -22,3 +18,11 @@ __all__ = [
     "kernel_module_source",
     "validate_config",
 ]
+
+
+def __getattr__(name: str):
+    if name == "EpDispatchCombineOp":
+        from .dispatch_combine import EpDispatchCombineOp
+
+        return EpDispatchCombineOp
+    raise AttributeError(f"module 'mori_compiler.ops' has no attribute '{name}'")

@@ -28,67 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from .bundle import ep_bundle, kernel_module_source, kernel_names  # noqa: F401
 from .config import (COMBINE_DTYPES, DISPATCH_DTYPES, IMPLEMENTED, MAX_BLOCKS, _TOKEN_BYTES,
                      EpDispatchCombineConfig, EpDispatchCombineKernelType, _dtype_name, validate_config)  # noqa: F401
-
-
-def kernel_module_source(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None) -> str:
-    """The mori_ep module of every kernel this config can launch (one bundle, one module load). For
-    AsyncLL, ``asyncll`` (an AsyncLLOptions) sets the halves' notification mode."""
-    kind = EpDispatchCombineKernelType(cfg.kernel_type)
-    common = (f"world_size = {cfg.world_size} : i64, hidden = {cfg.hidden_dim} : i64, top_k = "
-              f"{cfg.num_experts_per_token} : i64, experts_per_rank = {cfg.num_experts_per_rank} : i64, "
-              f"max_tokens_per_rank = {cfg.max_num_inp_token_per_rank} : i64, max_recv_per_rank = "
-              f"{cfg.max_recv_per_rank} : i64, warps_per_block = {cfg.warp_num_per_block} : i64, "
-              f"wave_size = {wave_size} : i64")  # fmt: skip
-    scale_bytes = cfg.scale_dim * cfg.scale_type_size
-    ops = []
-    if kind == EpDispatchCombineKernelType.AsyncLL:
-        mode = ", ".join(f"{k} = {v} : i64" for k, v in asyncll.ir_attributes().items())
-        for dtype in DISPATCH_DTYPES:
-            if _TOKEN_BYTES[dtype] <= cfg.max_token_type_size:
-                for half in ("dispatch_send", "dispatch_recv"):
-                    ops.append(f'    "mori_ep.{half}"() {{{common}, dtype = "{dtype}", scale_bytes = {scale_bytes} : i64, '
-                               f"{mode}}} : () -> ()")  # fmt: skip
-        for dtype in COMBINE_DTYPES:
-            if _TOKEN_BYTES[dtype] <= cfg.max_token_type_size:
-                for half in ("combine_send", "combine_recv"):
-                    ops.append(f'    "mori_ep.{half}"() {{{common}, dtype = "{dtype}", {mode}}} : () -> ()')
-        name = "mori_ep_asyncll"
-    else:
-        dispatch = "dispatch_ll" if kind == EpDispatchCombineKernelType.IntraNodeLL else "dispatch"
-        for dtype in DISPATCH_DTYPES:
-            if _TOKEN_BYTES[dtype] <= cfg.max_token_type_size:
-                ops.append(f'    "mori_ep.{dispatch}"() {{{common}, dtype = "{dtype}", scale_bytes = {scale_bytes} : i64}} : () -> ()')
-        for dtype in COMBINE_DTYPES:
-            if _TOKEN_BYTES[dtype] <= cfg.max_token_type_size:
-                for zero_copy in (1, 0):
-                    ops.append(f'    "mori_ep.combine"() {{{common}, dtype = "{dtype}", zero_copy = {zero_copy} : i64, '
-                               f"max_blocks = {MAX_BLOCKS} : i64}} : () -> ()")  # fmt: skip
-        name = "mori_ep_intranode_ll" if dispatch == "dispatch_ll" else "mori_ep_intranode"
-    body = "\n".join(ops)
-    return f"module attributes {{gpu.container_module}} {{\n  gpu.module @{name} {{\n{body}\n  }}\n}}\n"
-
-
-def ep_bundle(config: EpDispatchCombineConfig, target: str, *, virtual_pes: bool, asyncll=None, cache_root=None):
-    """The kernel bundle ``EpDispatchCombineOp`` loads for ``config`` on ``target``: from the cache, or
-    compiled now where the compiler is installed. The one place that maps a config to its bundle, so that
-    precompiling scripts build exactly what the op will look up. ``asyncll``: the AsyncLL notification
-    mode (default: resolved from the environment); ignored by the other kernel types."""
-    from mori_compiler.cache import get_bundle
-    from mori_compiler.options import CompileOptions
-    from mori_compiler.targets import get_target
-
-    gpu_target = get_target(target)
-    validate_config(config, gpu_target.wave_size)
-    kind = EpDispatchCombineKernelType(config.kernel_type)
-    if kind == EpDispatchCombineKernelType.AsyncLL and asyncll is None:
-        from .asyncll import resolve
-
-        asyncll = resolve()
-    source = kernel_module_source(config, gpu_target.wave_size, asyncll)
-    options = CompileOptions(target=gpu_target.name, virtual_pes=virtual_pes)
-    return get_bundle(source, options, cache_root=cache_root, what=f"EP {kind.name} kernels ({gpu_target.name})")
 
 
 class EpDispatchCombineOp:

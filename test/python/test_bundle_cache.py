@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -61,7 +62,7 @@ def test_bundle_json_fields(tmp_path, example_source):
     b = cache.compile_bundle(example_source, CompileOptions(target="gfx942"), config={"kernel": "ring"},
                              cache_root=tmp_path)  # fmt: skip
     meta = json.loads((b.path / "bundle.json").read_text())
-    assert meta["format"] == rt.BUNDLE_FORMAT == 1
+    assert meta["format"] == rt.BUNDLE_FORMAT == 2
     assert meta["key"] == b.key == b.path.name
     assert meta["target"] == "gfx942" and meta["backend"] == "rocdl" and meta["binary"] == "kernels.hsaco"
     assert meta["compiler"] == cache.toolchain_fingerprint()
@@ -74,6 +75,8 @@ def test_bundle_json_fields(tmp_path, example_source):
     assert meta["config"]["kernel"] == "ring"
     assert meta["config"]["options"]["target"] == "gfx942"
     assert (b.path / "kernels.hsaco").read_bytes()[:4] == b"\x7fELF"
+    code_hash = hashlib.sha256((b.path / "kernels.hsaco").read_bytes()).hexdigest()
+    assert meta["binary_sha256"] == code_hash == b.binary_sha256
     # What load_bundle makes of it.
     assert b.kernel("ring_put_signal").params[3] == KernelParam("arg3", "i64")
     assert b.kernel("ring_put_signal").block == (256, 1, 1)
@@ -176,14 +179,14 @@ def test_publish_leaves_no_temporary_directories(tmp_path):
 
 
 def test_publish_keeps_an_existing_bundle(tmp_path):
-    first = _publish(tmp_path, binary=b"first")
+    first = _publish(tmp_path, binary=b"\x7fELF first")
     inode = first.path.stat().st_ino
     mtime = (first.path / "bundle.json").stat().st_mtime_ns
-    second = _publish(tmp_path, binary=b"second")  # lost the race against an identical bundle
+    second = _publish(tmp_path, binary=b"\x7fELF second")  # lost the race against an identical bundle
     assert second.path == first.path
     assert first.path.stat().st_ino == inode
     assert (first.path / "bundle.json").stat().st_mtime_ns == mtime
-    assert second.binary == b"first"
+    assert second.binary == b"\x7fELF first"
     assert _tmp_entries(tmp_path) == []
 
 
@@ -232,19 +235,19 @@ def test_load_bundle_roundtrip(published):
 
 
 def test_load_missing_directory(tmp_path):
-    with pytest.raises(BundleError, match=r"no kernel bundle at .*nothing \(bundle.json missing\)"):
+    with pytest.raises(BundleError, match=r"no kernel bundle at .*nothing \(missing\)"):
         load_bundle(tmp_path / "nothing")
 
 
 def test_load_corrupt_json(published):
-    (published / "bundle.json").write_text('{"format": 1, "key": ')
-    with pytest.raises(BundleError, match="corrupt bundle metadata .*bundle.json"):
+    (published / "bundle.json").write_text('{"format": 2, "key": ')
+    with pytest.raises(BundleError, match="corrupt metadata bundle.json"):
         load_bundle(published)
 
 
 def test_load_wrong_format(published):
-    _rewrite_meta(published, lambda m: m.update(format=2))
-    with pytest.raises(BundleError, match="has format 2, this runtime reads 1"):
+    _rewrite_meta(published, lambda m: m.update(format=1))
+    with pytest.raises(BundleError, match="has format 1, this runtime reads 2"):
         load_bundle(published)
     _rewrite_meta(published, lambda m: m.pop("format"))
     with pytest.raises(BundleError, match="has format None"):
@@ -253,7 +256,7 @@ def test_load_wrong_format(published):
 
 def test_load_missing_binary(published):
     os.unlink(published / "kernels.hsaco")
-    with pytest.raises(BundleError, match="lacks its code object kernels.hsaco"):
+    with pytest.raises(BundleError, match="code object kernels.hsaco is missing"):
         load_bundle(published)
 
 
@@ -289,3 +292,86 @@ def test_kernel_parameter_a_bundle_cannot_carry_is_named(tmp_path):
     with pytest.raises(cache.MoriCompilerError, match=r"kernel 'k' parameter 1 has type index; bundles support"):
         cache.compile_bundle(source, CompileOptions(target="gfx942"), cache_root=tmp_path)
     assert not list(tmp_path.rglob("*.json"))  # nothing published
+
+
+# ----------------------------------------------------------------------------------------------------
+# ep_bundle: what it asks the cache for
+# ----------------------------------------------------------------------------------------------------
+
+
+def _ep_config(kind="IntraNode", **fields):
+    from mori_compiler.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType
+
+    base = dict(data_type="bf16", rank=0, world_size=4, hidden_dim=1024, scale_dim=0, scale_type_size=0,
+                max_token_type_size=4, max_num_inp_token_per_rank=16, num_experts_per_rank=4,
+                num_experts_per_token=2, kernel_type=EpDispatchCombineKernelType[kind])  # fmt: skip
+    return EpDispatchCombineConfig(**(base | fields))
+
+
+@pytest.fixture
+def asked(monkeypatch):
+    """ep_bundle's requests to get_bundle, answered with a placeholder."""
+    calls = []
+
+    def fake_get_bundle(source, options, **kwargs):
+        calls.append((source, options, kwargs))
+        return "bundle"
+
+    monkeypatch.setattr(cache, "get_bundle", fake_get_bundle)
+    return calls
+
+
+def test_ep_bundle_bitcode_choice(asked, stub_libs):
+    from mori_compiler.ops import ep_bundle
+
+    a, _, b = stub_libs
+    ep_bundle(_ep_config(), "gfx942", virtual_pes=True)
+    ep_bundle(_ep_config(), "gfx942", virtual_pes=True, bitcode=a)
+    ep_bundle(_ep_config(), "gfx942", virtual_pes=False, bitcode=(str(a), b))
+    options = [opts for _, opts, _ in asked]
+    assert options[0].bitcode == () and options[0].virtual_pes
+    assert options[1].bitcode == (str(a),)
+    assert options[2].bitcode == (str(a), str(b)) and not options[2].virtual_pes
+    assert asked[0][0] == asked[1][0]  # the same kernels, another library
+
+
+@pytest.mark.parametrize("bad", [5, b"lib.bc", [], (), ["a.bc", 3], {"a.bc"}, True])
+def test_ep_bundle_refuses_a_wrong_bitcode(asked, bad):
+    from mori_compiler.ops import ep_bundle
+
+    with pytest.raises(cache.MoriCompilerError, match=r"ep_bundle: bitcode must be None, a path or a non-empty tuple"):
+        ep_bundle(_ep_config(), "gfx942", virtual_pes=True, bitcode=bad)
+    assert asked == []
+
+
+def test_ep_bundle_missing_bitcode_file_is_named(asked, tmp_path):
+    from mori_compiler.ops import ep_bundle
+
+    with pytest.raises(cache.MoriCompilerError, match=r"device bitcode file not found: .*nope\.bc"):
+        ep_bundle(_ep_config(), "gfx942", virtual_pes=True, bitcode=tmp_path / "nope.bc")
+
+
+@pytest.mark.parametrize("kind", ["IntraNode", "IntraNodeLL", "AsyncLL"])
+def test_ep_bundle_expects_the_kernels_its_source_defines(asked, kind):
+    """The kernel names ep_bundle makes the cache check are the kernels the module compiles to."""
+    from mori_compiler.ops import ep_bundle
+    from mori_compiler.ops.asyncll import AsyncLLOptions
+
+    asyncll = AsyncLLOptions() if kind == "AsyncLL" else None
+    ep_bundle(_ep_config(kind), "sm_90", virtual_pes=True, asyncll=asyncll)
+    (source, options, kwargs), = asked
+    compiled = pipeline.compile_source(source, options, stop_after="ep")
+    assert sorted(kwargs["kernels"]) == sorted(compiled.signatures)
+    assert len(kwargs["kernels"]) >= 4
+
+
+@pytest.mark.parametrize("bad", [dict(target=["gfx942"]), dict(target=5), dict(cache_root=3),
+                                 dict(kind="AsyncLL", asyncll={"early_notify": True})])  # fmt: skip
+def test_ep_bundle_refuses_wrong_arguments(asked, bad):
+    from mori_compiler.ops import ep_bundle
+
+    kind = bad.pop("kind", "IntraNode")
+    target = bad.pop("target", "gfx942")
+    with pytest.raises(cache.MoriCompilerError, match=r"ep_bundle: (target|cache_root|asyncll) must be"):
+        ep_bundle(_ep_config(kind), target, virtual_pes=True, **bad)
+    assert asked == []
