@@ -29,9 +29,18 @@ from __future__ import annotations
 
 import os
 
-from .abi import MORI_DEVICE_FUNCTIONS, SIGNAL_ADD, SIGNAL_SET
-
 __all__ = ["MORI_DEVICE_FUNCTIONS", "SIGNAL_ADD", "SIGNAL_SET", "find_bitcode", "get_bitcode_path"]
+_ABI_NAMES = ("MORI_DEVICE_FUNCTIONS", "SIGNAL_ADD", "SIGNAL_SET")
+
+
+def __getattr__(name: str):
+    """The ABI table is imported on first use: the runtime imports this package (``state``, ``kernel_abi``)
+    on every warm start and needs no table."""
+    if name in _ABI_NAMES:
+        from . import abi
+
+        return getattr(abi, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _default_target() -> str:

@@ -5,7 +5,9 @@
 | MORI_COMPILER_CACHE_DIR  | kernel bundles and built device libraries                      | ~/.cache/mori_compiler     |
 | MORI_COMPILER_LLD        | the ld.lld to link AMDGPU code objects with                    | search (passes/codegen.py) |
 | ROCM_PATH                | a ROCm install whose llvm/bin/ld.lld may be used               | unset                      |
-| MORI_SHMEM_BC            | a MORI device bitcode that find_bitcode() returns              | unset (project library)    |
+| MORI_SHMEM_BC            | a MORI device bitcode linked instead of the project's library  | unset (project library)    |
+|                          | (the CompileOptions default: mori-compile, ep_bundle, the API; |                            |
+|                          | find_bitcode() returns it)                                     |                            |
 | MORI_GPU_ARCHS           | default target of find_bitcode() (first entry)                 | gfx942                     |
 | MORI_SHMEM_HEAP_SIZE     | symmetric heap bytes per PE (K/M/G suffixes; runtime)          | 1G                         |
 | MORI_COMPILER_BACKEND    | runtime driver: cuda or hip                                    | from the bundle's target   |

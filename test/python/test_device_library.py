@@ -73,11 +73,16 @@ def test_published_library_is_complete_bitcode(target):
     assert sorted(str(g) for g in module.global_variables) == sorted(str(g) for g in fresh.global_variables)
 
 
-def test_cache_key_follows_the_source_text(monkeypatch):
+def test_cache_key_follows_the_source_text(monkeypatch, tmp_path):
+    """The key covers every file the library is generated from: an edited source (here a copy of the
+    prelude with one more comment) gives another key and another, freshly built library."""
     t = get_target("gfx942")
     before_hash, before_path = library.library_hash(t), library.library_path(t)
-    original = library.library_ir
-    monkeypatch.setattr(library, "library_ir", lambda target: original(target) + "\n; an edited comment\n")
+    files = library._generator_files()
+    assert any(f.name == "wrappers.py" for f in files) and any(f.name == "prelude_amdgcn.ll" for f in files)
+    edited = tmp_path / "prelude_amdgcn.ll"
+    edited.write_text(library._source("prelude_amdgcn.ll") + "\n; an edited comment\n")
+    monkeypatch.setattr(library, "_generator_files", lambda: [edited if f.name == edited.name else f for f in files])
     after_hash = library.library_hash(t)
     assert after_hash != before_hash
     after_path = library.library_path(t)
