@@ -30,10 +30,16 @@ def mlir_stage_pipelines(options: CompileOptions) -> list[tuple[str, str]]:
     """(stage, pass-pipeline fragment) for every MLIR stage of ``options``' target."""
     t = options.gpu_target
     wave = t.wave_size
+    # Two accumulated vectors per lane measured faster on sm_90 (H200); one keeps AMDGPU's loads together.
+    # AMDGPU: rows addressed as global memory (global_* accesses, not flat_*) and row_copy_to_peers as a
+    # loop over its destinations (compact code); sm_90 keeps the form it was measured with.
+    # AMDGPU: the combines' per-token addresses from warp-uniform values (see MoriEpToKernels).
+    kernels = f"wave-size={wave}" + (" uniform-addressing=true" if t.is_amdgpu else "")
+    blocks = f"wave-size={wave} vectors-per-lane={2 if t.is_nvptx else 1}"
+    if t.is_amdgpu:
+        blocks += " global-address-space=true loop-destinations=true"
     stages = [
-        # Two accumulated vectors per lane measured faster on sm_90 (H200); one keeps AMDGPU's loads together.
-        ("ep", f"mori-ep-to-kernels{{wave-size={wave}}},mori-ep-blocks-to-calls{{wave-size={wave}"
-               f" vectors-per-lane={2 if t.is_nvptx else 1}}}"),
+        ("ep", f"mori-ep-to-kernels{{{kernels}}},mori-ep-blocks-to-calls{{{blocks}}}"),
         ("abi", "mori-virtual-pe-args,mori-shmem-to-abi" if options.virtual_pes else "mori-shmem-to-abi"),
     ]
     if t.is_amdgpu:

@@ -456,7 +456,8 @@ def async_combine_send_kernel(cfg: EpKernelConfig, early_notify: bool) -> str:
 """
 
 
-def async_combine_recv_kernel(cfg: EpKernelConfig, early_notify: bool, fused_recv: bool) -> str:
+def async_combine_recv_kernel(cfg: EpKernelConfig, early_notify: bool, fused_recv: bool,
+                              uniform_addressing: bool = False) -> str:
     post = "" if early_notify else _post("%csig", "")
     # Rows of token t's destination pe{k} are in our combine region [r % 2][pe{k}][slot{k}].
     source = f"""        %cr0_{{k}} = arith.addi %parW, %pe{{k}} : i32
@@ -468,22 +469,25 @@ def async_combine_recv_kernel(cfg: EpKernelConfig, early_notify: bool, fused_rec
         %wo{{k}} = arith.muli %cr64_{{k}}, %kb : i64
         %wrow{{k}} = llvm.getelementptr %cw[%wo{{k}}] : ({P}, i64) -> {P}, i8
 """
+    reduce = _reduce_tokens(cfg, source, uniform=uniform_addressing, narrow=uniform_addressing)
     return f"""    gpu.func @ep_async_combine_recv_{cfg.dtype}(%cx: {P}, %cw: {P}, %fwd: {P}, %n: i32, %csig: {P}, %rounds: {P},
         %grid_ctr: {P}, %out: {P}, %out_w: {P}, %zero_row: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
 {_prologue(cfg)}{_common(cfg, "%rounds", 1)}      %rowc = arith.constant {cfg.row_bytes} : i64
       %kb = arith.constant {4 * cfg.top_k} : i64
       %value = arith.addi %round, %one64 : i64
-{post}{_wait_all("%csig", "%round", fused=fused_recv)}{_reduce_tokens(cfg, source)}{_advance_round(1)}      gpu.return
+{post}{_wait_all("%csig", "%round", fused=fused_recv)}{reduce}{_advance_round(1)}      gpu.return
     }}
 """
 
 
-def async_kernels_for(op_name: str, cfg: EpKernelConfig, early_notify: bool, fused_recv: bool) -> str:
-    """The kernel of one AsyncLL half (the notification mode comes from the op's attributes)."""
+def async_kernels_for(op_name: str, cfg: EpKernelConfig, early_notify: bool, fused_recv: bool,
+                      uniform_addressing: bool = False) -> str:
+    """The kernel of one AsyncLL half (the notification mode comes from the op's attributes;
+    ``uniform_addressing``: see MoriEpToKernels)."""
     if op_name == "mori_ep.dispatch_send":
         return async_dispatch_send_kernel(cfg, early_notify)
     if op_name == "mori_ep.dispatch_recv":
         return async_dispatch_recv_kernel(cfg, early_notify, fused_recv)
     if op_name == "mori_ep.combine_send":
         return async_combine_send_kernel(cfg, early_notify)
-    return async_combine_recv_kernel(cfg, early_notify, fused_recv)
+    return async_combine_recv_kernel(cfg, early_notify, fused_recv, uniform_addressing)
