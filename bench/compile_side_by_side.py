@@ -5,8 +5,9 @@ Each run is a new interpreter per checkout (its own venv) with an empty cache di
 library is built too), timing, after the imports: ``dispatch+combine`` (bench/ep_compile_time.py's bf16
 source: the bf16 dispatch and the zero-copy bf16 combine, gfx942 by default) and ``bundle`` (all kernels of
 ``kernel_module_source(cfg, wave)`` for max_token_type_size 2: the op's whole bundle, 5 kernels) as two
-separate cold compiles. Runs alternate A B A B ... so that load on the machine hits both alike; the table
-gives medians and the ratio new / base.
+separate cold compiles (wall time; "cpu" rows: the process's CPU time over the same span, less sensitive
+to other load on the machine). Runs alternate A B A B ... so that load on the machine hits both alike;
+the table gives medians and the ratio new / base.
 
     python bench/compile_side_by_side.py [--base /work/base] [--runs 7] [--target gfx942]
 """
@@ -44,9 +45,10 @@ pair = "\n".join(l for l in bundle.splitlines() if keep(l)) + "\n"
 out = {"import": imported}
 for name, source in (("dispatch+combine", pair), ("bundle", bundle)):
     with tempfile.TemporaryDirectory() as cache:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         b = get_bundle(source, CompileOptions(target=target), cache_root=cache)
         out[name] = time.perf_counter() - t
+        out[name + " cpu"] = time.process_time() - c
         out[name + " kernels"] = len(b.kernels)
 print(json.dumps(out))
 """
@@ -76,14 +78,14 @@ def main(argv=None) -> int:
     for i in range(args.runs):
         for which in ("new", "base") if i % 2 == 0 else ("base", "new"):
             samples[which].append(run_once(getattr(args, which), args.target))
-    keys = ("import", "dispatch+combine", "bundle")
+    keys = ("import", "dispatch+combine", "bundle", "dispatch+combine cpu", "bundle cpu")
     print(f"target {args.target}, {args.runs} interleaved runs per checkout, medians in ms (fresh process and cache)")
     print(f"  new:  {args.new}\n  base: {args.base}")
-    print(f"{'':18} {'new':>8} {'base':>8} {'new/base':>9}")
+    print(f"{'':22} {'new':>8} {'base':>8} {'new/base':>9}")
     for key in keys:
         new = statistics.median(s[key] for s in samples["new"]) * 1e3
         base = statistics.median(s[key] for s in samples["base"]) * 1e3
-        print(f"{key:18} {new:8.0f} {base:8.0f} {new / base:9.2f}")
+        print(f"{key:22} {new:8.0f} {base:8.0f} {new / base:9.2f}")
     print(f"kernels: dispatch+combine {samples['new'][0]['dispatch+combine kernels']}, "
           f"bundle {samples['new'][0]['bundle kernels']}")
     return 0

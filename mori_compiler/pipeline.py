@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from ._mlir import ir, new_context
+from .codeobject import check_no_undefined_symbols
 from .dialects import registry
 from .errors import MoriCompilerError, with_filename
 from .options import CompileOptions, device_bitcode  # noqa: F401 (device_bitcode: re-exported)
@@ -68,6 +69,11 @@ def stage_names(target: GPUTarget) -> list[str]:
     return ["mori", "ep", "abi", lowering, "llvm-ir", "link", "opt", *tail]
 
 
+def _ir_level_note(options: CompileOptions) -> str:
+    ir_level = device_link.ir_pipeline_level(options.gpu_target, options.opt_level)
+    return "" if ir_level == options.opt_level else f" (IR pipeline O{ir_level}, codegen O{options.opt_level})"
+
+
 def describe_pipeline(options: CompileOptions, bitcode_paths: list[str] | None = None) -> str:
     """One line per stage; the MLIR part is also given as a single replayable pipeline string."""
     t = options.gpu_target
@@ -77,7 +83,7 @@ def describe_pipeline(options: CompileOptions, bitcode_paths: list[str] | None =
     lines += [
         f"llvm-ir: translate the gpu.module to LLVM IR ({t.triple})",
         f"link: llvmlite link {libs}; internalize all but kernels and state globals; check symbols",
-        f"opt: LLVM O{options.opt_level} for {t.cpu}",
+        f"opt: LLVM O{options.opt_level} for {t.cpu}{_ir_level_note(options)}",
     ]
     if t.is_amdgpu:
         lines += [
@@ -215,8 +221,6 @@ def compile_source(
         result.binary = obj
         return result
     hsaco = codegen.link_code_object(obj)
-    from .codeobject import check_no_undefined_symbols
-
     check_no_undefined_symbols(hsaco, f"code object of gpu.module @{device.name}")
     result.binary = hsaco
     lap("hsaco")

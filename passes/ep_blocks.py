@@ -4,11 +4,21 @@ Input: mori_ep building-block ops (row_copy, row_copy_to_peers, reserve_slot, co
 grid_barrier, device_barrier, accumulate_rows) inside gpu.module. Output: ``func.call``s of helper
 ``func.func``s, added to the gpu.module once per variant and written with mori_shmem, gpu, scf, arith and
 llvm ops (they are inlined after the link step: every non-kernel function becomes internal). Options:
-``wave-size`` (32 or 64; the lane count of warp-cooperative helpers) and ``vectors-per-lane`` (1 or 2, the
-16-byte vectors accumulate_rows sums per lane and iteration).
+``wave-size`` (32 or 64; the lane count of warp-cooperative helpers), ``vectors-per-lane`` (1 or 2, the
+16-byte vectors accumulate_rows sums per lane and iteration), ``global-address-space`` and
+``loop-destinations`` (the AMDGPU forms; see MoriEpBlocksToCalls).
 
 Each helper's memory-ordering protocol is written next to it below and pinned by lit tests
-(test/lit/Conversion/mori-ep-blocks-to-calls.mlir) and by the ISA/PTX tests of the EP kernels.
+(test/lit/Conversion/mori-ep-blocks-to-calls*.mlir) and by the ISA/PTX tests of the EP kernels.
+
+Address spaces: the row copies and accumulate_rows take pointers into global memory (the kernels' buffer
+arguments, symmetric-heap rows and the peer addresses mori_shmem.ptr returns; never LDS or scratch).
+With ``global-address-space`` they cast them to ``!llvm.ptr<1>`` before their loads and stores; the device
+ABI keeps its generic signatures (the casts are in the helpers, not the ABI lowering). The ordering is the
+same in both forms: the copies' stores are plain and are published by the caller's release fence
+(``mori_shmem.fence``), which orders every earlier store of the thread whatever its address space (on
+AMDGPU global and flat stores both retire through vmcnt, which the fence's wait covers), and a reader's
+acquire fence likewise invalidates the caches that global loads read.
 """
 
 from __future__ import annotations

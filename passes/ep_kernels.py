@@ -30,6 +30,11 @@ The protocols (ep-semantics.md §3.0-§3.2), with the ordering each block provid
 * combine, push (external input): each received row is written (``row_copy``) into its owner's staging
   row (our PE * M + token); ``grid_barrier`` then ``device_barrier``; each warp sums its tokens' staged
   rows locally.
+
+With ``uniform-addressing`` (AMDGPU) the combines compute the same addresses differently, with no change
+to the protocol: the pull combine's peer bases are read once per warp after ``device_barrier`` (the
+translation reads only the heap-base table, which the barrier does not change), and a row's peer address
+is that base plus the row's offset, exactly what ``mori_shmem.ptr`` of the row gives in a symmetric heap.
 """
 
 from __future__ import annotations
