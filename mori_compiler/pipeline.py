@@ -35,7 +35,7 @@ def mlir_stage_pipelines(options: CompileOptions) -> list[tuple[str, str]]:
     # AMDGPU: rows addressed as global memory (global_* accesses, not flat_*) and row_copy_to_peers as a
     # loop over its destinations (compact code); sm_90 keeps the form it was measured with.
     # AMDGPU: the combines' per-token addresses from warp-uniform values (see MoriEpToKernels).
-    kernels = f"wave-size={wave}" + (" uniform-addressing=true" if t.is_amdgpu else "")
+    kernels = f"wave-size={wave}" + (" uniform-addressing=true global-address-space=true" if t.is_amdgpu else "")
     blocks = f"wave-size={wave} vectors-per-lane={2 if t.is_nvptx else 1}"
     if t.is_amdgpu:
         blocks += " global-address-space=true loop-destinations=true"

@@ -598,8 +598,9 @@ def combine_push_kernel(cfg: EpKernelConfig, uniform_addressing: bool = False) -
 """
 
 
-def kernels_for(op: ir.Operation, cfg: EpKernelConfig, uniform_addressing: bool = False) -> str:
-    """The gpu.func kernels (and their LDS globals) that replace EP op ``op``."""
+def kernels_for(op: ir.Operation, cfg: EpKernelConfig, uniform_addressing: bool = False,
+                global_address_space: bool = False) -> str:
+    """The gpu.func kernels (and their LDS globals) that replace EP op ``op`` (options: MoriEpToKernels)."""
     from . import ep_ll_kernels
 
     name = op.name
@@ -610,7 +611,7 @@ def kernels_for(op: ir.Operation, cfg: EpKernelConfig, uniform_addressing: bool 
             return combine_pull_kernel(cfg, uniform_addressing)
         return combine_push_kernel(cfg, uniform_addressing)
     if name == "mori_ep.dispatch_ll":
-        return ep_ll_kernels.dispatch_ll_kernel(cfg)
+        return ep_ll_kernels.dispatch_ll_kernel(cfg, global_address_space)
     ints = mori_ep.int_attributes(op)
     return ep_ll_kernels.async_kernels_for(name, cfg, bool(ints["early_notify"]), bool(ints["fused_recv"]),
                                            uniform_addressing)  # fmt: skip
@@ -627,12 +628,15 @@ class MoriEpToKernels:
     entries broadcast with gpu.subgroup_broadcast, the pull combine's peer bases of the registered buffers
     resolved once per warp instead of 2K address translations per token, work-item divisions in 32 bits
     where they fit; the pipeline sets it for AMDGPU, where this makes the per-token arithmetic scalar and
-    removes a chain of dependent loads and waits per token; sm_90 keeps the form it was measured with).
+    removes a chain of dependent loads and waits per token; sm_90 keeps the form it was measured with);
+    global-address-space (the IntraNodeLL dispatch's own data path addresses the source and peer rows as
+    ``!llvm.ptr<1>``, like mori-ep-blocks-to-calls' option of the same name; set for AMDGPU).
     """
 
     name: ClassVar[str] = "mori-ep-to-kernels"
     wave_size: int = 64
     uniform_addressing: bool = False
+    global_address_space: bool = False
 
     def __call__(self, op: ir.Operation, pass_=None) -> None:
         with op.context:
@@ -647,7 +651,7 @@ class MoriEpToKernels:
                         raise MoriCompilerError(f"'{ep.name}' was configured for wave size {cfg.wave_size}, the "
                                                 f"target runs {self.wave_size}")  # fmt: skip
                     # Parsed inside a gpu.module so that gpu.func is legal; kept alive while its ops move.
-                    text = kernels_for(ep, cfg, self.uniform_addressing)
+                    text = kernels_for(ep, cfg, self.uniform_addressing, self.global_address_space)
                     parsed = ir.Module.parse("gpu.module @tmp {\n" + text + "}\n")
                     for f in list(parsed.body.operations[0].regions[0].blocks[0].operations):
                         f.operation.move_before(ep)

@@ -131,8 +131,14 @@ def _control_warp(cfg: EpKernelConfig, token: str) -> str:
 """
 
 
-def dispatch_ll_kernel(cfg: EpKernelConfig) -> str:
+def dispatch_ll_kernel(cfg: EpKernelConfig, global_address_space: bool = False) -> str:
+    # global_address_space (AMDGPU): the data path's source row and peer rows as !llvm.ptr<1> (global_*
+    # loads and stores instead of flat_*; the ordering is unchanged: plain stores, published by the
+    # completion's release fences like the generic ones).
     name = f"ep_dispatch_ll_{cfg.dtype}"
+    space = "<1>" if global_address_space else ""
+    gp = f"{P}{space}"
+    src_row = "%gsrc_row" if space else "%src_row"
     half = _route_slots(cfg)
     nvec = cfg.row_bytes // 16
     data_threads = (cfg.warps_per_block - 1) * cfg.wave_size
@@ -141,8 +147,8 @@ def dispatch_ll_kernel(cfg: EpKernelConfig) -> str:
             %in{u} = arith.cmpi ult, %vi{u}, %nvec : index
             %vc{u} = arith.select %in{u}, %vi{u}, %v0 : index
             %vc64_{u} = arith.index_cast %vc{u} : index to i64
-            %sp{u} = llvm.getelementptr %src_row[%vc64_{u}] : ({P}, i64) -> {P}, vector<4xi32>
-            %val{u} = llvm.load %sp{u} {{alignment = 16 : i64}} : {P} -> vector<4xi32>""" for u in range(U))
+            %sp{u} = llvm.getelementptr {src_row}[%vc64_{u}] : ({gp}, i64) -> {gp}, vector<4xi32>
+            %val{u} = llvm.load %sp{u} {{alignment = 16 : i64}} : {gp} -> vector<4xi32>""" for u in range(U))
     D = _max_destinations(cfg)
     # Destination d of this warp is route entry (d + warp) % nd: warps start at different PEs.
     peers = "\n".join(f"""          %dd{d} = arith.constant {d} : i32
@@ -152,10 +158,14 @@ def dispatch_ll_kernel(cfg: EpKernelConfig) -> str:
 {_route_entry(f"%dr{d}", str(d))}          %doff{d} = arith.muli %dsl64_{d}, %row : i64
           %dst{d} = llvm.getelementptr %out_x[%doff{d}] : ({P}, i64) -> {P}, i8
           %peer{d} = "mori_shmem.ptr"(%dst{d}, %dpe{d}) : ({P}, i32) -> {P}""" for d in range(D))
+    if space:
+        peers += "".join(f"\n          %gpeer{d} = llvm.addrspacecast %peer{d} : {P} to {gp}" for d in range(D))
+        peers += f"\n          %gsrc_row = llvm.addrspacecast %src_row : {P} to {gp}"
+    peer = "%gpeer" if space else "%peer"
     stores = "\n".join(f"""            scf.if %has{d} {{
 """ + "\n".join(f"""              scf.if %in{u} {{
-                %dp{d}_{u} = llvm.getelementptr %peer{d}[%vc64_{u}] : ({P}, i64) -> {P}, vector<4xi32>
-                llvm.store %val{u}, %dp{d}_{u} {{alignment = 16 : i64}} : vector<4xi32>, {P}
+                %dp{d}_{u} = llvm.getelementptr {peer}{d}[%vc64_{u}] : ({gp}, i64) -> {gp}, vector<4xi32>
+                llvm.store %val{u}, %dp{d}_{u} {{alignment = 16 : i64}} : vector<4xi32>, {gp}
               }}""" for u in range(U)) + """
             }""" for d in range(D))
     offsets = "\n".join(f"      %uo{u} = arith.constant {u * data_threads} : index" for u in range(U))
