@@ -365,9 +365,11 @@ def _reduce_tokens(cfg: EpKernelConfig, source_row: str, *, uniform: bool = Fals
     offs = "\n".join(f"        %srco{k} = llvm.getelementptr %src{k}[%boff] : ({P}, i64) -> {P}, i8"
                       for k in range(cfg.top_k))
     wsum, cur = [], "%wz"
+    wp = f"{P}<1>" if uniform else P  # uniform (AMDGPU): the weight rows as global memory too
     for k in range(cfg.top_k):
-        wsum.append(f"""          %wp{k} = llvm.getelementptr %wsrc{k}[%lane] : ({P}, i32) -> {P}, f32
-          %wl{k} = llvm.load %wp{k} : {P} -> f32
+        cast = f"          %wg{k} = llvm.addrspacecast %wsrc{k} : {P} to {wp}\n" if uniform else ""
+        wsum.append(f"""{cast}          %wp{k} = llvm.getelementptr %{"wg" if uniform else "wsrc"}{k}[%lane] : ({wp}, i32) -> {wp}, f32
+          %wl{k} = llvm.load %wp{k} : {wp} -> f32
           %ws{k} = arith.addf {cur}, %wl{k} : f32""")
         cur = f"%ws{k}"
     per_token = "\n".join(lines)
