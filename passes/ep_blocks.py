@@ -322,12 +322,32 @@ def count_signal(world: int, wave: int) -> str:
 """
 
 
-def grid_barrier() -> str:
+def grid_barrier(space: str = "") -> str:
     # Protocol (sense-reversal on {arrivals, generation}, two u64 words): the block meets (gpu.barrier);
     # thread 0 reads the generation g, fences (release: the block's stores), and adds 1 to the arrival
     # count (relaxed, system scope). The last block to arrive resets the count to 0 and then publishes
     # g + 1 (after a fence); the others poll the generation until it passes g, then fence (acquire). The
     # block meets again. Works for any grid size per launch; no host reset (graph-replay safe).
+    # The words are this PE's own: the ABI calls (atomic_fetch_add and p on our PE) translate their
+    # address to itself. ``space`` "<1>" (AMDGPU): the count and the generation are written with the LLVM
+    # atomics those ABI functions are made of (relaxed, system scope) on the global-space words, without
+    # that translation (a quarter of a dispatch kernel's code); fences and the poll stay ABI calls.
+    if space:
+        ptr = f"{P}{space}"
+        setup = f"""    %gctr = llvm.addrspacecast %ctr : {P} to {ptr}
+    %ggen = llvm.getelementptr %gctr[1] : ({ptr}) -> {ptr}, i64
+"""
+        add = f"%old = llvm.atomicrmw add %gctr, %one monotonic : {ptr}, i64"
+        reset = f"llvm.store %zero, %gctr atomic monotonic {{alignment = 8 : i64}} : i64, {ptr}"
+        publish = f"llvm.store %g1, %ggen atomic monotonic {{alignment = 8 : i64}} : i64, {ptr}"
+        me = ""
+    else:
+        setup = ""
+        add = f"""%old = "mori_shmem.atomic_fetch_add"(%ctr, %one, %me, %qp) {{elem = "uint64"}} : ({P}, i64, i32, i32) -> i64"""
+        reset = f""""mori_shmem.p"(%ctr, %zero, %me, %qp) {{c_type = "uint64"}} : ({P}, i64, i32, i32) -> ()"""
+        publish = f""""mori_shmem.p"(%genp, %g1, %me, %qp) {{c_type = "uint64"}} : ({P}, i64, i32, i32) -> ()"""
+        me = """    %me = "mori_shmem.my_pe"() : () -> i32
+"""
     return f"""func.func @{PREFIX}grid_barrier(%ctr: {P}) {{
   %qp = arith.constant 0 : i32
   gpu.barrier
@@ -337,20 +357,19 @@ def grid_barrier() -> str:
   scf.if %leader {{
     %nb_i = gpu.grid_dim x
     %nb = arith.index_cast %nb_i : index to i64
-    %me = "mori_shmem.my_pe"() : () -> i32
-    %one = arith.constant 1 : i64
+{me}    %one = arith.constant 1 : i64
     %zero = arith.constant 0 : i64
     %genp = llvm.getelementptr %ctr[1] : ({P}) -> {P}, i64
-    %g = llvm.load %genp atomic monotonic {{alignment = 8 : i64}} : {P} -> i64
+{setup}    %g = llvm.load %genp atomic monotonic {{alignment = 8 : i64}} : {P} -> i64
     "mori_shmem.fence"() : () -> ()
-    %old = "mori_shmem.atomic_fetch_add"(%ctr, %one, %me, %qp) {{elem = "uint64"}} : ({P}, i64, i32, i32) -> i64
+    {add}
     %last_n = arith.subi %nb, %one : i64
     %last = arith.cmpi eq, %old, %last_n : i64
     scf.if %last {{
-      "mori_shmem.p"(%ctr, %zero, %me, %qp) {{c_type = "uint64"}} : ({P}, i64, i32, i32) -> ()
+      {reset}
       "mori_shmem.fence"() : () -> ()
       %g1 = arith.addi %g, %one : i64
-      "mori_shmem.p"(%genp, %g1, %me, %qp) {{c_type = "uint64"}} : ({P}, i64, i32, i32) -> ()
+      {publish}
     }} else {{
       %seen = "mori_shmem.wait_until"(%genp, %g) {{cmp = "greater_than", elem = "uint64"}} : ({P}, i64) -> i64
     }}
@@ -530,7 +549,7 @@ def helper_for(op: ir.Operation, wave: int, vectors_per_lane: int = 1, *, global
         world = attrs["world_size"].value
         return f"{PREFIX}count_signal_w{world}", count_signal(world, wave)
     if name == "grid_barrier":
-        return f"{PREFIX}grid_barrier", grid_barrier()
+        return f"{PREFIX}grid_barrier", grid_barrier(space)
     if name == "device_barrier":
         world = attrs["world_size"].value
         return f"{PREFIX}device_barrier_w{world}", device_barrier(world)

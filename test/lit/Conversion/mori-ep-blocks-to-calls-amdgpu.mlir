@@ -111,3 +111,41 @@ module attributes {gpu.container_module} {
     }
   }
 }
+
+// -----
+
+// grid_barrier: the counter words are this PE's own, so the arrival fetch-add, the reset and the
+// publication are LLVM atomics (relaxed, system scope: what the ABI functions do after translating our
+// own address to itself) on the global-space words; the fences and the generation poll stay ABI ops,
+// in the same order as the generic form (mori-ep-blocks-to-calls.mlir).
+// CHECK-LABEL: func.func @__mori_ep_grid_barrier(
+// CHECK-SAME: %[[CTR:[^:]+]]: !llvm.ptr) {
+// CHECK-NOT: mori_shmem.my_pe
+// CHECK: gpu.barrier
+// CHECK: %[[GENP:.*]] = llvm.getelementptr %[[CTR]][1] : (!llvm.ptr) -> !llvm.ptr, i64
+// CHECK-NEXT: %[[GCTR:.*]] = llvm.addrspacecast %[[CTR]] : !llvm.ptr to !llvm.ptr<1>
+// CHECK-NEXT: %[[GGEN:.*]] = llvm.getelementptr %[[GCTR]][1] : (!llvm.ptr<1>) -> !llvm.ptr<1>, i64
+// CHECK-NEXT: %[[G:.*]] = llvm.load %[[GENP]] atomic monotonic {alignment = 8 : i64} : !llvm.ptr -> i64
+// CHECK-NEXT: "mori_shmem.fence"() : () -> ()
+// CHECK-NEXT: %[[OLD:.*]] = llvm.atomicrmw add %[[GCTR]], %{{.*}} monotonic : !llvm.ptr<1>, i64
+// CHECK: scf.if
+// CHECK-NEXT: llvm.store %{{.*}}, %[[GCTR]] atomic monotonic {alignment = 8 : i64} : i64, !llvm.ptr<1>
+// CHECK-NEXT: "mori_shmem.fence"() : () -> ()
+// CHECK-NEXT: %[[G1:.*]] = arith.addi %[[G]], %{{.*}} : i64
+// CHECK-NEXT: llvm.store %[[G1]], %[[GGEN]] atomic monotonic {alignment = 8 : i64} : i64, !llvm.ptr<1>
+// CHECK-NEXT: } else {
+// CHECK-NEXT: "mori_shmem.wait_until"(%[[GENP]], %[[G]]) {cmp = "greater_than", elem = "uint64"} : (!llvm.ptr, i64) -> i64
+// CHECK-NEXT: }
+// CHECK-NEXT: "mori_shmem.fence"() : () -> ()
+// CHECK-NEXT: }
+// CHECK-NEXT: gpu.barrier
+// CHECK-NOT: mori_shmem.atomic_fetch_add
+// CHECK-NOT: mori_shmem.p
+module attributes {gpu.container_module} {
+  gpu.module @grid {
+    gpu.func @k(%c: !llvm.ptr) kernel {
+      "mori_ep.grid_barrier"(%c) : (!llvm.ptr) -> ()
+      gpu.return
+    }
+  }
+}

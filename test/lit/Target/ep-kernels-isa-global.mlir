@@ -14,6 +14,8 @@
 // RUN:   | awk '/global_store_dwordx4/{if(!s)s=NR; e=NR} {l[NR]=$0} END{for(i=s-1;i<=e;i++)print l[i]}' \
 // RUN:   | FileCheck %s --check-prefix=ROW --implicit-check-not='vmcnt(0)' --implicit-check-not=flat_
 // RUN: FileCheck %s --check-prefix=PULL --input-file=%t.gfx942.s
+// RUN: FileCheck %s --check-prefix=GRID --input-file=%t.d942.s --implicit-check-not=scratch_ \
+// RUN:   --implicit-check-not=src_private_base --implicit-check-not=flat_atomic_add_x2
 // RUN: FileCheck %s --check-prefix=PULL --input-file=%t.gfx950.s
 // RUN: awk '/^ep_dispatch_bf16:/,/^\.Lfunc_end/' %t.gfx1250.s | grep -oE '(global|flat)_(load|store)_b128' \
 // RUN:   | uniq -c | FileCheck %s --check-prefix=RUNS1250
@@ -55,6 +57,34 @@
 // ROW8: v_readlane_b32 s{{[0-9]+}}, v{{[0-9]+}}, s{{[0-9]+}}
 // ROW8-NOT: s_waitcnt
 // ROW8: global_store_dwordx4
+
+// gfx942 grid barrier of the dispatch (this PE's own {arrivals, generation} words, as global memory
+// with LLVM's relaxed system-scope atomics instead of ABI calls that translate our own address): the
+// block meets; thread 0 reads the generation (system-coherent), fences (release: write back L2, wait,
+// invalidate), then the 64-bit arrival fetch-add at system scope (global_atomic_add_x2 ... sc0 sc1, no
+// run-time private-address branch: no scratch). The last arriver resets the count, fences, publishes
+// the generation; the others poll it (ABI wait: s_sleep back-off); then the acquire fence and the
+// block barrier.
+// GRID: s_barrier
+// GRID: global_load_dwordx2 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, s[{{[0-9]+:[0-9]+}}] offset:8 sc0 sc1
+// GRID-NEXT: {{(s_|v_).*}}
+// GRID: buffer_wbl2 sc0 sc1
+// GRID-NEXT: s_waitcnt vmcnt(0)
+// GRID-NEXT: buffer_inv sc0 sc1
+// GRID-NOT: {{_store_|_atomic_}}
+// GRID: global_atomic_add_x2 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, v[{{[0-9]+:[0-9]+}}], s[{{[0-9]+:[0-9]+}}] sc0 sc1
+// GRID: s_sleep 1
+// GRID: global_store_dwordx2 v{{[0-9]+}}, v[{{[0-9]+:[0-9]+}}], s[{{[0-9]+:[0-9]+}}] sc0 sc1
+// GRID-NEXT: {{(s_|v_).*}}
+// GRID-NEXT: buffer_wbl2 sc0 sc1
+// GRID-NEXT: s_waitcnt vmcnt(0)
+// GRID-NEXT: buffer_inv sc0 sc1
+// GRID-NEXT: global_store_dwordx2 v{{[0-9]+}}, v[{{[0-9]+:[0-9]+}}], s[{{[0-9]+:[0-9]+}}] offset:8 sc0 sc1
+// GRID: buffer_wbl2 sc0 sc1
+// GRID-NEXT: s_waitcnt vmcnt(0)
+// GRID-NEXT: buffer_inv sc0 sc1
+// GRID: s_barrier
+// GRID: s_endpgm
 
 // Pull combine: each warp resolves the peers' base addresses of the registered rows and weights once
 // (the only address translations: flat loads of the heap-base table before the token loop); per token,

@@ -15,9 +15,10 @@
 // combine) and ep-kernels-isa-workgroup.mlir (the kernels' workgroup-size bound vs. the launch).
 
 // ---- gfx942: no scratch, no VGPR spill (kernel descriptor, .set symbols, AMDHSA metadata) ---------
-// SGPR spills are allowed when they go to VGPR lanes (private segment 0 says they do). The
-// scratch_load/store_dwordx2 in dispatch and push are not spills: LLVM expands the 64-bit flat fetch-add
-// of grid_barrier with a run-time "is this address private?" branch; that path is dead.
+// SGPR spills are allowed when they go to VGPR lanes (private segment 0 says they do). On AMDGPU the
+// grid barrier's 64-bit fetch-add is a global atomic (mori-ep-blocks-to-calls global-address-space), so
+// the dead "is this address private?" scratch path LLVM adds to a flat 64-bit atomic is gone
+// (ep-kernels-isa-global.mlir checks the dispatch has no scratch access at all).
 // RES-LABEL: .amdhsa_kernel ep_dispatch_bf16{{$}}
 // RES-NEXT: .amdhsa_group_segment_fixed_size 0
 // RES-NEXT: .amdhsa_private_segment_fixed_size 0
