@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from ._mlir import ir, new_context
+from .codeobject import check_no_undefined_symbols
 from .dialects import registry
 from .errors import MoriCompilerError, with_filename
 from .options import CompileOptions, device_bitcode  # noqa: F401 (device_bitcode: re-exported)
@@ -30,10 +31,16 @@ def mlir_stage_pipelines(options: CompileOptions) -> list[tuple[str, str]]:
     """(stage, pass-pipeline fragment) for every MLIR stage of ``options``' target."""
     t = options.gpu_target
     wave = t.wave_size
+    # Two accumulated vectors per lane measured faster on sm_90 (H200); one keeps AMDGPU's loads together.
+    # AMDGPU: rows addressed as global memory (global_* accesses, not flat_*) and row_copy_to_peers as a
+    # loop over its destinations (compact code); sm_90 keeps the form it was measured with.
+    # AMDGPU: the combines' per-token addresses from warp-uniform values (see MoriEpToKernels).
+    kernels = f"wave-size={wave}" + (" uniform-addressing=true global-address-space=true" if t.is_amdgpu else "")
+    blocks = f"wave-size={wave} vectors-per-lane={2 if t.is_nvptx else 1}"
+    if t.is_amdgpu:
+        blocks += " global-address-space=true loop-destinations=true"
     stages = [
-        # Two accumulated vectors per lane measured faster on sm_90 (H200); one keeps AMDGPU's loads together.
-        ("ep", f"mori-ep-to-kernels{{wave-size={wave}}},mori-ep-blocks-to-calls{{wave-size={wave}"
-               f" vectors-per-lane={2 if t.is_nvptx else 1}}}"),
+        ("ep", f"mori-ep-to-kernels{{{kernels}}},mori-ep-blocks-to-calls{{{blocks}}}"),
         ("abi", "mori-virtual-pe-args,mori-shmem-to-abi" if options.virtual_pes else "mori-shmem-to-abi"),
     ]
     if t.is_amdgpu:
@@ -62,6 +69,11 @@ def stage_names(target: GPUTarget) -> list[str]:
     return ["mori", "ep", "abi", lowering, "llvm-ir", "link", "opt", *tail]
 
 
+def _ir_level_note(options: CompileOptions) -> str:
+    ir_level = device_link.ir_pipeline_level(options.gpu_target, options.opt_level)
+    return "" if ir_level == options.opt_level else f" (IR pipeline O{ir_level}, codegen O{options.opt_level})"
+
+
 def describe_pipeline(options: CompileOptions, bitcode_paths: list[str] | None = None) -> str:
     """One line per stage; the MLIR part is also given as a single replayable pipeline string."""
     t = options.gpu_target
@@ -71,7 +83,7 @@ def describe_pipeline(options: CompileOptions, bitcode_paths: list[str] | None =
     lines += [
         f"llvm-ir: translate the gpu.module to LLVM IR ({t.triple})",
         f"link: llvmlite link {libs}; internalize all but kernels and state globals; check symbols",
-        f"opt: LLVM O{options.opt_level} for {t.cpu}",
+        f"opt: LLVM O{options.opt_level} for {t.cpu}{_ir_level_note(options)}",
     ]
     if t.is_amdgpu:
         lines += [
@@ -209,8 +221,6 @@ def compile_source(
         result.binary = obj
         return result
     hsaco = codegen.link_code_object(obj)
-    from .codeobject import check_no_undefined_symbols
-
     check_no_undefined_symbols(hsaco, f"code object of gpu.module @{device.name}")
     result.binary = hsaco
     lap("hsaco")

@@ -5,7 +5,8 @@ relocatable object, and the final code object: an hsaco (``ld.lld -shared``) or 
 
 ``ld.lld`` is looked up in this order: ``$MORI_COMPILER_LLD``; ``$ROCM_PATH/llvm/bin/ld.lld``;
 ``ld.lld`` / ``ld.lld-NN`` on PATH (version 18 or newer: code object v6 needs it); the ``ziglang``
-package (``pip install mori-compiler[lld]``), which bundles LLD 22.
+package (``pip install mori-compiler[lld]``), which bundles LLD 22 (its ``zig`` binary is run directly).
+The lookup, and its version probes, run once per process.
 """
 
 from __future__ import annotations
@@ -60,6 +61,19 @@ def _path_candidates() -> list[str]:
     return sorted(found, key=lambda p: -int(p.rsplit("-", 1)[1]) if p[-1].isdigit() else 0)
 
 
+def _ziglang_binary() -> tuple[str, ...] | None:
+    """The ziglang wheel's LLD: its ``zig`` executable run directly (``python -m ziglang`` only execs it,
+    after a whole interpreter start: ~20 ms per link)."""
+    spec = importlib.util.find_spec("ziglang")
+    if spec is None:
+        return None
+    for directory in spec.submodule_search_locations or ():
+        zig = os.path.join(directory, "zig")
+        if os.access(zig, os.X_OK):
+            return (zig, "ld.lld")
+    return (sys.executable, "-m", "ziglang", "ld.lld")
+
+
 @functools.cache
 def find_ld_lld() -> tuple[str, ...]:
     """The command that runs a usable ld.lld, or a ToolchainError naming every option."""
@@ -79,8 +93,10 @@ def find_ld_lld() -> tuple[str, ...]:
             if major is not None and major >= MIN_LLD_MAJOR:
                 return (path,)
             tried.append(f"{path} (version {major}, need >= {MIN_LLD_MAJOR})")
-    if importlib.util.find_spec("ziglang") is not None:
-        return (sys.executable, "-m", "ziglang", "ld.lld")
+    zig = _ziglang_binary()
+    if zig is not None:
+        return zig
+
     raise ToolchainError(
         "no ld.lld found to link the AMDGPU code object; set MORI_COMPILER_LLD=/path/to/ld.lld, "
         "or set ROCM_PATH to a ROCm install, or put ld.lld (LLVM >= 18, e.g. Debian's lld-22) on PATH, "

@@ -17,6 +17,8 @@ import functools
 import re
 from pathlib import Path
 
+import llvmlite.binding as _binding  # imported with the compiler, not inside the first compile
+
 from mori_compiler.errors import MoriCompilerError
 from mori_compiler.lib_bitcode.abi import MORI_STATE_SYMBOL
 from mori_compiler.lib_bitcode.state import STATE_SYMBOL
@@ -30,11 +32,9 @@ PRESERVED_GLOBALS = frozenset({MORI_STATE_SYMBOL, STATE_SYMBOL})
 
 @functools.cache
 def _llvm():
-    import llvmlite.binding as llvm
-
-    llvm.initialize_all_targets()
-    llvm.initialize_all_asmprinters()
-    return llvm
+    _binding.initialize_all_targets()
+    _binding.initialize_all_asmprinters()
+    return _binding
 
 
 @functools.cache
@@ -120,10 +120,26 @@ def link_device_code(llvm_ir: str, kernels, target: GPUTarget, bitcode_paths, *,
     return module
 
 
+def ir_pipeline_level(target: GPUTarget, opt_level: int) -> int:
+    """The speed level of LLVM's IR pipeline for ``opt_level`` (codegen always runs at ``opt_level``).
+
+    AMDGPU: O1 for every level >= 1, without loop unrolling. The kernels' loops are written the way they
+    should run (copy rounds unrolled by hand; loops over the K destinations or top-k slots on purpose):
+    unrolling those K x 8 times is what made the dispatch 2,600 instructions with SGPR spills and half its
+    compile time. With that, O2/O3's extra passes (GVN, jump threading, value propagation, more
+    InstCombine rounds) change nothing useful: every EP kernel's instruction mix at O1 is O3's within 1 %,
+    for a fifth less optimization time (bench/ep_kernel_resources.py). sm_90 keeps the level asked for,
+    the pipeline its PTX was measured with."""
+    return min(opt_level, 1) if target.is_amdgpu else opt_level
+
+
 def optimize(module, target: GPUTarget, opt_level: int) -> None:
+    """LLVM's IR pipeline at ``ir_pipeline_level`` (AMDGPU: no loop unrolling; see there)."""
     llvm = _llvm()
     tm = target_machine(target, opt_level)
-    pto = llvm.create_pipeline_tuning_options(speed_level=opt_level)
+    pto = llvm.create_pipeline_tuning_options(speed_level=ir_pipeline_level(target, opt_level))
+    if target.is_amdgpu:
+        pto.loop_unrolling = False
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(module, pb)
 

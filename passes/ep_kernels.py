@@ -30,6 +30,11 @@ The protocols (ep-semantics.md §3.0-§3.2), with the ordering each block provid
 * combine, push (external input): each received row is written (``row_copy``) into its owner's staging
   row (our PE * M + token); ``grid_barrier`` then ``device_barrier``; each warp sums its tokens' staged
   rows locally.
+
+With ``uniform-addressing`` (AMDGPU) the combines compute the same addresses differently, with no change
+to the protocol: the pull combine's peer bases are read once per warp after ``device_barrier`` (the
+translation reads only the heap-base table, which the barrier does not change), and a row's peer address
+is that base plus the row's offset, exactly what ``mori_shmem.ptr`` of the row gives in a symmetric heap.
 """
 
 from __future__ import annotations
@@ -336,13 +341,19 @@ def dispatch_kernel(cfg: EpKernelConfig) -> str:
 """
 
 
-def _reduce_tokens(cfg: EpKernelConfig, source_row: str) -> str:
+def _reduce_tokens(cfg: EpKernelConfig, source_row: str, *, uniform: bool = False, setup: str = "",
+                   narrow: bool = False) -> str:
     """Per token: K source rows (valid ones from `source_row(k)`, else the zero row) summed in fp32, and
-    the K weight vectors. `source_row` is MLIR text computing %src{k}/%wsrc{k} from %pe{k}, %sl{k}, %t."""
+    the K weight vectors. `source_row` is MLIR text computing %src{k}/%wsrc{k} from %pe{k}, %sl{k}, %t.
+    ``uniform``: lane k's forward entry is broadcast with gpu.subgroup_broadcast (AMDGPU: v_readlane into
+    SGPRs, so the per-token address arithmetic is scalar) instead of a shuffle. ``setup``: MLIR text run
+    once per warp before the token loop. ``narrow``: work-item divisions in 32 bits where they fit."""
     lines = []
     for k in range(cfg.top_k):
+        bcast = (f"%f{k} = gpu.subgroup_broadcast %fl, specific_lane %k{k} : i32" if uniform else
+                 f"%f{k}, %fv{k} = gpu.shuffle idx %fl, %k{k}, %wave : i32")  # fmt: skip
         lines.append(f"""        %k{k} = arith.constant {k} : i32
-        %f{k}, %fv{k} = gpu.shuffle idx %fl, %k{k}, %wave : i32
+        {bcast}
         %valid{k} = arith.cmpi ne, %f{k}, %NULL : i32
         %pe{k} = arith.divui %f{k}, %R : i32
         %sl{k} = arith.remui %f{k}, %R : i32
@@ -354,9 +365,11 @@ def _reduce_tokens(cfg: EpKernelConfig, source_row: str) -> str:
     offs = "\n".join(f"        %srco{k} = llvm.getelementptr %src{k}[%boff] : ({P}, i64) -> {P}, i8"
                       for k in range(cfg.top_k))
     wsum, cur = [], "%wz"
+    wp = f"{P}<1>" if uniform else P  # uniform (AMDGPU): the weight rows as global memory too
     for k in range(cfg.top_k):
-        wsum.append(f"""          %wp{k} = llvm.getelementptr %wsrc{k}[%lane] : ({P}, i32) -> {P}, f32
-          %wl{k} = llvm.load %wp{k} : {P} -> f32
+        cast = f"          %wg{k} = llvm.addrspacecast %wsrc{k} : {P} to {wp}\n" if uniform else ""
+        wsum.append(f"""{cast}          %wp{k} = llvm.getelementptr %{"wg" if uniform else "wsrc"}{k}[%lane] : ({wp}, i32) -> {wp}, f32
+          %wl{k} = llvm.load %wp{k} : {wp} -> f32
           %ws{k} = arith.addf {cur}, %wl{k} : f32""")
         cur = f"%ws{k}"
     per_token = "\n".join(lines)
@@ -364,19 +377,31 @@ def _reduce_tokens(cfg: EpKernelConfig, source_row: str) -> str:
     per_vec = 16 // cfg.elem_bytes
     # Work items are (token, slice of the row): with few tokens, several warps share a token, so that
     # every warp of the grid has loads in flight (the latency of a row is then split, not serialized).
-    return f"""      %n_x = arith.index_cast %n : i32 to index
+    # narrow: the divisions in 32 bits when every work item index fits (64-bit division is ~100
+    # instructions on AMDGPU, expanded next to its 32-bit fast path).
+    narrow = narrow and cfg.max_tokens_per_rank * nvec < 2**31
+
+    def div(result: str, op: str, a: str, b: str) -> str:
+        if not narrow:
+            return f"%{result} = arith.{op} {a}, {b} : index"
+        return (f"%{result}_a = arith.index_castui {a} : index to i32\n"
+                f"        %{result}_b = arith.index_castui {b} : index to i32\n"
+                f"        %{result}_n = arith.{op} %{result}_a, %{result}_b : i32\n"
+                f"        %{result} = arith.index_castui %{result}_n : i32 to index")  # fmt: skip
+
+    return f"""{setup}      %n_x = arith.index_cast %n : i32 to index
       %nvec = arith.constant {nvec} : index
       %n1 = arith.maxui %n_x, %c1x : index
-      %spt0 = arith.divui %nw, %n1 : index
+      {div("spt0", "divui", "%nw", "%n1")}
       %spt1 = arith.maxui %spt0, %c1x : index
       %spt = arith.minui %spt1, %nvec : index
       %chunk0 = arith.addi %nvec, %spt : index
       %chunk1 = arith.subi %chunk0, %c1x : index
-      %chunk = arith.divui %chunk1, %spt : index
+      {div("chunk", "divui", "%chunk1", "%spt")}
       %items = arith.muli %n_x, %spt : index
       scf.for %it = %gw to %items step %nw {{
-        %t_x = arith.divui %it, %spt : index
-        %sl_x = arith.remui %it, %spt : index
+        {div("t_x", "divui", "%it", "%spt")}
+        {div("sl_x", "remui", "%it", "%spt")}
         %v0 = arith.muli %sl_x, %chunk : index
         %v1a = arith.addi %v0, %chunk : index
         %v1 = arith.minui %v1a, %nvec : index
@@ -421,9 +446,54 @@ def _reduce_tokens(cfg: EpKernelConfig, source_row: str) -> str:
 """
 
 
-def combine_pull_kernel(cfg: EpKernelConfig) -> str:
+# Once per warp (combine pull, uniform-addressing): lane p < W holds PE p's addresses of the registered
+# rows and weights (other lanes their own PE's), split in 32-bit halves for broadcasts.
+_PEER_BASES = """      %pb_in = arith.cmpi ult, %lane, %W : i32
+      %pb_pe = arith.select %pb_in, %lane, %me : i32
+      %pb_c32 = arith.constant 32 : i64
+{bases}"""
+
+_PEER_BASE = """      %{n}_p = "mori_shmem.ptr"(%{buf}, %pb_pe) : ({P}, i32) -> {P}
+      %{n}_i = llvm.ptrtoint %{n}_p : {P} to i64
+      %{n}_lo = arith.trunci %{n}_i : i64 to i32
+      %{n}_sh = arith.shrui %{n}_i, %pb_c32 : i64
+      %{n}_hi = arith.trunci %{n}_sh : i64 to i32
+"""
+
+# Token %t's source k on PE %pc{k} from the per-warp bases: that PE's base (broadcast from its lane) plus
+# the row's offset, the same address mori_shmem.ptr gives for the row (symmetric buffers: one offset on
+# every PE).
+_PEER_ROW = """        %{n}lo{k} = gpu.subgroup_broadcast %{n}_lo, specific_lane %pc{k} : i32
+        %{n}hi{k} = gpu.subgroup_broadcast %{n}_hi, specific_lane %pc{k} : i32
+        %{n}lo64_{k} = arith.extui %{n}lo{k} : i32 to i64
+        %{n}hi64_{k} = arith.extui %{n}hi{k} : i32 to i64
+        %{n}hs{k} = arith.shli %{n}hi64_{k}, %pb_c32 : i64
+        %{n}a{k} = arith.ori %{n}hs{k}, %{n}lo64_{k} : i64
+        %{n}b{k} = llvm.inttoptr %{n}a{k} : i64 to {P}
+"""
+
+
+def combine_pull_kernel(cfg: EpKernelConfig, uniform_addressing: bool = False) -> str:
     # Rows are read from the peers' registered buffers: %row{k} = peer pe{k}'s address of reg_x[slot].
-    source = f"""        %xo{{k}} = arith.muli %sl64_{{k}}, %rowc : i64
+    # uniform_addressing: from per-warp bases (_PEER_BASES) instead of 2K mori_shmem.ptr per token.
+    if uniform_addressing:
+        rows = (_PEER_ROW.format(n="xb", k="{k}", P=P) + _PEER_ROW.format(n="wb", k="{k}", P=P))
+        source = f"""        %pc{{k}} = arith.select %valid{{k}}, %pe{{k}}, %me : i32
+{rows}        %xo{{k}} = arith.muli %sl64_{{k}}, %rowc : i64
+        %xr{{k}} = llvm.getelementptr %xbb{{k}}[%xo{{k}}] : ({P}, i64) -> {P}, i8
+        %row{{k}} = arith.select %valid{{k}}, %xr{{k}}, %zero_row : {P}
+        %wo{{k}} = arith.muli %sl64_{{k}}, %kb : i64
+        %wrow{{k}} = llvm.getelementptr %wbb{{k}}[%wo{{k}}] : ({P}, i64) -> {P}, i8
+"""
+        setup = _PEER_BASES.format(bases=_PEER_BASE.format(n="xb", buf="reg_x", P=P)
+                                   + _PEER_BASE.format(n="wb", buf="reg_w", P=P))  # fmt: skip
+        reduce = _reduce_tokens(cfg, source, uniform=True, setup=setup, narrow=True)
+    else:
+        reduce = _reduce_tokens(cfg, _PULL_ROW)
+    return _combine_pull(cfg, reduce)
+
+
+_PULL_ROW = f"""        %xo{{k}} = arith.muli %sl64_{{k}}, %rowc : i64
         %xl{{k}} = llvm.getelementptr %reg_x[%xo{{k}}] : ({P}, i64) -> {P}, i8
         %xr{{k}} = "mori_shmem.ptr"(%xl{{k}}, %pe{{k}}) : ({P}, i32) -> {P}
         %row{{k}} = arith.select %valid{{k}}, %xr{{k}}, %zero_row : {P}
@@ -431,6 +501,9 @@ def combine_pull_kernel(cfg: EpKernelConfig) -> str:
         %wloc{{k}} = llvm.getelementptr %reg_w[%wo{{k}}] : ({P}, i64) -> {P}, i8
         %wrow{{k}} = "mori_shmem.ptr"(%wloc{{k}}, %pe{{k}}) : ({P}, i32) -> {P}
 """
+
+
+def _combine_pull(cfg: EpKernelConfig, reduce: str) -> str:
     return f"""    gpu.func @ep_combine_pull_{cfg.dtype}(%inp_w: {P}, %reg_x: {P}, %reg_w: {P}, %fwd: {P}, %n: i32, %total: {P}, %out: {P},
         %out_w: {P}, %zero_row: {P}, %bar_slots: {P}, %bar_epochs: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
 {_prologue(cfg)}      %rowc = arith.constant {cfg.row_bytes} : i64
@@ -454,7 +527,7 @@ def combine_pull_kernel(cfg: EpKernelConfig) -> str:
         }}
       }}
       "mori_ep.device_barrier"(%bar_slots, %bar_epochs) {{world_size = {cfg.world_size} : i64, max_blocks = {cfg.max_blocks} : i64}} : ({P}, {P}) -> ()
-{_reduce_tokens(cfg, source)}      gpu.return
+{reduce}      gpu.return
     }}
 """
 
@@ -501,7 +574,7 @@ def return_rows(locate: str, dst_x: str, dst_w: str) -> str:
 """
 
 
-def combine_push_kernel(cfg: EpKernelConfig) -> str:
+def combine_push_kernel(cfg: EpKernelConfig, uniform_addressing: bool = False) -> str:
     # Each received row goes to its owner's staging row (our PE * M + token); then rows are summed locally.
     M = cfg.max_tokens_per_rank
     source = f"""        %spe{{k}} = arith.muli %pe{{k}}, %M : i32
@@ -522,24 +595,28 @@ def combine_push_kernel(cfg: EpKernelConfig) -> str:
       %has_iw = llvm.icmp "ne" %inp_w, %null_ptr : {P}
 {return_rows(_PUSH_LOCATE.format(P=P), "%stage_x", "%stage_w")}      "mori_ep.grid_barrier"(%grid_ctr) : ({P}) -> ()
       "mori_ep.device_barrier"(%bar_slots, %bar_epochs) {{world_size = {cfg.world_size} : i64, max_blocks = {cfg.max_blocks} : i64}} : ({P}, {P}) -> ()
-{_reduce_tokens(cfg, source)}      gpu.return
+{_reduce_tokens(cfg, source, uniform=uniform_addressing, narrow=uniform_addressing)}      gpu.return
     }}
 """
 
 
-def kernels_for(op: ir.Operation, cfg: EpKernelConfig) -> str:
-    """The gpu.func kernels (and their LDS globals) that replace EP op ``op``."""
+def kernels_for(op: ir.Operation, cfg: EpKernelConfig, uniform_addressing: bool = False,
+                global_address_space: bool = False) -> str:
+    """The gpu.func kernels (and their LDS globals) that replace EP op ``op`` (options: MoriEpToKernels)."""
     from . import ep_ll_kernels
 
     name = op.name
     if name == "mori_ep.dispatch":
         return dispatch_kernel(cfg)
     if name == "mori_ep.combine":
-        return combine_pull_kernel(cfg) if cfg.zero_copy else combine_push_kernel(cfg)
+        if cfg.zero_copy:
+            return combine_pull_kernel(cfg, uniform_addressing)
+        return combine_push_kernel(cfg, uniform_addressing)
     if name == "mori_ep.dispatch_ll":
-        return ep_ll_kernels.dispatch_ll_kernel(cfg)
+        return ep_ll_kernels.dispatch_ll_kernel(cfg, global_address_space)
     ints = mori_ep.int_attributes(op)
-    return ep_ll_kernels.async_kernels_for(name, cfg, bool(ints["early_notify"]), bool(ints["fused_recv"]))
+    return ep_ll_kernels.async_kernels_for(name, cfg, bool(ints["early_notify"]), bool(ints["fused_recv"]),
+                                           uniform_addressing)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -548,11 +625,20 @@ class MoriEpToKernels:
     mori_ep blocks.
 
     Input: mori_ep EP ops at the top of gpu.module. Output: gpu.func kernels (and LDS globals) using
-    mori_ep blocks, mori_shmem, gpu, scf, arith, llvm. Options: wave-size (the target's).
+    mori_ep blocks, mori_shmem, gpu, scf, arith, llvm. Options: wave-size (the target's);
+    uniform-addressing (the combines build their token rows' addresses from warp-uniform values: forward
+    entries broadcast with gpu.subgroup_broadcast, the pull combine's peer bases of the registered buffers
+    resolved once per warp instead of 2K address translations per token, work-item divisions in 32 bits
+    where they fit; the pipeline sets it for AMDGPU, where this makes the per-token arithmetic scalar and
+    removes a chain of dependent loads and waits per token; sm_90 keeps the form it was measured with);
+    global-address-space (the IntraNodeLL dispatch's own data path addresses the source and peer rows as
+    ``!llvm.ptr<1>``, like mori-ep-blocks-to-calls' option of the same name; set for AMDGPU).
     """
 
     name: ClassVar[str] = "mori-ep-to-kernels"
     wave_size: int = 64
+    uniform_addressing: bool = False
+    global_address_space: bool = False
 
     def __call__(self, op: ir.Operation, pass_=None) -> None:
         with op.context:
@@ -567,7 +653,8 @@ class MoriEpToKernels:
                         raise MoriCompilerError(f"'{ep.name}' was configured for wave size {cfg.wave_size}, the "
                                                 f"target runs {self.wave_size}")  # fmt: skip
                     # Parsed inside a gpu.module so that gpu.func is legal; kept alive while its ops move.
-                    parsed = ir.Module.parse("gpu.module @tmp {\n" + kernels_for(ep, cfg) + "}\n")
+                    text = kernels_for(ep, cfg, self.uniform_addressing, self.global_address_space)
+                    parsed = ir.Module.parse("gpu.module @tmp {\n" + text + "}\n")
                     for f in list(parsed.body.operations[0].regions[0].blocks[0].operations):
                         f.operation.move_before(ep)
                     ep.erase()

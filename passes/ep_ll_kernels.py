@@ -131,8 +131,14 @@ def _control_warp(cfg: EpKernelConfig, token: str) -> str:
 """
 
 
-def dispatch_ll_kernel(cfg: EpKernelConfig) -> str:
+def dispatch_ll_kernel(cfg: EpKernelConfig, global_address_space: bool = False) -> str:
+    # global_address_space (AMDGPU): the data path's source row and peer rows as !llvm.ptr<1> (global_*
+    # loads and stores instead of flat_*; the ordering is unchanged: plain stores, published by the
+    # completion's release fences like the generic ones).
     name = f"ep_dispatch_ll_{cfg.dtype}"
+    space = "<1>" if global_address_space else ""
+    gp = f"{P}{space}"
+    src_row = "%gsrc_row" if space else "%src_row"
     half = _route_slots(cfg)
     nvec = cfg.row_bytes // 16
     data_threads = (cfg.warps_per_block - 1) * cfg.wave_size
@@ -141,8 +147,8 @@ def dispatch_ll_kernel(cfg: EpKernelConfig) -> str:
             %in{u} = arith.cmpi ult, %vi{u}, %nvec : index
             %vc{u} = arith.select %in{u}, %vi{u}, %v0 : index
             %vc64_{u} = arith.index_cast %vc{u} : index to i64
-            %sp{u} = llvm.getelementptr %src_row[%vc64_{u}] : ({P}, i64) -> {P}, vector<4xi32>
-            %val{u} = llvm.load %sp{u} {{alignment = 16 : i64}} : {P} -> vector<4xi32>""" for u in range(U))
+            %sp{u} = llvm.getelementptr {src_row}[%vc64_{u}] : ({gp}, i64) -> {gp}, vector<4xi32>
+            %val{u} = llvm.load %sp{u} {{alignment = 16 : i64}} : {gp} -> vector<4xi32>""" for u in range(U))
     D = _max_destinations(cfg)
     # Destination d of this warp is route entry (d + warp) % nd: warps start at different PEs.
     peers = "\n".join(f"""          %dd{d} = arith.constant {d} : i32
@@ -152,10 +158,14 @@ def dispatch_ll_kernel(cfg: EpKernelConfig) -> str:
 {_route_entry(f"%dr{d}", str(d))}          %doff{d} = arith.muli %dsl64_{d}, %row : i64
           %dst{d} = llvm.getelementptr %out_x[%doff{d}] : ({P}, i64) -> {P}, i8
           %peer{d} = "mori_shmem.ptr"(%dst{d}, %dpe{d}) : ({P}, i32) -> {P}""" for d in range(D))
+    if space:
+        peers += "".join(f"\n          %gpeer{d} = llvm.addrspacecast %peer{d} : {P} to {gp}" for d in range(D))
+        peers += f"\n          %gsrc_row = llvm.addrspacecast %src_row : {P} to {gp}"
+    peer = "%gpeer" if space else "%peer"
     stores = "\n".join(f"""            scf.if %has{d} {{
 """ + "\n".join(f"""              scf.if %in{u} {{
-                %dp{d}_{u} = llvm.getelementptr %peer{d}[%vc64_{u}] : ({P}, i64) -> {P}, vector<4xi32>
-                llvm.store %val{u}, %dp{d}_{u} {{alignment = 16 : i64}} : vector<4xi32>, {P}
+                %dp{d}_{u} = llvm.getelementptr {peer}{d}[%vc64_{u}] : ({gp}, i64) -> {gp}, vector<4xi32>
+                llvm.store %val{u}, %dp{d}_{u} {{alignment = 16 : i64}} : vector<4xi32>, {gp}
               }}""" for u in range(U)) + """
             }""" for d in range(D))
     offsets = "\n".join(f"      %uo{u} = arith.constant {u * data_threads} : index" for u in range(U))
@@ -456,7 +466,8 @@ def async_combine_send_kernel(cfg: EpKernelConfig, early_notify: bool) -> str:
 """
 
 
-def async_combine_recv_kernel(cfg: EpKernelConfig, early_notify: bool, fused_recv: bool) -> str:
+def async_combine_recv_kernel(cfg: EpKernelConfig, early_notify: bool, fused_recv: bool,
+                              uniform_addressing: bool = False) -> str:
     post = "" if early_notify else _post("%csig", "")
     # Rows of token t's destination pe{k} are in our combine region [r % 2][pe{k}][slot{k}].
     source = f"""        %cr0_{{k}} = arith.addi %parW, %pe{{k}} : i32
@@ -468,22 +479,25 @@ def async_combine_recv_kernel(cfg: EpKernelConfig, early_notify: bool, fused_rec
         %wo{{k}} = arith.muli %cr64_{{k}}, %kb : i64
         %wrow{{k}} = llvm.getelementptr %cw[%wo{{k}}] : ({P}, i64) -> {P}, i8
 """
+    reduce = _reduce_tokens(cfg, source, uniform=uniform_addressing, narrow=uniform_addressing)
     return f"""    gpu.func @ep_async_combine_recv_{cfg.dtype}(%cx: {P}, %cw: {P}, %fwd: {P}, %n: i32, %csig: {P}, %rounds: {P},
         %grid_ctr: {P}, %out: {P}, %out_w: {P}, %zero_row: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
 {_prologue(cfg)}{_common(cfg, "%rounds", 1)}      %rowc = arith.constant {cfg.row_bytes} : i64
       %kb = arith.constant {4 * cfg.top_k} : i64
       %value = arith.addi %round, %one64 : i64
-{post}{_wait_all("%csig", "%round", fused=fused_recv)}{_reduce_tokens(cfg, source)}{_advance_round(1)}      gpu.return
+{post}{_wait_all("%csig", "%round", fused=fused_recv)}{reduce}{_advance_round(1)}      gpu.return
     }}
 """
 
 
-def async_kernels_for(op_name: str, cfg: EpKernelConfig, early_notify: bool, fused_recv: bool) -> str:
-    """The kernel of one AsyncLL half (the notification mode comes from the op's attributes)."""
+def async_kernels_for(op_name: str, cfg: EpKernelConfig, early_notify: bool, fused_recv: bool,
+                      uniform_addressing: bool = False) -> str:
+    """The kernel of one AsyncLL half (the notification mode comes from the op's attributes;
+    ``uniform_addressing``: see MoriEpToKernels)."""
     if op_name == "mori_ep.dispatch_send":
         return async_dispatch_send_kernel(cfg, early_notify)
     if op_name == "mori_ep.dispatch_recv":
         return async_dispatch_recv_kernel(cfg, early_notify, fused_recv)
     if op_name == "mori_ep.combine_send":
         return async_combine_send_kernel(cfg, early_notify)
-    return async_combine_recv_kernel(cfg, early_notify, fused_recv)
+    return async_combine_recv_kernel(cfg, early_notify, fused_recv, uniform_addressing)

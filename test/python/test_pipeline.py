@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import os
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -375,6 +376,29 @@ def test_find_ld_lld_rocm_path(fresh_lld_lookup, monkeypatch, tmp_path):
     monkeypatch.setenv("ROCM_PATH", str(rocm))
     codegen.find_ld_lld.cache_clear()
     assert codegen.find_ld_lld() == (str(rocm / "llvm" / "bin" / "ld.lld"),)
+
+
+def test_ziglang_lld_is_run_directly(fresh_lld_lookup, monkeypatch):
+    """The ziglang wheel's zig binary itself, not ``python -m ziglang`` (an interpreter start per link)."""
+    if importlib.util.find_spec("ziglang") is None:
+        pytest.skip("the ziglang package is not installed")
+    monkeypatch.delenv("MORI_COMPILER_LLD", raising=False)
+    monkeypatch.delenv("ROCM_PATH", raising=False)
+    monkeypatch.setenv("PATH", "")
+    found = codegen.find_ld_lld()
+    assert found[1:] == ("ld.lld",) and os.path.basename(found[0]) == "zig", found
+    assert found[0] != sys.executable and os.access(found[0], os.X_OK)
+    assert codegen._lld_major(list(found)) >= codegen.MIN_LLD_MAJOR
+
+
+def test_amdgpu_ir_pipeline_level():
+    """AMDGPU runs LLVM's O1 IR pipeline for every level >= 1 (codegen keeps the level); sm_90 the level."""
+    from mori_compiler.passes.device_link import ir_pipeline_level
+    from mori_compiler.targets import get_target
+
+    for name in ("gfx942", "gfx950", "gfx1250"):
+        assert [ir_pipeline_level(get_target(name), level) for level in range(4)] == [0, 1, 1, 1]
+    assert [ir_pipeline_level(get_target("sm_90"), level) for level in range(4)] == [0, 1, 2, 3]
 
 
 def test_link_error_is_a_toolchain_error(fresh_lld_lookup, monkeypatch, tmp_path):

@@ -1,4 +1,19 @@
 // RUN: mori-opt %s -p 'mori-ep-to-kernels{wave-size=64}' | FileCheck %s
+// RUN: mori-opt %s -p 'mori-ep-to-kernels{wave-size=64 global-address-space=true}' | FileCheck %s --check-prefix=GLOBAL
+
+// global-address-space (AMDGPU): the data path casts each destination's peer row (mori_shmem.ptr) and the
+// source row to !llvm.ptr<1> and loads and stores through those; the LDS route keeps address space 3.
+// GLOBAL-LABEL: gpu.func @ep_dispatch_ll_bf16(
+// GLOBAL: %[[P0:.*]] = "mori_shmem.ptr"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i32) -> !llvm.ptr
+// GLOBAL: llvm.addrspacecast %[[P0]] : !llvm.ptr to !llvm.ptr<1>
+// GLOBAL-COUNT-7: llvm.addrspacecast %{{.*}} : !llvm.ptr to !llvm.ptr<1>
+// GLOBAL-NEXT: %[[SRC:.*]] = llvm.addrspacecast %{{.*}} : !llvm.ptr to !llvm.ptr<1>
+// GLOBAL: scf.for
+// GLOBAL: llvm.getelementptr %[[SRC]][%{{.*}}] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, vector<4xi32>
+// GLOBAL: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr<1> -> vector<4xi32>
+// GLOBAL: llvm.store %{{.*}}, %{{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr<1>
+// GLOBAL-NOT: llvm.store %{{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr{{$}}
+// GLOBAL: gpu.barrier
 
 // mori_ep.dispatch_ll (IntraNodeLL, passes/ep_ll_kernels.py): world 8, top-8 (8 destinations at most),
 // hidden 7168 bf16 = 896 16-byte vectors, 8 warps of 64 lanes. The kernel keeps two routes (count + 8 x

@@ -13,11 +13,13 @@
 //     interleaved with waits (vmcnt(5), vmcnt(4), ...).
 // (sm_90 PTX does issue the 16 loads first: ep-kernels-isa.mlir.)
 //
+// (The pull combine's peer rows are read with global_load_dwordx4 since the AMDGPU lowering addresses
+// them as global memory; they were flat loads before.)
 // The property: the loop (a label that some branch targets again) starts with the K = 8 16-byte loads
 // of one vector, with only address arithmetic (VALU / scalar moves and adds) between them and no
 // s_waitcnt before the 8th.
 // CHECK-LABEL: {{^}}ep_combine_pull_bf16:
-// CHECK: {{^}}[[PULL_LOOP:\.LBB[0-9]+_[0-9]+]]:{{(([[:space:]]+(v_|s_mov|s_add|s_lshl|s_and_b|s_or_b|s_nop).*)*[[:space:]]+flat_load_dwordx4 v.*){8}[[:space:]]}}
+// CHECK: {{^}}[[PULL_LOOP:\.LBB[0-9]+_[0-9]+]]:{{(([[:space:]]+(v_|s_mov|s_add|s_lshl|s_and_b|s_or_b|s_nop).*)*[[:space:]]+global_load_dwordx4 v.*){8}[[:space:]]}}
 // CHECK: {{s_cbranch_execnz|s_cbranch_vccnz|s_cbranch_scc[01]|s_branch}} [[PULL_LOOP]]{{$}}
 // CHECK-LABEL: {{^}}ep_combine_push_bf16:
 // (Past the device barrier's poll: before it, the push kernel's row copies also start with 8 loads.)

@@ -2,7 +2,7 @@
 // RUN: mori-compile %s --target=gfx942 --emit=isa -o - > %t.gfx942.s
 // RUN: FileCheck %s --check-prefix=RES --input-file=%t.gfx942.s
 // RUN: FileCheck %s --check-prefix=COPY --input-file=%t.gfx942.s
-// RUN: awk '/^ep_dispatch_bf16:/,/^\.Lfunc_end0/' %t.gfx942.s | grep -oE 'global_load_dwordx4|flat_store_dwordx4' | uniq -c | FileCheck %s --check-prefix=RUNS
+// RUN: awk '/^ep_dispatch_bf16:/,/^\.Lfunc_end0/' %t.gfx942.s | grep -oE 'global_load_dwordx4|global_store_dwordx4|flat_store_dwordx4' | uniq -c | FileCheck %s --check-prefix=RUNS
 // RUN: FileCheck %s --check-prefix=PULL --input-file=%t.gfx942.s
 // RUN: sed -e 's/wave_size = 64/wave_size = 32/' %s | mori-compile - --target=sm_90 --emit=ptx -o - > %t.sm_90.ptx
 // RUN: FileCheck %s --check-prefix=PTX --input-file=%t.sm_90.ptx
@@ -15,9 +15,10 @@
 // combine) and ep-kernels-isa-workgroup.mlir (the kernels' workgroup-size bound vs. the launch).
 
 // ---- gfx942: no scratch, no VGPR spill (kernel descriptor, .set symbols, AMDHSA metadata) ---------
-// SGPR spills are allowed when they go to VGPR lanes (private segment 0 says they do). The
-// scratch_load/store_dwordx2 in dispatch and push are not spills: LLVM expands the 64-bit flat fetch-add
-// of grid_barrier with a run-time "is this address private?" branch; that path is dead.
+// SGPR spills are allowed when they go to VGPR lanes (private segment 0 says they do). On AMDGPU the
+// grid barrier's 64-bit fetch-add is a global atomic (mori-ep-blocks-to-calls global-address-space), so
+// the dead "is this address private?" scratch path LLVM adds to a flat 64-bit atomic is gone
+// (ep-kernels-isa-global.mlir checks the dispatch has no scratch access at all).
 // RES-LABEL: .amdhsa_kernel ep_dispatch_bf16{{$}}
 // RES-NEXT: .amdhsa_group_segment_fixed_size 0
 // RES-NEXT: .amdhsa_private_segment_fixed_size 0
@@ -69,74 +70,70 @@
 // RES-NEXT: .vgpr_spill_count: 0
 // RES: amdhsa.target: amdgcn-amd-amdhsa--gfx942
 
-// ---- gfx942: row_copy (dispatch: the token row to each destination; push: a received row to its owner)
-// The peer base comes from a per-lane load of the heap-base table (VGPR address); between the copy's
-// loads there is no v_readfirstlane (no waterfall loop around the peer address). (A readfirstlane of the
-// wave-uniform warp index before the copy is fine: it only moves a uniform value to a scalar register.) The
-// aligned body issues eight 16-byte global loads (lane-strided, 1 KiB apart) before its first wait, then
-// the 16-byte flat stores to the peer; the remainder loop moves one 16-byte vector per lane.
+// ---- gfx942: row copies (dispatch: the token row to every destination; push: a received row to its owner)
+// Rows are addressed as global memory (mori-ep-blocks-to-calls global-address-space): 16-byte global_*
+// loads and stores, never flat_* (whose shared vmcnt/lgkmcnt accounting made every destination's group
+// start with a full drain). The dispatch finds its first sending destination once (v_readlane of each
+// lane's flag), takes its address into SGPRs, issues the round's eight lane-strided loads (1 KiB apart)
+// with no wait in between, and stores each vector as soon as its own load is in: a rolling vmcnt(7), no
+// vmcnt(0). The remaining destinations follow in a loop (flag and address by v_readlane), whose stores
+// need no wait at all. The full-row checks (no drain, no flat store between the first and the last
+// store of a row) are in ep-kernels-isa-global.mlir.
 // COPY-LABEL: {{^}}ep_dispatch_bf16:
-// COPY: flat_load_dwordx2 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY: v_readlane_b32 s{{[0-9]+}}, v{{[0-9]+}}, 7{{$}}
+// COPY: v_readlane_b32 s{{[0-9]+}}, v{{[0-9]+}}, 0{{$}}
 // COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: s_waitcnt vmcnt({{[0-7]}}){{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NOT: {{s_waitcnt|v_readfirstlane|flat_}}
+// COPY-COUNT-7: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane|flat_}}
+// COPY: s_waitcnt vmcnt(7){{$}}
+// COPY-NEXT: global_store_dwordx4 v{{[0-9]+}}, v[{{[0-9]+:[0-9]+}}], s[{{[0-9]+:[0-9]+}}]{{$}}
+// COPY-NEXT: s_waitcnt vmcnt(7){{$}}
+// COPY-NEXT: global_store_dwordx4 v{{[0-9]+}}, v[{{[0-9]+:[0-9]+}}], s[{{[0-9]+:[0-9]+}}] offset:1024{{$}}
+// COPY: v_readlane_b32 s{{[0-9]+}}, v{{[0-9]+}}, s{{[0-9]+}}
+// COPY-NOT: s_waitcnt
+// COPY: global_store_dwordx4 v{{[0-9]+}}, v[{{[0-9]+:[0-9]+}}], s[{{[0-9]+:[0-9]+}}]{{$}}
 // The dispatch reads each token row once (row_copy_to_peers): the runs of 16-byte loads and stores in
-// ep_dispatch_bf16 are the first round (8 vectors per lane) stored to all 8 destinations (64 stores), then
-// the tail round (896 = 512 + 6 x 64: 6 vectors per lane, loaded back to back) stored to all 8 (48, plus
-// one other 16-byte store). A row_copy per destination would alternate 8 loads / 8 stores.
+// ep_dispatch_bf16 are the first round (8 vectors per lane; one more 16-byte load of the route before
+// it), its 8 stores to the first destination, the tail round (896 = 512 + 6 x 64: 6 vectors per lane,
+// loaded back to back), and the rest of the 28 stores: the tail's 6 to the first destination and the
+// destination loop bodies' 8 and 6 (placed after the first round's or after the tail's stores,
+// as the block layout has it). A row_copy per destination would alternate 8 loads / 8 stores 8 times.
+// No flat 16-byte store in the copy; the three after it are the library's own (metadata, not the row).
 // RUNS: {{^ *}}{{[89]}} global_load_dwordx4
-// RUNS-NEXT: {{^ *}}64 flat_store_dwordx4
+// RUNS-NEXT: {{^ *}}{{8|16}} global_store_dwordx4
 // RUNS-NEXT: {{^ *}}6 global_load_dwordx4
-// RUNS-NEXT: {{^ *}}{{4[89]}} flat_store_dwordx4
+// RUNS-NEXT: {{^ *}}{{20|12}} global_store_dwordx4
+// RUNS-NOT: global_store_dwordx4
+// The push combine's row_copy_vec16 (one destination): eight loads back to back, eight stores each
+// after a vmcnt(7); the tail's six loads, six stores after a vmcnt(5); no flat access in between.
 // COPY-LABEL: {{^}}ep_combine_push_bf16:
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
-// COPY-NOT: {{s_waitcnt|v_readfirstlane}}
-// COPY: s_waitcnt vmcnt({{[0-7]}}){{$}}
-// COPY-NEXT: flat_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
-// COPY-COUNT-7: flat_store_dwordx4
-// COPY-NEXT: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
-// COPY-NOT: {{s_waitcnt|v_readfirstlane|flat_store}}
-// COPY-COUNT-5: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], {{.*}}
-// COPY-NOT: {{flat_store|global_load}}
-// COPY: s_waitcnt vmcnt(0){{$}}
-// COPY-NEXT: flat_store_dwordx4
+// COPY: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
+// COPY-NOT: {{s_waitcnt|v_readfirstlane|flat_}}
+// COPY-COUNT-7: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{s_waitcnt|v_readfirstlane|flat_}}
+// COPY: s_waitcnt vmcnt(7){{$}}
+// COPY-NEXT: global_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
+// COPY-COUNT-7: global_store_dwordx4
+// COPY-NOT: {{vmcnt\(0\)|flat_}}
+// COPY-COUNT-6: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off
+// COPY-NOT: {{vmcnt\(0\)|flat_|global_load}}
+// COPY: s_waitcnt vmcnt(5){{$}}
+// COPY-NEXT: global_store_dwordx4
 
 // ---- gfx942: pull combine ------------------------------------------------------------------------
-// No scratch and no sub-dword access at all (rows are a multiple of 16 bytes); the accumulate loop reads
-// the peers' rows with 16-byte flat loads and writes 16-byte global stores, and there is no
-// v_readfirstlane from its first load to the end of the kernel.
+// No scratch and no sub-dword access at all (rows are a multiple of 16 bytes). The peers' base addresses
+// are resolved once per warp (mori-ep-to-kernels uniform-addressing); per token, each source's forward
+// entry and its PE's base come by v_readlane (scalar address arithmetic, no per-token translation). The
+// accumulate loop reads the peers' rows with 16-byte global loads, all K before the first wait, and
+// writes 16-byte global stores; no v_readfirstlane from its first load to the end of the kernel.
 // PULL-LABEL: {{^}}ep_combine_pull_bf16:
 // PULL-NOT: {{scratch_|_ubyte|_sbyte|_ushort|_sshort|_byte |_short }}
-// PULL: flat_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}]{{$}}
+// PULL: v_readlane_b32 s{{[0-9]+}}, v{{[0-9]+}}, 7{{$}}
+// PULL-NOT: {{scratch_|_ubyte|_sbyte|_ushort|_sshort|_byte |_short |flat_load_dwordx2}}
+// PULL: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
+// PULL-NOT: {{s_waitcnt|v_readfirstlane}}
+// PULL-COUNT-7: global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
 // PULL-NOT: {{scratch_|_ubyte|_sbyte|_ushort|_sshort|_byte |_short |v_readfirstlane}}
 // PULL: global_store_dwordx4 v[{{[0-9]+:[0-9]+}}], v[{{[0-9]+:[0-9]+}}], off{{$}}
 // PULL-NOT: {{scratch_|_ubyte|_sbyte|_ushort|_sshort|_byte |_short |v_readfirstlane}}

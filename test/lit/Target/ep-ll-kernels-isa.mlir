@@ -7,42 +7,44 @@
 // top-8 over 8 PEs, no scales). Pinned: from the first remote store to the end of the token (the next
 // barrier) no vector load is repeated: 8 destinations x 2 vectors per lane on gfx942 (7 data warps x 64
 // lanes cover the 896 vectors of a 14336-byte row twice), 8 x 4 on sm_90 (7 x 32 lanes, four times).
+// On gfx942 the rows are addressed as global memory (mori-ep-to-kernels global-address-space): the
+// remote stores are global_store_dwordx4, with no flat 16-byte store among them.
 
 // ISA-LABEL: ep_dispatch_ll_bf16:
 // ISA: ds_write_b32
 // ISA: s_barrier
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
-// ISA: flat_store_dwordx4
-// ISA-NOT: {{(global|flat)_load_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
+// ISA: global_store_dwordx4
+// ISA-NOT: {{(global|flat)_load_dwordx4|flat_store_dwordx4}}
 // ISA: s_barrier
 
 // PTX-LABEL: .entry ep_dispatch_ll_bf16(
