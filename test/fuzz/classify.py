@@ -1,0 +1,155 @@
+"""Outcome classes of a CLI run, and the signature that failures are deduplicated by.
+
+Classes (first that applies):
+  hang        the run did not finish within the timeout
+  crash       killed by a signal (SIGABRT, SIGSEGV, ...), or stderr shows an LLVM/MLIR fatal error
+              ("LLVM ERROR", "UNREACHABLE", "Assertion ... failed", nanobind's "GIL was not held")
+  traceback   "Traceback (most recent call last)" on stdout or stderr
+  internal    exit status 2 (internal compiler error), or any status other than 0 and 1
+  unlocated   exit 1 with an `error:` line that is about the input's content but has no location in it
+              (see ``unlocated_reason`` for the rule), or exit 1 without any `error:` line
+  user_error  exit 1, every `error:` line located or about an option / the input as a whole
+  ok          exit 0
+
+Rule for "about the content" (mori-opt, mori-compile on a file): an `error:` line is located when it
+holds ``NAME:LINE:COL`` with NAME one of the run's input names (the file given, ``<stdin>``, a built-in
+example's ``<example NAME>``); a location in another file (e.g. ``-:3:49`` of generated MLIR) does not
+count. An unlocated line is accepted only when it names an option (``--target``, ``-p``, "pass
+pipeline"...) or the input file as a whole (its name, not followed by a line number) AND mentions no IR
+entity: no dialect-qualified name (``nvvm.maxntid``, ``gpu.module``), no ``@symbol``, no "op",
+"attribute", "operand", "region", "UTF-8"/"byte" (a bad byte has a position). Anything else is
+``unlocated``: an error that says neither where in the file nor which option is wrong.
+
+For ``--precompile CONFIGS.json`` the unit is the list entry: every `error:` line must name an entry
+("config 3", "entry 3") or be about the JSON file as a whole (its name); other exit-1 errors are
+``unlocated``. An `error:` glued behind other output on the same line (the progress bar) is
+``unlocated`` too.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from dataclasses import dataclass
+
+from .executor import Case, RunResult
+
+OUTCOMES = ("ok", "user_error", "unlocated", "internal", "crash", "traceback", "hang")
+FAILURES = frozenset({"unlocated", "internal", "crash", "traceback", "hang"})
+
+FATAL_MARKERS = ("LLVM ERROR", "UNREACHABLE", "Assertion", "GIL was not held", "incref_check", "decref_check",
+                 "Segmentation fault", "Fatal Python error", "terminate called")  # fmt: skip
+TRACEBACK = "Traceback (most recent call last)"
+OPTION_WORDS = re.compile(r"(?:^|[\s'\"(=])--?[A-Za-z][\w-]*|\bpass(?:es)?\b|\bpipeline\b")
+IR_ENTITY = re.compile(
+    r"\b[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_.]*\b(?<!\.mlir)(?<!\.json)(?<!\.hsaco)(?<!\.ptx)(?<!\.bc)(?<!\.ll)"
+    r"|@\S|\bop\b|\bops\b|\battribute|\boperand|\bregion|\bterminator|\bUTF-8\b|\butf-8\b|\bbytes?\b"
+)  # fmt: skip
+ENTRY = re.compile(r"\b(?:config|entry|configs?\[)\s*\[?\d+")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: str
+    reason: str  # the stderr line (or fact) that decided it
+    signature: str  # outcome + tool + normalized reason: one defect class
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in FAILURES
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "backslashreplace")
+
+
+def normalize(line: str) -> str:
+    """A stderr line without what varies between instances of one defect: paths, locations, numbers,
+    quoted names."""
+    line = re.sub(r"^python[\d.]*: ", "", line)  # the program name before an assertion message
+    line = re.sub(r"^.*?\[#* *\] \d+/\d+ .*?(?=error:)", "PROGRESS ", line)  # what precedes a glued error:
+    line = re.sub(r"\S*:\d+:\d+:?", "LOC", line)
+    line = re.sub(r"(?<![\w])/\S+", "PATH", line)
+    line = re.sub(r"@\"(?:[^\"\\]|\\.)*\"|@[\w$.-]+", "@SYM", line)
+    line = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", line)
+    line = re.sub(r"\{[^{}]*\}|\[[^\[\]]*\]", "…", line)  # Python reprs of values: {}, [...]
+    line = re.sub(r"\bgot (?:a |an )?\w+\b.*", "got …", line)
+    line = re.sub(r"\bnot (?:a |an )?(?:dict|list|float|int|bool|str|NoneType)\b", "not T", line)  # "must be int, got bool True"
+    line = re.sub(r"0x[0-9a-fA-F]+|-?\d+(?:\.\d+)?(?:e[+-]?\d+)?", "N", line)
+    return re.sub(r"\s+", " ", line).strip()[:160]
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "error:" in line]
+
+
+def _located(line: str, names: list[str]) -> bool:
+    return any(re.search(re.escape(n) + r":\d+:\d+", line) for n in names)
+
+
+def unlocated_reason(line: str, names: list[str], precompile: bool = False) -> str | None:
+    """Why an `error:` line breaks the location rule (module docstring), or None when it is fine."""
+    if not line.startswith("error:"):
+        return "error: glued behind other output"
+    message = line[len("error:"):].strip()
+    if precompile:
+        if ENTRY.search(message) or any(n in message for n in names):
+            return None
+        return "names neither a config entry nor the file"
+    if _located(message, names):
+        return None
+    if IR_ENTITY.search(message):
+        return "about the input's content, without a location"
+    whole_file = any(re.search(re.escape(n) + r"(?!:\d)", message) for n in names)
+    if OPTION_WORDS.search(message) or whole_file:
+        return None
+    return "neither located nor about an option or the file"
+
+
+def input_names(case: Case) -> list[str]:
+    names = case.input_names()
+    argv = case.argv
+    if case.tool == "compile" and not names:  # a built-in example (the default: ring_put_signal)
+        positional = [a for a in argv if not a.startswith("-")]
+        names = [f"<example {positional[0] if positional else 'ring_put_signal'}>"]
+    return names
+
+
+def classify(case: Case, result: RunResult) -> Verdict:
+    tool = "precompile" if "--precompile" in case.argv else case.tool
+    err, out = _text(result.stderr), _text(result.stdout)
+
+    def verdict(outcome: str, reason: str) -> Verdict:
+        return Verdict(outcome, reason, f"{outcome}|{tool}|{normalize(reason)}")
+
+    if result.timed_out:
+        return verdict("hang", "timeout")
+    fatal = next((line for line in err.splitlines() if any(m in line for m in FATAL_MARKERS)), None)
+    if result.signal is not None or fatal:
+        name = _signal.Signals(result.signal).name if result.signal else f"exit {result.exit_code}"
+        return verdict("crash", fatal or f"killed by {name}: {_last_line(err)}")
+    if TRACEBACK in err or TRACEBACK in out:
+        return verdict("traceback", _last_line(err if TRACEBACK in err else out))
+    if result.exit_code == 2:
+        first = next(iter(error_lines(err)), _last_line(err))
+        return verdict("internal", first)
+    if result.exit_code == 0:
+        return verdict("ok", "")
+    if result.exit_code != 1:
+        return verdict("internal", f"exit status {result.exit_code}: {_last_line(err)}")
+    lines = error_lines(err)
+    if not lines:
+        return verdict("unlocated", f"exit 1 without an error: line: {_last_line(err)}")
+    names = input_names(case)
+    if tool == "precompile":
+        names = [a for a in case.argv if a in case.files] or names
+    for line in lines:
+        why = unlocated_reason(line, names, precompile=tool == "precompile")
+        if why:
+            return verdict("unlocated", line)
+    return verdict("user_error", lines[0])
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
