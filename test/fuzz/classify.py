@@ -11,14 +11,17 @@ Classes (first that applies):
   user_error  exit 1, every `error:` line located or about an option / the input as a whole
   ok          exit 0
 
-Rule for "about the content" (mori-opt, mori-compile on a file): an `error:` line is located when it
-holds ``NAME:LINE:COL`` with NAME one of the run's input names (the file given, ``<stdin>``, a built-in
-example's ``<example NAME>``); a location in another file (e.g. ``-:3:49`` of generated MLIR) does not
-count. An unlocated line is accepted only when it names an option (``--target``, ``-p``, "pass
-pipeline"...) or the input file as a whole (its name, not followed by a line number) AND mentions no IR
-entity: no dialect-qualified name (``nvvm.maxntid``, ``gpu.module``), no ``@symbol``, no "op",
-"attribute", "operand", "region", "UTF-8"/"byte" (a bad byte has a position). Anything else is
-``unlocated``: an error that says neither where in the file nor which option is wrong.
+Rule for "about the content" (mori-opt, mori-compile on a file), for each `error:` line in turn:
+1. it holds ``NAME:LINE:COL`` with NAME one of the run's input names (the file given, ``<stdin>``, a
+   built-in example's ``<example NAME>``): located, fine. A location in another text (``-:3:49`` of
+   generated MLIR) does not count;
+2. it is about bytes ("UTF-8", "byte", "codec", "decode"): unlocated (a bad byte has a position);
+3. it names the input file as a whole (NAME not followed by ``:digit``): fine (missing, unreadable, no
+   gpu.module in it, ...);
+4. it mentions an IR entity: a dialect-qualified name (``nvvm.maxntid``, ``gpu.module``), an
+   ``@symbol``, "op", "attribute", "operand", "region", "terminator", "parameter", "kernel": unlocated;
+5. it names an option (``--target``, ``-p``, a pass, a pipeline): fine;
+6. anything else: unlocated (it says neither where in the file nor which option is wrong).
 
 For ``--precompile CONFIGS.json`` the unit is the list entry: every `error:` line must name an entry
 ("config 3", "entry 3") or be about the JSON file as a whole (its name); other exit-1 errors are
@@ -43,8 +46,9 @@ TRACEBACK = "Traceback (most recent call last)"
 OPTION_WORDS = re.compile(r"(?:^|[\s'\"(=])--?[A-Za-z][\w-]*|\bpass(?:es)?\b|\bpipeline\b")
 IR_ENTITY = re.compile(
     r"\b[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_.]*\b(?<!\.mlir)(?<!\.json)(?<!\.hsaco)(?<!\.ptx)(?<!\.bc)(?<!\.ll)"
-    r"|@\S|\bop\b|\bops\b|\battribute|\boperand|\bregion|\bterminator|\bUTF-8\b|\butf-8\b|\bbytes?\b"
+    r"|@\S|\bop\b|\bops\b|\battribute|\boperand|\bregion|\bterminator|\bparameter|\bkernel\b"
 )  # fmt: skip
+BYTES = re.compile(r"\bUTF-?8\b|\butf-?8\b|\bbytes?\b|\bcodec\b|\bdecode\b")
 ENTRY = re.compile(r"\b(?:config|entry|configs?\[)\s*\[?\d+")
 
 
@@ -98,10 +102,13 @@ def unlocated_reason(line: str, names: list[str], precompile: bool = False) -> s
         return "names neither a config entry nor the file"
     if _located(message, names):
         return None
+    if BYTES.search(message):
+        return "about bytes of the input (they have a position), without a location"
+    if any(re.search(re.escape(n) + r"(?!:\d)", message) for n in names):
+        return None  # the file as a whole: missing, unreadable, holds no gpu.module, ...
     if IR_ENTITY.search(message):
         return "about the input's content, without a location"
-    whole_file = any(re.search(re.escape(n) + r"(?!:\d)", message) for n in names)
-    if OPTION_WORDS.search(message) or whole_file:
+    if OPTION_WORDS.search(message):
         return None
     return "neither located nor about an option or the file"
 

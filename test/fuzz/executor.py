@@ -183,6 +183,9 @@ class ForkRunner:
     def _child(self, case: Case, workdir: str) -> None:
         code = 1
         try:
+            import faulthandler
+
+            faulthandler.disable()  # pytest's would print the parent's stack on the terminal for an abort
             os.setpgid(0, 0)
             os.chdir(workdir)
             stdin = os.open(".stdin", os.O_RDONLY)
