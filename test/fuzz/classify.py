@@ -138,8 +138,9 @@ def classify(case: Case, result: RunResult) -> Verdict:
     if TRACEBACK in err or TRACEBACK in out:
         return verdict("traceback", _last_line(err if TRACEBACK in err else out))
     if result.exit_code == 2:
-        first = next(iter(error_lines(err)), _last_line(err))
-        return verdict("internal", first)
+        lines = error_lines(err)
+        ice = next((line for line in lines if "internal compiler error" in line), None)
+        return verdict("internal", ice or next(iter(lines), _last_line(err)))
     if result.exit_code == 0:
         return verdict("ok", "")
     if result.exit_code != 1:

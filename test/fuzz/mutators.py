@@ -340,7 +340,8 @@ def mutate(rng: random.Random, data: bytes, donors: Sequence[bytes] = (), max_st
     pool = list(names or MUTATORS)
     weights = [WEIGHTS.get(n, 1) for n in pool]
     applied = []
-    for _ in range(rng.randint(1, max_stack)):
+    depth = rng.choices(range(1, max_stack + 1), [2 ** (max_stack - k) for k in range(1, max_stack + 1)])[0]
+    for _ in range(depth):  # mostly one mutation: stacked ones mostly break the parse
         name = rng.choices(pool, weights)[0]
         data = MUTATORS[name](rng, data, donors)
         applied.append(name)

@@ -234,3 +234,38 @@ def test_fork_runner_runs_cases_in_parallel_and_keeps_them_apart(fork_runner):
         assert r.exit_code == 0, r.stderr
         name = data.split(b"@")[1].split(b"(")[0]
         assert b"@" + name + b"()" in r.stdout and r.stdout.count(b"func.func") == 1
+
+
+# ---- reach: the generator produces the shapes of issue 11's defect classes -------------------------
+def test_generator_reaches_the_known_defect_shapes():
+    import re
+
+    from fuzz.campaign import CaseGenerator
+
+    generator = CaseGenerator(99)
+    shapes = {
+        "gpu.func with a space in its name, for sm_90": lambda d, argv: re.search(rb'gpu\.func @"a b"', d)
+        and "sm_90" in argv,
+        "launch bounds out of i32 range or negative": lambda d, argv: re.search(
+            rb"known_block_size = array<i32: (?:2147483648|4294967295|-1)", d),
+        "mori_shmem op directly in a gpu.module": lambda d, argv: re.search(
+            rb'gpu\.module @[\w"]+ \{\n\s*(?:%\w+ = )?"mori_shmem\.', d),
+        "array<index: ...>": lambda d, argv: b"array<index" in d,
+        "two gpu.modules": lambda d, argv: d.count(b"gpu.module @") >= 2,
+        "non-UTF-8 bytes": lambda d, argv: not _is_utf8(d),
+        "non-UTF-8 escape in a name or string": lambda d, argv: re.search(rb'"\\(?:ff|c3\\28)', d),
+    }  # fmt: skip
+    counts = dict.fromkeys(shapes, 0)
+    for i in range(1500):
+        case = generator.case("compile", i)
+        for name, matches in shapes.items():
+            counts[name] += bool(matches(case.files["input.mlir"], case.argv))
+    assert all(n >= 3 for n in counts.values()), counts
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
