@@ -302,6 +302,59 @@ def strip_comments(rng, data, donors):
     return out if out != data else replace_integer(rng, data, donors)
 
 
+OP_NAMES = ('"mori_shmem.my_pe"', '"mori_shmem.n_pes"', '"mori_shmem.fence"', '"mori_shmem.quiet"',
+            '"mori_shmem.putmem_nbi"', '"mori_shmem.wait_until"', '"mori_shmem.ptr"', '"mori_shmem.atomic_add"',
+            '"mori_ep.row_copy"', '"mori_ep.reserve_slot"', '"mori_ep.grid_barrier"', '"mori_ep.count_signal"',
+            '"mori_ep.dispatch"', '"mori_ep.combine"', '"mori_ep.accumulate_rows"', '"mori_shmem.nope"',
+            '"mori_ep."', '"gpu.nope"', '"gpu.barrier"', '"gpu.return"', '"func.return"', '"llvm.nope"', '"a"',
+            '"."', '""', '"mori_shmem"', '"arith.addi"', '"scf.yield"', '"builtin.module"')  # fmt: skip
+_GENERIC_OP = re.compile(r'"[\w.$-]*"(?=\()')
+_ATTR_DICT = re.compile(r"\{(\w+ = [^{}\n]*)\}")
+_OPERANDS = re.compile(r'(?<=")\(((?:%[\w#]+)(?:, %[\w#]+)*)\)')
+
+
+def replace_op_name(rng, data, donors):
+    """A generic op's name replaced by another op of the project, an unknown op or a malformed name."""
+    return _replace_match(rng, data, donors, _GENERIC_OP, OP_NAMES)
+
+
+def edit_attribute_dict(rng, data, donors):
+    """An item of an attribute dictionary dropped or repeated (split at ", ": an attribute, or an element
+    of an array value): missing, duplicate and malformed attributes."""
+    text = _text(data)
+    matches = list(_ATTR_DICT.finditer(text))
+    if not matches:
+        return replace_attribute_value(rng, data, donors)
+    m = rng.choice(matches)
+    items = m.group(1).split(", ")
+    k = rng.randrange(len(items))
+    if rng.random() < 0.5 and len(items) > 1:
+        del items[k]
+    else:
+        items.insert(rng.randrange(len(items) + 1), items[k])
+    return _bytes(text[: m.start(1)] + ", ".join(items) + text[m.end(1) :])
+
+
+def edit_operands(rng, data, donors):
+    """A generic op's operand list with one operand dropped, duplicated or swapped (types left as they were)."""
+    text = _text(data)
+    matches = list(_OPERANDS.finditer(text))
+    if not matches:
+        return replace_integer(rng, data, donors)
+    m = rng.choice(matches)
+    ops = m.group(1).split(", ")
+    k = rng.randrange(len(ops))
+    choice = rng.randrange(3)
+    if choice == 0 and len(ops) > 1:
+        del ops[k]
+    elif choice == 1:
+        ops.insert(k, ops[k])
+    else:
+        j = rng.randrange(len(ops))
+        ops[k], ops[j] = ops[j], ops[k]
+    return _bytes(text[: m.start(1)] + ", ".join(ops) + text[m.end(1) :])
+
+
 def _always_changes(fn: Mutator) -> Mutator:
     """``fn``, falling back to inserting bytes when it happened to return its input unchanged."""
 
@@ -326,7 +379,8 @@ TOKEN_MUTATORS: dict[str, Mutator] = {
     "replace_attribute_value": replace_attribute_value, "replace_symbol": replace_symbol,
     "replace_string": replace_string, "mutate_dense_array": mutate_dense_array, "insert_op": insert_op,
     "move_op": move_op, "drop_terminator": drop_terminator, "duplicate_gpu_module": duplicate_gpu_module,
-    "strip_comments": strip_comments,
+    "strip_comments": strip_comments, "replace_op_name": replace_op_name,
+    "edit_attribute_dict": edit_attribute_dict, "edit_operands": edit_operands,
 }  # fmt: skip
 MUTATORS: dict[str, Mutator] = {name: _always_changes(fn) for name, fn in
                                 {**BYTE_MUTATORS, **LINE_MUTATORS, **TOKEN_MUTATORS}.items()}  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 
 if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -20,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="campaign seed (mutant i of a tool is a function of it)")
     p.add_argument("--runs", type=int, default=200, help="mutants per tool (default 200)")
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {','.join(TOOLS)}")
-    p.add_argument("--out", default="fuzz-out", help="folder for reproducers and summary.json")
+    p.add_argument("--out", default=None, help="folder for reproducers and summary.json (default: a new temporary one)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel")
     p.add_argument("--time-budget", type=float, default=None, help="stop generating mutants after S seconds")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds before a run counts as a hang")
@@ -46,11 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{finding.verdict.outcome:>10}  {finding.reproducer}\n            {finding.verdict.reason[:200]}",
               flush=True)  # fmt: skip
 
-    report = run_campaign(args.seed, args.runs, tools, args.out, args.jobs, args.time_budget, args.timeout,
+    out = args.out or tempfile.mkdtemp(prefix=f"mori-fuzz-{args.seed}-")
+    report = run_campaign(args.seed, args.runs, tools, out, args.jobs, args.time_budget, args.timeout,
                           args.runner, args.reduce_seconds, args.reduce_total, new_failure, progress)  # fmt: skip
     print(report.table())
     print(f"{sum(report.runs.values())} runs in {report.seconds:.0f} s; {len(report.failures())} failure classes; "
-          f"summary in {os.path.join(args.out, 'summary.json')}")  # fmt: skip
+          f"summary in {os.path.join(out, 'summary.json')}")  # fmt: skip
     return 1 if report.failures() else 0
 
 
