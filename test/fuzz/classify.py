@@ -78,6 +78,7 @@ def normalize(line: str) -> str:
     line = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", line)
     line = re.sub(r"\{[^{}]*\}|\[[^\[\]]*\]", "…", line)  # Python reprs of values: {}, [...]
     line = re.sub(r"\bgot (?:a |an )?\w+\b.*", "got …", line)
+    line = re.sub(r"(not found|no such file|cannot read|is a directory)(:?) .*", r"\1\2 …", line)
     line = re.sub(r"\bnot (?:a |an )?(?:dict|list|float|int|bool|str|NoneType)\b", "not T", line)  # "must be int, got bool True"
     line = re.sub(r"0x[0-9a-fA-F]+|-?\d+(?:\.\d+)?(?:e[+-]?\d+)?", "N", line)
     return re.sub(r"\s+", " ", line).strip()[:160]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -13,6 +14,12 @@ if __package__ in (None, ""):  # run as a script
 from fuzz.classify import normalize  # noqa: E402
 
 MAX_INPUT_LINES = 12
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _printable(text: str) -> str:
+    """Control characters (NUL, CR, ESC...) as \\xNN, so that the file stays plain text."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _input_excerpt(folder: Path) -> str:
@@ -60,7 +67,7 @@ def append(folders: list[Path], target: Path, heading: str | None = None) -> int
         with target.open("a") as f:
             if heading:
                 f.write(f"\n## {heading}\n\n")
-            f.write("\n".join(added))
+            f.write(_printable("\n".join(added)))
     return len(added)
 
 
