@@ -7,8 +7,6 @@ import hashlib
 import json
 import os
 import random
-import shlex
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -35,18 +33,19 @@ class CaseGenerator:
         self.seed = seed
         self.opt_seeds = corpus.lit_seeds() + corpus.defect_seeds()
         self.compile_seeds = corpus.compile_seeds()
+        self.kernel_seeds = corpus.example_seeds()  # what a precompile entry's "kernel": "k.mlir" holds
         self.donors = [s.data for s in self.opt_seeds] + [s.data for s in self.compile_seeds]
 
     def rng(self, tool: str, index: int) -> random.Random:
         return random.Random(f"{self.seed}:{tool}:{index}")
 
     def case(self, tool: str, index: int) -> Case:
-        return getattr(self, f"_{tool}")(self.rng(tool, index), index)
+        return getattr(self, f"_{tool}")(self.rng(tool, index))
 
     def _mutant(self, rng, seed: corpus.Seed) -> tuple[bytes, list[str]]:
         return mutators.mutate(rng, seed.data, self.donors)
 
-    def _opt(self, rng, index) -> Case:
+    def _opt(self, rng) -> Case:
         seed = rng.choice(self.opt_seeds)
         data, applied = self._mutant(rng, seed)
         variants = seed.opt_variants if seed.opt_variants and rng.random() < 0.6 else corpus.COMMON_OPT_VARIANTS
@@ -57,7 +56,7 @@ class CaseGenerator:
         return Case("opt", [INPUT, *options, "-o", "out.mlir"], {INPUT: data},
                     label=f"{seed.name} {'+'.join(applied)}", meta={"seed_input": seed.name, "mutators": applied})  # fmt: skip
 
-    def _compile(self, rng, index) -> Case:
+    def _compile(self, rng) -> Case:
         seed = rng.choice(self.compile_seeds)
         data, applied = self._mutant(rng, seed)
         target = rng.choice(COMPILE_TARGETS)
@@ -67,9 +66,9 @@ class CaseGenerator:
         return Case("compile", argv, {INPUT: data}, label=f"{seed.name} {target} {'+'.join(applied)}",
                     meta={"seed_input": seed.name, "mutators": applied})  # fmt: skip
 
-    def _precompile(self, rng, index) -> Case:
+    def _precompile(self, rng) -> Case:
         data, applied = json_mutators.mutate_configs(rng)
-        kernel = rng.choice(corpus.example_seeds())
+        kernel = rng.choice(self.kernel_seeds)
         files = {CONFIGS: data, "k.mlir": kernel.data if rng.random() < 0.5 else self._mutant(rng, kernel)[0]}
         return Case("compile", ["--precompile", CONFIGS], files, label="+".join(applied),
                     meta={"seed_input": "precompile configs", "mutators": applied})  # fmt: skip
@@ -83,6 +82,7 @@ class Finding:
     result: RunResult
     count: int = 1
     reproducer: str | None = None
+    confirmed: bool | None = None  # a fresh interpreter gave the same signature
 
 
 @dataclass
@@ -112,7 +112,7 @@ class Report:
             "counts": {t: dict(c) for t, c in self.counts.items()},
             "failures": [{"signature": f.verdict.signature, "outcome": f.verdict.outcome, "count": f.count,
                           "reason": f.verdict.reason, "command": f.case.command_line(),
-                          "reproducer": f.reproducer} for f in self.failures()],  # fmt: skip
+                          "reproducer": f.reproducer, "confirmed": f.confirmed} for f in self.failures()],  # fmt: skip
         }
 
 
@@ -215,7 +215,9 @@ def run_campaign(seed: int, runs: int, tools=TOOLS, out: str | Path | None = Non
             finding.case = minimize(finding.case, finding.verdict, reducer, seconds)
             (_, finding.result), = reducer.run_many([finding.case])
         (_, result), = fresh.run_many([finding.case])
-        finding.reproducer = write_reproducer(out, finding, (classify(finding.case, result), result))
+        fresh_verdict = classify(finding.case, result)
+        finding.confirmed = fresh_verdict.signature == finding.verdict.signature
+        finding.reproducer = write_reproducer(out, finding, (fresh_verdict, result))
         if on_new_failure:
             on_new_failure(finding)
     report.seconds = time.monotonic() - start

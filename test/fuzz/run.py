@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {done} runs, {len(report.failures())} failure classes", file=sys.stderr, flush=True)
 
     def new_failure(finding):
-        print(f"{finding.verdict.outcome:>10}  {finding.reproducer}\n            {finding.verdict.reason[:200]}",
+        note = "" if finding.confirmed else "  (NOT reproduced in a fresh interpreter)"
+        print(f"{finding.verdict.outcome:>10}  {finding.reproducer}{note}\n            {finding.verdict.reason[:200]}",
               flush=True)  # fmt: skip
 
     out = args.out or tempfile.mkdtemp(prefix=f"mori-fuzz-{args.seed}-")
