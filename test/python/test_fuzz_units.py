@@ -269,3 +269,15 @@ def _is_utf8(data: bytes) -> bool:
         return True
     except UnicodeDecodeError:
         return False
+
+
+def test_generator_is_a_function_of_seed_tool_and_index():
+    from fuzz.campaign import CaseGenerator
+
+    a, b, other = CaseGenerator(5), CaseGenerator(5), CaseGenerator(6)
+    for tool in ("opt", "compile", "precompile"):
+        for i in (0, 7, 123):
+            x, y, z = a.case(tool, i), b.case(tool, i), other.case(tool, i)
+            assert (x.argv, x.files, x.stdin) == (y.argv, y.files, y.stdin)
+            assert (x.argv, x.files, x.stdin) != (z.argv, z.files, z.stdin)
+    assert b.case("opt", 3).argv != b.case("opt", 4).argv or b.case("opt", 3).files != b.case("opt", 4).files
