@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import corpus, json_mutators, mutators
+from . import argv_mutators, corpus, json_mutators, mutators
 from .classify import OUTCOMES, Verdict, classify
 from .executor import Case, RunResult, SubprocessRunner, make_runner
 from .reduce import reduce_input
@@ -21,6 +21,7 @@ from .reduce import reduce_input
 TOOLS = ("opt", "compile", "precompile")
 COMPILE_TARGETS = ("sm_90", "gfx942")
 SEVERITY = ("crash", "internal", "traceback", "hang", "unlocated")  # order of reduction
+ARGV_MUTATION_RATE = 0.15  # share of opt/compile runs whose options are mutated too
 INPUT = "input.mlir"
 CONFIGS = "configs.json"
 
@@ -50,6 +51,9 @@ class CaseGenerator:
         data, applied = self._mutant(rng, seed)
         variants = seed.opt_variants if seed.opt_variants and rng.random() < 0.6 else corpus.COMMON_OPT_VARIANTS
         options = list(rng.choice(variants))
+        if rng.random() < ARGV_MUTATION_RATE:
+            options = argv_mutators.mutate_opt_argv(rng, options)
+            applied = [*applied, "argv"]
         if rng.random() < 0.1:  # through stdin
             return Case("opt", ["-", *options], {}, stdin=data, label=f"{seed.name} {'+'.join(applied)}",
                         meta={"seed_input": seed.name, "mutators": applied})  # fmt: skip
@@ -63,6 +67,9 @@ class CaseGenerator:
         argv = [INPUT, "--target", target, "-o", "out." + ("hsaco" if target.startswith("gfx") else "ptx")]
         if rng.random() < 0.4:
             argv.append("--no-report")
+        if rng.random() < ARGV_MUTATION_RATE:
+            argv = argv_mutators.mutate_compile_argv(rng, argv, INPUT)
+            applied = [*applied, "argv"]
         return Case("compile", argv, {INPUT: data}, label=f"{seed.name} {target} {'+'.join(applied)}",
                     meta={"seed_input": seed.name, "mutators": applied})  # fmt: skip
 

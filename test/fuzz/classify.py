@@ -17,7 +17,8 @@ Rule for "about the content" (mori-opt, mori-compile on a file), for each `error
    generated MLIR) does not count;
 2. it is about bytes ("UTF-8", "byte", "codec", "decode"): unlocated (a bad byte has a position);
 3. it names the input file as a whole (NAME not followed by ``:digit``): fine (missing, unreadable, no
-   gpu.module in it, ...);
+   gpu.module in it, ...), or quotes the value of an option on the command line (``unknown target
+   'gfx900'``, ``code object version -1``, the ``-p`` pipeline): fine, it is about that option;
 4. it mentions an IR entity: a dialect-qualified name (``nvvm.maxntid``, ``gpu.module``), an
    ``@symbol``, "op", "attribute", "operand", "region", "terminator", "parameter", "kernel": unlocated;
 5. it names an option (``--target``, ``-p``, a pass, a pipeline): fine;
@@ -92,7 +93,19 @@ def _located(line: str, names: list[str]) -> bool:
     return any(re.search(re.escape(n) + r":\d+:\d+", line) for n in names)
 
 
-def unlocated_reason(line: str, names: list[str], precompile: bool = False) -> str | None:
+def _names_option_value(message: str, option_values: list[str]) -> bool:
+    """Whether the message quotes the value of a command-line option (`'gfx900'`, `-1`, a pipeline)."""
+    return any(f"'{v}'" in message or f'"{v}"' in message or (len(v) >= 2 and v in message) for v in option_values)
+
+
+def option_values(argv: list[str], names: list[str]) -> list[str]:
+    """The words of a command line that are option values (the word after a flag that takes one)."""
+    return [a for i, a in enumerate(argv) if i and argv[i - 1].startswith("-") and argv[i - 1] != "-"
+            and not argv[i - 1].startswith("--split") and a not in names]  # fmt: skip
+
+
+def unlocated_reason(line: str, names: list[str], precompile: bool = False,
+                     values: list[str] = ()) -> str | None:  # fmt: skip
     """Why an `error:` line breaks the location rule (module docstring), or None when it is fine."""
     if not line.startswith("error:"):
         return "error: glued behind other output"
@@ -107,6 +120,8 @@ def unlocated_reason(line: str, names: list[str], precompile: bool = False) -> s
         return "about bytes of the input (they have a position), without a location"
     if any(re.search(re.escape(n) + r"(?!:\d)", message) for n in names):
         return None  # the file as a whole: missing, unreadable, holds no gpu.module, ...
+    if _names_option_value(message, list(values)):
+        return None  # about an option: it quotes the option's value
     if IR_ENTITY.search(message):
         return "about the input's content, without a location"
     if OPTION_WORDS.search(message):
@@ -152,8 +167,9 @@ def classify(case: Case, result: RunResult) -> Verdict:
     names = input_names(case)
     if tool == "precompile":
         names = [a for a in case.argv if a in case.files] or names
+    values = option_values(case.argv, names)
     for line in lines:
-        why = unlocated_reason(line, names, precompile=tool == "precompile")
+        why = unlocated_reason(line, names, precompile=tool == "precompile", values=values)
         if why:
             return verdict("unlocated", line)
     return verdict("user_error", lines[0])

@@ -102,6 +102,13 @@ PRECOMPILE = Case("compile", ["--precompile", "configs.json"], {"configs.json": 
         (OPT, _result(1, "error: unknown pass 'x' in -p (see mori-opt --help)"), "user_error"),
         (OPT, _result(1, "error: no such file: input.mlir"), "user_error"),
         (COMPILE, _result(1, "error: unknown target 'gfx900' (--target); allowed: gfx942"), "user_error"),
+        (Case("compile", ["input.mlir", "--target", "", "-o", "o"], {"input.mlir": b""}),
+         _result(1, "error: unknown target ''; allowed targets: gfx942"), "user_error"),
+        (Case("compile", ["input.mlir", "--code-object-version", "-1"], {"input.mlir": b""}),
+         _result(1, "error: code object version -1 is not supported; allowed: 5, 6"), "user_error"),
+        (Case("opt", ["input.mlir", "-p", "builtin.module("], {"input.mlir": b""}),
+         _result(1, "error: unbalanced parentheses in pass pipeline: builtin.module("), "user_error"),
+        (COMPILE, _result(1, "error: unknown target ''; allowed targets: gfx942"), "unlocated"),  # not the option's
         (OPT, _result(1, "error: input.mlir:3:5: a\nerror: can't parse integer attribute -1 in nvvm.maxntid"),
          "unlocated"),
         (OPT, _result(1, "error: 'mori_ep.combine' was configured for wave size 64, the target runs 32"), "unlocated"),
