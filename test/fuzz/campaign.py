@@ -164,7 +164,8 @@ def write_reproducer(out: Path, finding: Finding, confirm: tuple[Verdict, RunRes
     if case.stdin:
         (folder / "stdin").write_bytes(case.stdin)
     command = case.command_line() + (" < stdin" if case.stdin else "")
-    (folder / "command.sh").write_text(f"#!/bin/sh\n# run in this folder\ncd \"$(dirname \"$0\")\" && {command}\n")
+    script = f"#!/bin/sh\n# run in this folder\ncd \"$(dirname \"$0\")\" && {command}\n"
+    (folder / "command.sh").write_bytes(os.fsencode(script))  # argv words may be non-UTF-8 bytes
     (folder / "stderr.txt").write_bytes(finding.result.stderr)
     info = {"outcome": v.outcome, "reason": v.reason, "signature": v.signature, "command": command,
             "label": case.label, "meta": case.meta, "count": finding.count,

@@ -44,7 +44,9 @@ FAILURES = frozenset({"unlocated", "internal", "crash", "traceback", "hang"})
 FATAL_MARKERS = ("LLVM ERROR", "UNREACHABLE", "Assertion", "GIL was not held", "incref_check", "decref_check",
                  "Segmentation fault", "Fatal Python error", "terminate called")  # fmt: skip
 TRACEBACK = "Traceback (most recent call last)"
-OPTION_WORDS = re.compile(r"(?:^|[\s'\"(=])--?[A-Za-z][\w-]*|\bpass(?:es)?\b|\bpipeline\b")
+# An option by its flag or by what it sets (checked after IR entities: "the target runs 32" of an op is not).
+OPTION_WORDS = re.compile(r"(?:^|[\s'\"(=])--?[A-Za-z][\w-]*|\bpass(?:es)?\b|\bpipeline\b|\btarget\b|\bbitcode\b"
+                          r"|code object version|optimization level|cannot write|\boutput\b|\bstage\b|\bemit\b")
 IR_ENTITY = re.compile(
     r"\b[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_.]*\b(?<!\.mlir)(?<!\.json)(?<!\.hsaco)(?<!\.ptx)(?<!\.bc)(?<!\.ll)"
     r"|@\S|\bop\b|\bops\b|\battribute|\boperand|\bregion|\bterminator|\bparameter|\bkernel\b"
@@ -95,7 +97,8 @@ def _located(line: str, names: list[str]) -> bool:
 
 def _names_option_value(message: str, option_values: list[str]) -> bool:
     """Whether the message quotes the value of a command-line option (`'gfx900'`, `-1`, a pipeline)."""
-    return any(f"'{v}'" in message or f'"{v}"' in message or (len(v) >= 2 and v in message) for v in option_values)
+    return any(f"'{v}'" in message or f'"{v}"' in message
+               or (v and re.search(r"(?<![\w.-])" + re.escape(v) + r"(?![\w.-])", message)) for v in option_values)  # fmt: skip
 
 
 def option_values(argv: list[str], names: list[str]) -> list[str]:

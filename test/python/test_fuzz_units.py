@@ -108,7 +108,10 @@ PRECOMPILE = Case("compile", ["--precompile", "configs.json"], {"configs.json": 
          _result(1, "error: code object version -1 is not supported; allowed: 5, 6"), "user_error"),
         (Case("opt", ["input.mlir", "-p", "builtin.module("], {"input.mlir": b""}),
          _result(1, "error: unbalanced parentheses in pass pipeline: builtin.module("), "user_error"),
-        (COMPILE, _result(1, "error: unknown target ''; allowed targets: gfx942"), "unlocated"),  # not the option's
+        (Case("compile", ["input.mlir", "--code-object-version", "7"], {"input.mlir": b""}),
+         _result(1, "error: code object version 7 is not supported; allowed: 5, 6"), "user_error"),
+        (Case("compile", ["input.mlir", "--bitcode", ""], {"input.mlir": b""}),
+         _result(1, "error: device bitcode file not found: "), "user_error"),
         (OPT, _result(1, "error: input.mlir:3:5: a\nerror: can't parse integer attribute -1 in nvvm.maxntid"),
          "unlocated"),
         (OPT, _result(1, "error: 'mori_ep.combine' was configured for wave size 64, the target runs 32"), "unlocated"),
