@@ -80,9 +80,9 @@ def normalize(line: str) -> str:
     line = re.sub(r"@\"(?:[^\"\\]|\\.)*\"|@[\w$.-]+", "@SYM", line)
     line = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", line)
     line = re.sub(r"\{[^{}]*\}|\[[^\[\]]*\]", "…", line)  # Python reprs of values: {}, [...]
-    line = re.sub(r"\bgot (?:a |an )?\w+\b.*", "got …", line)
+    line = re.sub(r"\bgot (?:a |an )?\w+\b.*", "got …", line)  # "must be int, got bool True"
     line = re.sub(r"(not found|no such file|cannot read|is a directory)(:?) .*", r"\1\2 …", line)
-    line = re.sub(r"\bnot (?:a |an )?(?:dict|list|float|int|bool|str|NoneType)\b", "not T", line)  # "must be int, got bool True"
+    line = re.sub(r"\bnot (?:a |an )?(?:dict|list|float|int|bool|str|NoneType)\b", "not T", line)
     line = re.sub(r"0x[0-9a-fA-F]+|-?\d+(?:\.\d+)?(?:e[+-]?\d+)?", "N", line)
     return re.sub(r"\s+", " ", line).strip()[:160]
 
@@ -102,9 +102,10 @@ def _names_option_value(message: str, option_values: list[str]) -> bool:
 
 
 def option_values(argv: list[str], names: list[str]) -> list[str]:
-    """The words of a command line that are option values (the word after a flag that takes one)."""
+    """The words of a command line that may be option values: each word after a flag, but flags and the
+    input names themselves."""
     return [a for i, a in enumerate(argv) if i and argv[i - 1].startswith("-") and argv[i - 1] != "-"
-            and not argv[i - 1].startswith("--split") and a not in names]  # fmt: skip
+            and not a.startswith("--") and a not in names]  # fmt: skip
 
 
 def unlocated_reason(line: str, names: list[str], precompile: bool = False,
