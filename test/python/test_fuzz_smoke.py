@@ -20,7 +20,7 @@ from fuzz.classify import classify  # noqa: E402
 from fuzz.executor import Case, ForkRunner, SubprocessRunner  # noqa: E402
 
 SEED = 11
-RUNS_PER_TOOL = {"opt": 120, "compile": 80, "precompile": 60}
+RUNS_PER_TOOL = {"opt": 250, "compile": 150, "precompile": 100}
 JOBS = 2
 
 
