@@ -17,8 +17,9 @@ Rule for "about the content" (mori-opt, mori-compile on a file), for each `error
    generated MLIR) does not count;
 2. it is about bytes ("UTF-8", "byte", "codec", "decode"): unlocated (a bad byte has a position);
 3. it names the input file as a whole (NAME not followed by ``:digit``): fine (missing, unreadable, no
-   gpu.module in it, ...), or quotes the value of an option on the command line (``unknown target
-   'gfx900'``, ``code object version -1``, the ``-p`` pipeline): fine, it is about that option;
+   gpu.module in it, ...), or names an option by its flag (``--bitcode``, ``-p``) or quotes the value
+   of an option on the command line (``unknown target 'gfx900'``, ``code object version -1``, the
+   ``-p`` pipeline): fine, it is about that option;
 4. it mentions an IR entity: a dialect-qualified name (``nvvm.maxntid``, ``gpu.module``), an
    ``@symbol``, "op", "attribute", "operand", "region", "terminator", "parameter", "kernel": unlocated;
 5. it names an option (``--target``, ``-p``, a pass, a pipeline): fine;
@@ -44,6 +45,7 @@ FAILURES = frozenset({"unlocated", "internal", "crash", "traceback", "hang"})
 FATAL_MARKERS = ("LLVM ERROR", "UNREACHABLE", "Assertion", "GIL was not held", "incref_check", "decref_check",
                  "Segmentation fault", "Fatal Python error", "terminate called")  # fmt: skip
 TRACEBACK = "Traceback (most recent call last)"
+FLAG = re.compile(r"(?:^|[\s'\"(=])--[a-z][\w-]+|(?:^|[\s'\"(])-[pO]\b")  # --target, --bitcode, -p, -O
 # An option by its flag or by what it sets (checked after IR entities: "the target runs 32" of an op is not).
 OPTION_WORDS = re.compile(r"(?:^|[\s'\"(=])--?[A-Za-z][\w-]*|\bpass(?:es)?\b|\bpipeline\b|\btarget\b|\bbitcode\b"
                           r"|code object version|optimization level|cannot write|\boutput\b|\bstage\b|\bemit\b")
@@ -124,8 +126,8 @@ def unlocated_reason(line: str, names: list[str], precompile: bool = False,
         return "about bytes of the input (they have a position), without a location"
     if any(re.search(re.escape(n) + r"(?!:\d)", message) for n in names):
         return None  # the file as a whole: missing, unreadable, holds no gpu.module, ...
-    if _names_option_value(message, list(values)):
-        return None  # about an option: it quotes the option's value
+    if _names_option_value(message, list(values)) or FLAG.search(message):
+        return None  # about an option: it quotes the option's value or names its flag
     if IR_ENTITY.search(message):
         return "about the input's content, without a location"
     if OPTION_WORDS.search(message):

@@ -108,6 +108,8 @@ PRECOMPILE = Case("compile", ["--precompile", "configs.json"], {"configs.json": 
          _result(1, "error: code object version -1 is not supported; allowed: 5, 6"), "user_error"),
         (Case("opt", ["input.mlir", "-p", "builtin.module("], {"input.mlir": b""}),
          _result(1, "error: unbalanced parentheses in pass pipeline: builtin.module("), "user_error"),
+        (COMPILE, _result(1, "error: gpu.module @m calls undefined functions: f; link a bitcode (--bitcode PATH)"),
+         "user_error"),
         (Case("compile", ["input.mlir", "--code-object-version", "7"], {"input.mlir": b""}),
          _result(1, "error: code object version 7 is not supported; allowed: 5, 6"), "user_error"),
         (Case("compile", ["input.mlir", "--bitcode", ""], {"input.mlir": b""}),
