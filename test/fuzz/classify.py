@@ -15,15 +15,16 @@ Rule for "about the content" (mori-opt, mori-compile on a file), for each `error
 1. it holds ``NAME:LINE:COL`` with NAME one of the run's input names (the file given, ``<stdin>``, a
    built-in example's ``<example NAME>``): located, fine. A location in another text (``-:3:49`` of
    generated MLIR) does not count;
-2. it is about bytes ("UTF-8", "byte", "codec", "decode"): unlocated (a bad byte has a position);
-3. it names the input file as a whole (NAME not followed by ``:digit``): fine (missing, unreadable, no
-   gpu.module in it, ...), or names an option by its flag (``--bitcode``, ``-p``) or quotes the value
-   of an option on the command line (``unknown target 'gfx900'``, ``code object version -1``, the
-   ``-p`` pipeline): fine, it is about that option;
-4. it mentions an IR entity: a dialect-qualified name (``nvvm.maxntid``, ``gpu.module``), an
+2. it names an option by its flag (``--bitcode``, ``-p``), says "pass pipeline", or quotes the value of
+   an option given on the command line (``unknown target 'gfx900'``, ``code object version -1``;
+   not a ``-p`` pipeline, whose passes a content error may name): fine, it is about that option;
+3. it is about bytes ("UTF-8", "byte", "codec", "decode"): unlocated (a bad byte has a position);
+4. it names the input file as a whole (NAME not followed by ``:digit``): fine (missing, unreadable, no
+   gpu.module in it, ...);
+5. it mentions an IR entity: a dialect-qualified name (``nvvm.maxntid``, ``gpu.module``), an
    ``@symbol``, "op", "attribute", "operand", "region", "terminator", "parameter", "kernel": unlocated;
-5. it names an option (``--target``, ``-p``, a pass, a pipeline): fine;
-6. anything else: unlocated (it says neither where in the file nor which option is wrong).
+6. it names an option by what it sets ("target", "bitcode", "code object version", a pass...): fine;
+7. anything else: unlocated (it says neither where in the file nor which option is wrong).
 
 For ``--precompile CONFIGS.json`` the unit is the list entry: every `error:` line must name an entry
 ("config 3", "entry 3") or be about the JSON file as a whole (its name); other exit-1 errors are
@@ -104,10 +105,10 @@ def _names_option_value(message: str, option_values: list[str]) -> bool:
 
 
 def option_values(argv: list[str], names: list[str]) -> list[str]:
-    """The words of a command line that may be option values: each word after a flag, but flags and the
-    input names themselves."""
+    """The words of a command line that may be option values: each word after a flag, but flags, the
+    input names and pipelines (a pass error that merely names its pass is not an option error)."""
     return [a for i, a in enumerate(argv) if i and argv[i - 1].startswith("-") and argv[i - 1] != "-"
-            and not a.startswith("--") and a not in names]  # fmt: skip
+            and argv[i - 1] not in ("-p", "--pass-pipeline") and not a.startswith("--") and a not in names]  # fmt: skip
 
 
 def unlocated_reason(line: str, names: list[str], precompile: bool = False,
@@ -122,12 +123,12 @@ def unlocated_reason(line: str, names: list[str], precompile: bool = False,
         return "names neither a config entry nor the file"
     if _located(message, names):
         return None
+    if _names_option_value(message, list(values)) or FLAG.search(message) or "pass pipeline" in message:
+        return None  # about an option: it quotes the option's value, names its flag or the pipeline
     if BYTES.search(message):
         return "about bytes of the input (they have a position), without a location"
     if any(re.search(re.escape(n) + r"(?!:\d)", message) for n in names):
         return None  # the file as a whole: missing, unreadable, holds no gpu.module, ...
-    if _names_option_value(message, list(values)) or FLAG.search(message):
-        return None  # about an option: it quotes the option's value or names its flag
     if IR_ENTITY.search(message):
         return "about the input's content, without a location"
     if OPTION_WORDS.search(message):
