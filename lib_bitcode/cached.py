@@ -14,7 +14,6 @@ a half-written file, and a reader that sees a stale pair re-checks under the loc
 from __future__ import annotations
 
 import hashlib
-import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -73,6 +72,8 @@ def _discard(path: Path, problem: str, what: str) -> None:
                       stacklevel=4)  # fmt: skip
     for p in (path, _record_path(path)):
         if p.is_dir() and not p.is_symlink():
+            import shutil  # only to discard a damaged entry: not on the warm path
+
             shutil.rmtree(p, ignore_errors=True)
         elif p.exists() or p.is_symlink():
             p.unlink(missing_ok=True)
