@@ -565,7 +565,7 @@ class MoriEpToKernels:
                     cfg = EpKernelConfig.from_op(ep)
                     if cfg.wave_size != self.wave_size:
                         raise MoriCompilerError(f"'{ep.name}' was configured for wave size {cfg.wave_size}, the "
-                                                f"target runs {self.wave_size}")  # fmt: skip
+                                                f"target runs {self.wave_size}", ep.location)  # fmt: skip
                     # Parsed inside a gpu.module so that gpu.func is legal; kept alive while its ops move.
                     parsed = ir.Module.parse("gpu.module @tmp {\n" + kernels_for(ep, cfg) + "}\n")
                     for f in list(parsed.body.operations[0].regions[0].blocks[0].operations):

@@ -24,14 +24,43 @@ class DeviceModuleIR:
     kernels: tuple[str, ...]
 
 
-def find_gpu_module(module: ir.Module) -> ir.Operation:
-    gpu_modules = [op for op in module.body.operations if op.operation.name == "gpu.module"]
+def _where(op: ir.Operation, filename: str) -> str:
+    from mori_compiler.dialects.registry import format_location
+
+    return format_location(op.location, filename)
+
+
+def find_gpu_module(module: ir.Module, filename: str = "-") -> ir.Operation:
+    gpu_modules = [op.operation for op in module.body.operations if op.operation.name == "gpu.module"]
     if len(gpu_modules) != 1:
+        # Located at the second gpu.module, or at the module that has none.
+        at = gpu_modules[1] if gpu_modules else module.operation
         raise MoriCompilerError(
             f"expected exactly one gpu.module in the input, found {len(gpu_modules)}; "
-            "kernels are compiled one gpu.module at a time"
+            "kernels are compiled one gpu.module at a time",
+            _where(at, filename),
         )
-    return gpu_modules[0].operation
+    return gpu_modules[0]
+
+
+def _targets_nvptx(gpu_module: ir.Operation) -> bool:
+    return "targets" in gpu_module.attributes and "#nvvm.target" in str(gpu_module.attributes["targets"])
+
+
+def check_symbol_names(gpu_module: ir.Operation, filename: str = "-") -> None:
+    """Refuse symbol names the target's code object cannot hold (LLVM would abort while emitting them)."""
+    from mori_compiler.dialects.input_checks import target_symbol_problem
+
+    nvptx = _targets_nvptx(gpu_module)
+    for op in gpu_module.regions[0].blocks[0].operations:
+        op = op.operation
+        if "sym_name" not in op.attributes or not isinstance(op.attributes["sym_name"], ir.StringAttr):
+            continue
+        is_kernel = any(m in op.attributes for m in KERNEL_MARKERS + ("gpu.kernel",))
+        problem = target_symbol_problem(op.attributes["sym_name"].value, is_kernel=is_kernel, nvptx=nvptx)
+        if problem:
+            target = "PTX" if nvptx else "an AMDGPU code object"
+            raise MoriCompilerError(f"'{op.name}': {problem}, as {target} requires", _where(op, filename))
 
 
 def kernel_names(gpu_module: ir.Operation) -> tuple[str, ...]:
@@ -51,19 +80,18 @@ def unlowered_ops(op: ir.Operation) -> list[ir.Operation]:
 
 
 def gpu_module_to_llvm_ir(module: ir.Module, filename: str = "-") -> DeviceModuleIR:
-    gpu_module = find_gpu_module(module)
+    gpu_module = find_gpu_module(module, filename)
     body = gpu_module.regions[0].blocks[0]
     # Casts left by partial conversions are symptoms; name the op that was not converted first.
     leftovers = sorted(unlowered_ops(gpu_module), key=lambda op: op.name == "builtin.unrealized_conversion_cast")
     if leftovers:
-        from mori_compiler.dialects.registry import format_location
-
         names = sorted({op.name for op in leftovers})
         raise MoriCompilerError(
             f"op '{leftovers[0].name}' was not lowered to the LLVM dialect by the pipeline (unlowered: "
             f"{', '.join(names)}); kernels may use the gpu, arith, scf, cf, llvm and project dialects",
-            format_location(leftovers[0].location, filename),
+            _where(leftovers[0], filename),
         )
+    check_symbol_names(gpu_module, filename)
     with module.context, ir.Location.unknown():
         host = ir.Module.create()
         for op in body.operations:

@@ -44,7 +44,7 @@ def rewrite_kernel(fn: ir.Operation) -> None:
     args = list(block.arguments)
     types, problem = kernel_param_types(fn, role="virtual-PE kernels take")
     if problem:
-        raise MoriCompilerError(problem)
+        raise MoriCompilerError(problem, fn.location)
     offsets, stride = arg_table_layout(types)
     ptr = ir.Type.parse("!llvm.ptr")
     i8, i64 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(64)

@@ -39,17 +39,22 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None) -> 
 
 def read_input(path: str) -> tuple[str, str]:
     """(text, display name) of a file or of stdin ("-")."""
-    if path == "-":
-        return sys.stdin.read(), "<stdin>"
+    display = "<stdin>" if path == "-" else path
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read(), path
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+        return data.decode("utf-8"), display
+    except UnicodeDecodeError as exc:
+        from mori_compiler.dialects.input_checks import file_not_utf8_message
+
+        raise MoriCompilerError(file_not_utf8_message(data, display, exc)) from None
     except FileNotFoundError:
         raise MoriCompilerError(f"no such file: {path}") from None
     except IsADirectoryError:
         raise MoriCompilerError(f"{path} is a directory, not an input file") from None
-    except UnicodeDecodeError:
-        raise MoriCompilerError(f"{path} is not a UTF-8 text file") from None
     except OSError as exc:
         raise MoriCompilerError(f"cannot read {path}: {exc.strerror}") from None
 

@@ -77,51 +77,143 @@ def _report(binary: bytes, stream) -> None:
     print(format_resource_report(read_amdgpu_code_object(binary)), file=stream)
 
 
-def _ep_source(fields, options, index: int) -> str:
-    from mori_compiler.errors import MoriCompilerError
-    from mori_compiler.ops import EpDispatchCombineConfig, kernel_module_source, validate_config
+# --precompile: each entry is {"kernel": ...} (an example or an .mlir file, with compile options) or
+# {"ep": {...}} (the bundle EpDispatchCombineOp loads, built by ops.ep_bundle: one code path with the op).
+KERNEL_ENTRY_FIELDS = {"kernel": str, "target": str, "code_object_version": int, "opt_level": int,
+                       "bitcode": (str, list), "device_library": bool, "virtual_pes": bool}  # fmt: skip
+EP_ENTRY_FIELDS = {"ep": dict, "target": str, "virtual_pes": bool, "asyncll": dict}
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "an object", list: "a list"}
 
-    if not isinstance(fields, dict):
-        raise MoriCompilerError(f"config {index}: 'ep' must be an object of EpDispatchCombineConfig fields")
+
+def _type_name(ty) -> str:
+    return " or ".join(_TYPE_NAMES[t] for t in (ty if isinstance(ty, tuple) else (ty,)))
+
+
+def _check_entry(entry, index: int) -> dict:
+    """The entry's fields, each of the type its kind of entry allows; else a MoriCompilerError naming it."""
+    from mori_compiler.errors import MoriCompilerError
+
+    if not isinstance(entry, dict):
+        raise MoriCompilerError(f"config {index}: must be an object ({{\"kernel\": ...}} or {{\"ep\": {{...}}}}), "
+                                f"got {json.dumps(entry)[:60]}")  # fmt: skip
+    if ("kernel" in entry) == ("ep" in entry):
+        raise MoriCompilerError(f"config {index}: needs exactly one of \"kernel\" (an example name or .mlir file) "
+                                "and \"ep\" (EpDispatchCombineConfig fields)")  # fmt: skip
+    kind, allowed = ("ep", EP_ENTRY_FIELDS) if "ep" in entry else ("kernel", KERNEL_ENTRY_FIELDS)
+    unknown = sorted(set(entry) - set(allowed))
+    if unknown:
+        raise MoriCompilerError(f"config {index}: unknown field(s) {', '.join(unknown)} for a \"{kind}\" entry; "
+                                f"allowed: {', '.join(allowed)}")  # fmt: skip
+    for name, value in entry.items():
+        ty = allowed[name]
+        types = ty if isinstance(ty, tuple) else (ty,)
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise MoriCompilerError(f"config {index}: \"{name}\" must be {_type_name(ty)}, got {json.dumps(value)[:60]}")
+    if kind == "kernel" and not entry["kernel"]:
+        raise MoriCompilerError(f"config {index}: \"kernel\" must name an example or an .mlir file, got \"\"")
+    if isinstance(entry.get("bitcode"), list) and not all(isinstance(b, str) for b in entry["bitcode"]):
+        raise MoriCompilerError(f"config {index}: \"bitcode\" must be a path or a list of paths")
+    return entry
+
+
+def _ep_config(fields: dict, index: int):
+    """The EpDispatchCombineConfig of an "ep" entry (``rank`` 0 and ``data_type`` bf16 unless given;
+    ``kernel_type`` by name or value)."""
+    import dataclasses
+
+    from mori_compiler.errors import MoriCompilerError
+    from mori_compiler.ops.config import EpDispatchCombineConfig, EpDispatchCombineKernelType
+
+    names = [f.name for f in dataclasses.fields(EpDispatchCombineConfig)]
+    unknown = sorted(set(fields) - set(names))
+    if unknown:
+        raise MoriCompilerError(f"config {index}: \"ep\" has unknown field(s) {', '.join(unknown)}; "
+                                f"EpDispatchCombineConfig has: {', '.join(names)}")  # fmt: skip
+    fields = {"data_type": "bf16", "rank": 0} | fields
+    kernel_type = fields.get("kernel_type")
+    if isinstance(kernel_type, str):
+        if kernel_type not in EpDispatchCombineKernelType.__members__:
+            raise MoriCompilerError(f"config {index}: \"ep\".kernel_type {kernel_type!r} is not a kernel type; "
+                                    f"allowed: {', '.join(EpDispatchCombineKernelType.__members__)}")  # fmt: skip
+        fields["kernel_type"] = EpDispatchCombineKernelType[kernel_type]
+    required = [f.name for f in dataclasses.fields(EpDispatchCombineConfig)
+                if f.default is dataclasses.MISSING and f.name not in fields]  # fmt: skip
+    if required:
+        raise MoriCompilerError(f"config {index}: \"ep\" lacks the field(s) {', '.join(required)}")
+    return EpDispatchCombineConfig(**fields)
+
+
+def _build_entry(entry: dict, index: int):
+    """(bundle, what it is) for one checked entry."""
+    from mori_compiler.cache import compile_bundle
+    from mori_compiler.errors import MoriCompilerError
+    from mori_compiler.ops.asyncll import AsyncLLOptionError, resolve
+    from mori_compiler.ops.config import ConfigError, EpDispatchCombineKernelType
+    from mori_compiler.ops.dispatch_combine import ep_bundle
+    from mori_compiler.options import CompileOptions
+
+    if "ep" in entry:
+        config = _ep_config(entry["ep"], index)
+        target = entry.get("target", "gfx942")
+        try:
+            asyncll = resolve(**entry["asyncll"]) if "asyncll" in entry else None
+            bundle = ep_bundle(config, target, virtual_pes=entry.get("virtual_pes", False), asyncll=asyncll)
+        except (ConfigError, AsyncLLOptionError) as exc:
+            lines = str(exc).split("\n")
+            raise MoriCompilerError("\n".join(f"config {index}: {line}" for line in lines)) from None
+        except MoriCompilerError as exc:
+            exc.message = f"config {index}: {exc.message}"
+            raise
+        return bundle, f"EP {EpDispatchCombineKernelType(config.kernel_type).name} kernels"
+    fields = {k: v for k, v in entry.items() if k != "kernel"}
     try:
-        cfg = EpDispatchCombineConfig(**({"data_type": "bf16", "rank": 0} | fields))
-        validate_config(cfg, options.gpu_target.wave_size)
-    except (TypeError, ValueError) as exc:
-        raise MoriCompilerError(f"config {index}: invalid EP config: {exc}") from None
-    return kernel_module_source(cfg, options.gpu_target.wave_size)
+        options = CompileOptions(**fields)
+        source, display, _ = _source(entry["kernel"])
+        return compile_bundle(source, options, config={"kernel": entry["kernel"]}), display
+    except MoriCompilerError as exc:  # (an error in the kernel's file keeps its location in front)
+        exc.message = f"config {index}: {exc.message}"
+        raise
+
+
+class _Progress:
+    """The progress bar on stderr (``\\r`` without a newline); ``end_line`` before anything else is printed
+    there, so that no error is glued to the bar."""
+
+    def __init__(self, total: int):
+        self.total, self.open = total, False
+
+    def show(self, i: int, what: str) -> None:
+        bar = "#" * (30 * i // self.total)
+        print(f"\r[{bar:<30}] {i}/{self.total} {what}", end="", file=sys.stderr, flush=True)
+        self.open = True
+
+    def end_line(self) -> None:
+        if self.open:
+            print(file=sys.stderr, flush=True)
+            self.open = False
 
 
 def precompile(configs_path: str) -> int:
-    from mori_compiler.cache import compile_bundle, get_bundle
     from mori_compiler.errors import MoriCompilerError
-    from mori_compiler.options import CompileOptions
 
-    text, _ = read_input(configs_path)
+    text, display = read_input(configs_path)
     try:
         configs = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise MoriCompilerError(f"{configs_path} is not valid JSON: {exc}") from None
-    if not isinstance(configs, list) or not all(isinstance(c, dict) for c in configs):
-        raise MoriCompilerError(f"{configs_path} must hold a JSON list of objects")
-    allowed = {"kernel", "ep", "target", "code_object_version", "opt_level", "bitcode", "device_library",
-               "virtual_pes"}  # fmt: skip
-    for i, config in enumerate(configs, 1):
-        unknown = set(config) - allowed
-        if unknown:
-            raise MoriCompilerError(f"config {i} has unknown fields {sorted(unknown)}; allowed: {sorted(allowed)}")
-        fields = {k: v for k, v in config.items() if k not in ("kernel", "ep")}
-        options = CompileOptions(**fields)
-        if "ep" in config:  # the kernels an EpDispatchCombineOp with this config loads
-            source, display = _ep_source(config["ep"], options, i), "EP IntraNode kernels"
-            bundle = get_bundle(source, options)
-        else:
-            source, display, _ = _source(config.get("kernel"))
-            bundle = compile_bundle(source, options, config={"kernel": config.get("kernel")})
-        bar = "#" * (30 * i // len(configs))
-        print(f"\r[{bar:<30}] {i}/{len(configs)} {display} {fields.get('target', 'gfx942')}", end="", file=sys.stderr)
-        print(bundle.path)
-    if configs:
-        print(file=sys.stderr)
+        raise MoriCompilerError(f"not valid JSON: {exc.msg}", f"{display}:{exc.lineno}:{exc.colno}") from None
+    except (RecursionError, ValueError) as exc:  # nested too deeply; an integer too long to convert
+        raise MoriCompilerError(f"{display} cannot be read as JSON: {type(exc).__name__}: {exc}") from None
+    if not isinstance(configs, list):
+        raise MoriCompilerError(f"{display} must hold a JSON list of configs, got {type(configs).__name__}")
+    entries = [_check_entry(entry, i) for i, entry in enumerate(configs, 1)]
+    progress = _Progress(len(entries))
+    try:
+        for i, entry in enumerate(entries, 1):
+            bundle, what = _build_entry(entry, i)
+            progress.show(i, f"{what} {entry.get('target', 'gfx942')}")
+            print(bundle.path, flush=True)
+    finally:
+        progress.end_line()
     return EXIT_OK
 
 

@@ -1,0 +1,303 @@
+"""Checks on user IR for inputs that make MLIR or LLVM abort (they are built with assertions).
+
+Two layers, both returning ``file:line:col: message`` strings:
+
+``lexical_problems(text)`` runs *before* the first ``ir.Module.parse``. It is a small scanner of MLIR's
+token grammar (comments, string literals with their escapes, prefixed identifiers, bare identifiers,
+numbers), so it sees exactly the tokens MLIR's lexer sees and never what is inside a comment or a string.
+It rejects what crashes the parser or nanobind before any verifier runs:
+
+* a dense array whose element type is ``index`` (``array<index: 1>``, also through a type alias
+  ``!t = index``): MLIR's parser asks ``index`` for its bit width and asserts;
+* a string literal or quoted name (``"..."``, ``@"..."``) that is not UTF-8 once its ``\\XX`` escapes are
+  expanded: nanobind cannot turn it into a Python ``str`` (op names, symbol names, attribute values,
+  file names of locations all come back as ``str``). The one exception is the initializer of an LLVM
+  global (``llvm.mlir.global ... @name("\\ff\\00")``), which holds raw bytes and is never read as text;
+* text that is not representable as UTF-8 at all (lone surrogates from a Python caller).
+
+``structural_problems(module_op)`` runs on the module parsed with the project dialects unloaded, before the
+real parse and any pass. It rejects what passes, translation or codegen would crash on later:
+
+* a project op in the wrong place: ``mori_ep`` EP ops (dispatch, combine, ...) belong directly in a
+  ``gpu.module``; every other project op inside a function (translating one that sits directly in a
+  module dereferences a null parent in LLVM);
+* symbol names that are empty or hold control characters (LLVM asserts on a NUL in a name);
+* launch bounds (``known_block_size``, ``known_grid_size``, ``nvvm.maxntid``, ...) outside what a GPU can
+  launch: a negative or too large element makes the NVVM/ROCDL translation build an out-of-range APInt
+  (an assertion). Blocks have 1 to 1024 threads per dimension and in all, grids 1 to 2**31 - 1 blocks per
+  dimension.
+
+``target_symbol_problems`` is the per-target rule for names, applied before translation to LLVM IR: PTX
+accepts only identifiers (letters, digits, ``_``, ``$``; LLVM aborts with "Symbol name with unsupported
+characters" otherwise), AMDGPU ELF code objects any printable name.
+"""
+
+from __future__ import annotations
+
+import re
+
+from mori_compiler._mlir import ir
+
+EP_OPS_AT_MODULE_TOP = ("mori_ep.dispatch", "mori_ep.combine", "mori_ep.dispatch_ll", "mori_ep.dispatch_send",
+                        "mori_ep.dispatch_recv", "mori_ep.combine_send", "mori_ep.combine_recv")  # fmt: skip
+PROJECT_PREFIXES = ("mori_shmem.", "mori_ep.")
+FUNCTION_OPS = ("gpu.func", "func.func", "llvm.func")
+MODULE_OPS = ("builtin.module", "gpu.module")
+# Launch-bound attributes (dense i32 arrays) of kernels: per block (threads) and per grid (blocks).
+BLOCK_BOUND_ATTRS = ("known_block_size", "gpu.known_block_size", "nvvm.maxntid", "nvvm.reqntid",
+                     "rocdl.reqd_work_group_size")  # fmt: skip
+GRID_BOUND_ATTRS = ("known_grid_size", "gpu.known_grid_size", "nvvm.cluster_dim")
+MAX_LAUNCH_DIM = 2**31 - 1  # grid and block dimensions are 32-bit signed in NVVM and ROCDL
+MAX_BLOCK_THREADS = 1024  # the most threads a block may have on every supported GPU
+
+# ---------------------------------------------------------------------------------------------------
+# Lexical layer
+# ---------------------------------------------------------------------------------------------------
+
+_BARE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")
+_SUFFIX_ID = re.compile(r"[A-Za-z0-9_$.\-]+")
+_NUMBER = re.compile(r"0x[0-9a-fA-F]+|[0-9]+")
+_HEX2 = re.compile(r"[0-9a-fA-F]{2}")
+
+
+def _line_col(text: str, pos: int) -> tuple[int, int]:
+    line = text.count("\n", 0, pos) + 1
+    return line, pos - (text.rfind("\n", 0, pos) + 1) + 1
+
+
+def _string_bytes(text: str, start: int) -> tuple[bytes, int]:
+    """The bytes of the string literal whose opening quote is at ``start``, and the index after it
+    (MLIR's escapes: \\\\, \\", \\n, \\t and two hex digits). An unterminated literal ends the scan: the
+    parser reports it."""
+    out = bytearray()
+    i, n = start + 1, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            return bytes(out), i + 1
+        if c == "\n":
+            break
+        if c == "\\" and i + 1 < n:
+            nxt = text[i + 1]
+            if nxt in '"\\':
+                out += nxt.encode()
+                i += 2
+                continue
+            if nxt in "nt":
+                out += b"\n" if nxt == "n" else b"\t"
+                i += 2
+                continue
+            if _HEX2.fullmatch(text, i + 1, i + 3):
+                out.append(int(text[i + 1 : i + 3], 16))
+                i += 3
+                continue
+        out += c.encode("utf-8", "surrogatepass")
+        i += 1
+    return bytes(out), n
+
+
+def _tokens(text: str):
+    """(kind, text, position) for the tokens that matter here: 'id' (bare identifier), 'alias' (``!name``),
+    'string', 'punct' (one character); comments and other prefixed identifiers are skipped."""
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c.isspace():
+            i += 1
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j + 1
+        elif c == '"':
+            data, j = _string_bytes(text, i)
+            yield "string", data, i
+            i = j
+        elif c in "%@#!^":
+            if c == "@" and i + 1 < n and text[i + 1] == '"':
+                data, j = _string_bytes(text, i + 1)
+                yield "string", data, i
+                i = j
+                continue
+            m = _SUFFIX_ID.match(text, i + 1)
+            j = m.end() if m else i + 1
+            if c == "!" and m:
+                yield "alias" if "." not in m.group() else "dialect-type", m.group(), i
+            elif c == "@" and m:
+                yield "symbol", m.group(), i
+            i = j
+        elif c.isdigit():
+            i = _NUMBER.match(text, i).end()
+        elif c.isalpha() or c == "_":
+            m = _BARE_ID.match(text, i)
+            yield "id", m.group(), i
+            i = m.end()
+        else:
+            yield "punct", c, i
+            i += 1
+
+
+def lexical_problems(text: str, filename: str = "-") -> list[str]:
+    """Located problems found by scanning ``text`` as MLIR tokens (see the module docstring)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        line, col = _line_col(text, exc.start)
+        return [f"{filename}:{line}:{col}: the input holds a character that is not valid UTF-8 text"]
+    problems: list[str] = []
+    tokens = list(_tokens(text))
+    aliases: dict[str, tuple[str, str]] = {}
+    for k in range(len(tokens) - 2):
+        (kind, value, _), (_, eq, _), (nkind, nvalue, _) = tokens[k : k + 3]
+        if kind == "alias" and eq == "=" and nkind in ("id", "alias"):
+            aliases[value] = (nkind, nvalue)
+
+    def is_index(kind: str, value: str) -> bool:
+        seen = set()
+        while kind == "alias" and value in aliases and value not in seen:
+            seen.add(value)
+            kind, value = aliases[value]
+        return kind == "id" and value == "index"
+
+    for k, (kind, value, pos) in enumerate(tokens):
+        where = "{}:{}:{}".format(filename, *_line_col(text, pos))
+        if kind == "id" and value == "array" and k + 2 < len(tokens) and tokens[k + 1][1] == "<":
+            ekind, evalue, _ = tokens[k + 2]
+            if is_index(ekind, evalue):
+                problems.append(f"{where}: a dense array's element type must be an integer or float type "
+                                f"(i1 ... i64, f16 ... f64), got index")  # fmt: skip
+        elif kind == "string":
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if _is_global_initializer(tokens, k):
+                    continue
+                what = "quoted name" if text[pos] == "@" else "string"
+                problems.append(f"{where}: this {what} is not valid UTF-8 after its escapes are expanded (byte "
+                                f"0x{value[exc.start]:02x} at offset {exc.start}); names and strings must be UTF-8")  # fmt: skip
+    return problems
+
+
+def _is_global_initializer(tokens, k: int) -> bool:
+    """``llvm.mlir.global ... @name("bytes")``: the string right after ``@name(``."""
+    return k >= 2 and tokens[k - 1][1] == "(" and tokens[k - 2][0] == "symbol" and any(
+        t[0] == "id" and t[1] == "llvm.mlir.global" for t in tokens[max(0, k - 12) : k]
+    )
+
+
+def file_not_utf8_message(data: bytes, filename: str, exc: UnicodeDecodeError) -> str:
+    """``file:line:col: ...`` for the first byte of ``data`` that is not UTF-8."""
+    prefix = data[: exc.start]
+    line = prefix.count(b"\n") + 1
+    col = exc.start - (prefix.rfind(b"\n") + 1) + 1
+    return f"{filename}:{line}:{col}: byte 0x{data[exc.start]:02x} is not valid UTF-8 (input files must be UTF-8 text)"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Structural layer
+# ---------------------------------------------------------------------------------------------------
+
+
+def _enclosing(op: ir.Operation, names: tuple[str, ...]) -> str | None:
+    """Name of the nearest ancestor of ``op`` that is one of ``names`` or a module/function op."""
+    parent = op.parent
+    while parent is not None:
+        name = parent.name
+        if name in names or name in MODULE_OPS or name in FUNCTION_OPS:
+            return name
+        parent = parent.parent
+    return None
+
+
+def _placement_problem(op: ir.Operation) -> str | None:
+    name = op.name
+    parent = op.parent
+    if name in EP_OPS_AT_MODULE_TOP:
+        if parent is None or parent.name != "gpu.module":
+            where = parent.name if parent is not None else "the top level"
+            return (f"'{name}' must be placed directly in a gpu.module (mori-ep-to-kernels replaces it by kernels "
+                    f"there), not in {where}")  # fmt: skip
+        return None
+    if _enclosing(op, ()) not in FUNCTION_OPS:
+        where = parent.name if parent is not None else "the top level"
+        return f"'{name}' must be placed inside a function (gpu.func, func.func or llvm.func), not directly in {where}"
+    return None
+
+
+def _has_control_char(name: str) -> bool:
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)
+
+
+def _launch_bound_problems(op: ir.Operation) -> list[str]:
+    problems = []
+    for attr_name in BLOCK_BOUND_ATTRS + GRID_BOUND_ATTRS:
+        if attr_name not in op.attributes:
+            continue
+        attr = op.attributes[attr_name]
+        if not isinstance(attr, ir.DenseI32ArrayAttr):
+            continue  # the gpu dialect's verifier reports other kinds
+        values = list(attr)
+        per_block = attr_name in BLOCK_BOUND_ATTRS
+        limit = MAX_BLOCK_THREADS if per_block else MAX_LAUNCH_DIM
+        bad = [v for v in values if not 1 <= v <= limit]
+        if bad:
+            problems.append(f"'{op.name}' attribute '{attr_name}' elements must be in [1, {limit}], got {bad[0]}")
+        elif per_block:
+            total = 1
+            for v in values:
+                total *= v
+            if total > MAX_BLOCK_THREADS:
+                problems.append(f"'{op.name}' attribute '{attr_name}' {values} has {total} threads; a block "
+                                f"has at most {MAX_BLOCK_THREADS}")  # fmt: skip
+    return problems
+
+
+def structural_problems(module_op: ir.Operation, where) -> list[str]:
+    """Problems of every op nested in ``module_op``; ``where(op)`` formats the op's location."""
+    problems: list[str] = []
+
+    def visit(op):
+        op = op.operation
+        name = op.name
+        found: list[str] = []
+        if name.startswith(PROJECT_PREFIXES):
+            problem = _placement_problem(op)
+            if problem:
+                found.append(problem)
+        if "sym_name" in op.attributes:
+            attr = op.attributes["sym_name"]
+            if isinstance(attr, ir.StringAttr) and _has_control_char(attr.value):
+                found.append(f"'{name}' symbol name {attr.value!r} holds a control character")
+        found += _launch_bound_problems(op)
+        problems.extend(f"{where(op)}: {p}" for p in found)
+        return ir.WalkResult.ADVANCE
+
+    module_op.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------
+# Per-target symbol names
+# ---------------------------------------------------------------------------------------------------
+
+# PTX identifiers (PTX ISA "Identifiers"): a letter then letters, digits, '_' or '$'; or '_'/'$' then at least
+# one of those. LLVM's NVPTX backend renames '.' in non-kernel names; a kernel keeps its name, which the
+# runtime looks up, so it must already be a PTX identifier.
+_PTX_KERNEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_$]*|[_$][A-Za-z0-9_$]+")
+_PTX_SYMBOL_NAME = re.compile(r"[A-Za-z_$.][A-Za-z0-9_$.]*")
+
+
+def target_symbol_problem(name: str, *, is_kernel: bool, nvptx: bool) -> str | None:
+    """Why ``name`` cannot be a symbol of a code object for the target, or None."""
+    if not name:
+        return "symbol names must not be empty"
+    if _has_control_char(name):
+        return f"symbol name {name!r} holds a control character"
+    if not nvptx:
+        return None
+    if name.startswith("llvm."):
+        return None  # intrinsic declarations are not emitted as symbols
+    pattern = _PTX_KERNEL_NAME if is_kernel else _PTX_SYMBOL_NAME
+    if not pattern.fullmatch(name):
+        kind = "kernel" if is_kernel else "symbol"
+        return (f"{kind} name {name!r} is not a PTX identifier (a letter, '_' or '$' followed by letters, digits, "
+                f"'_' or '$'{'' if is_kernel else ', or .'})")  # fmt: skip
+    return None
