@@ -18,6 +18,8 @@ It rejects what crashes the parser or nanobind before any verifier runs:
 ``structural_problems(module_op)`` runs on the module parsed with the project dialects unloaded, before the
 real parse and any pass. It rejects what passes, translation or codegen would crash on later:
 
+* an op name without a dialect and an operation part (``"gpu"()``, ``"gpu."()``: MLIR aborts creating an
+  op whose name is a loaded dialect's alone);
 * a project op in the wrong place: ``mori_ep`` EP ops (dispatch, combine, ...) belong directly in a
   ``gpu.module``; every other project op inside a function (translating one that sits directly in a
   module dereferences a null parent in LLVM);
@@ -258,6 +260,9 @@ def structural_problems(module_op: ir.Operation, where) -> list[str]:
         op = op.operation
         name = op.name
         found: list[str] = []
+        dialect, dot, short = name.partition(".")
+        if not (dialect and dot and short):
+            found.append(f"op name '{name}' is not of the form 'dialect.operation'")
         if name.startswith(PROJECT_PREFIXES):
             problem = _placement_problem(op)
             if problem:

@@ -55,11 +55,17 @@ def format_location(loc: ir.Location, filename: str) -> str:
     return location_text(loc, filename)
 
 
+def _one_line(message: str, limit: int = 400) -> str:
+    """A diagnostic on one line (MLIR prints whole ops into some), cut at ``limit`` characters."""
+    text = " ".join(message.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def diagnostics_message(exc: ir.MLIRError, filename: str) -> MoriCompilerError:
     """Turn an MLIRError into one user error carrying every diagnostic with its location."""
     lines = []
     for d in exc.error_diagnostics:
-        lines.append(f"{format_location(d.location, filename)}: {d.message}")
+        lines.append(f"{format_location(d.location, filename)}: {_one_line(d.message)}")
     if not lines:
         return MoriCompilerError(str(exc), filename)
     first, *rest = lines

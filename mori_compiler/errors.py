@@ -33,6 +33,8 @@ def location_text(loc, filename: str = "-") -> str:
     if found is None:
         return filename
     name = filename if found.filename == "-" else found.filename
+    if found.start_line == 0:  # the implicit top-level module of a file: point at its start
+        return f"{name}:1:1"
     return f"{name}:{found.start_line}:{found.start_col}"
 
 

@@ -5,6 +5,8 @@ rocdl/nvvm stage). Output: LLVM IR text of that gpu.module plus the names of its
 
 MLIR translates only builtin modules, so the gpu.module body is re-homed into a fresh builtin.module
 first (toolchain.md §5 item 8). Kernels are the llvm.funcs marked ``rocdl.kernel`` or ``nvvm.kernel``.
+Before translating, it refuses (with the op's location) what LLVM would abort on or what cannot make a
+code object: ops left unlowered, a gpu.module without kernels, symbol names the target cannot hold.
 """
 
 from __future__ import annotations
@@ -91,10 +93,14 @@ def gpu_module_to_llvm_ir(module: ir.Module, filename: str = "-") -> DeviceModul
             f"{', '.join(names)}); kernels may use the gpu, arith, scf, cf, llvm and project dialects",
             _where(leftovers[0], filename),
         )
+    kernels = kernel_names(gpu_module)
+    if not kernels:
+        name = gpu_module.attributes["sym_name"].value
+        raise MoriCompilerError(f"gpu.module @{name} has no kernel (gpu.func ... kernel)", _where(gpu_module, filename))
     check_symbol_names(gpu_module, filename)
     with module.context, ir.Location.unknown():
         host = ir.Module.create()
         for op in body.operations:
             host.body.append(op.clone())
         text = translate_module_to_llvm_ir(host.operation)
-    return DeviceModuleIR(gpu_module.attributes["sym_name"].value, text, kernel_names(gpu_module))
+    return DeviceModuleIR(gpu_module.attributes["sym_name"].value, text, kernels)

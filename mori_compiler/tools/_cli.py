@@ -57,6 +57,8 @@ def read_input(path: str) -> tuple[str, str]:
         raise MoriCompilerError(f"{path} is a directory, not an input file") from None
     except OSError as exc:
         raise MoriCompilerError(f"cannot read {path}: {exc.strerror}") from None
+    except (ValueError, UnicodeEncodeError):  # a NUL or a lone surrogate in the name (from JSON)
+        raise MoriCompilerError(f"{path!r} is not a valid file name") from None
 
 
 def write_output(path: str | None, data: str | bytes) -> None:

@@ -102,7 +102,7 @@ def _check_entry(entry, index: int) -> dict:
     kind, allowed = ("ep", EP_ENTRY_FIELDS) if "ep" in entry else ("kernel", KERNEL_ENTRY_FIELDS)
     unknown = sorted(set(entry) - set(allowed))
     if unknown:
-        raise MoriCompilerError(f"config {index}: unknown field(s) {', '.join(unknown)} for a \"{kind}\" entry; "
+        raise MoriCompilerError(f"config {index}: unknown field(s) {', '.join(map(json.dumps, unknown))} for a \"{kind}\" entry; "
                                 f"allowed: {', '.join(allowed)}")  # fmt: skip
     for name, value in entry.items():
         ty = allowed[name]
@@ -127,7 +127,7 @@ def _ep_config(fields: dict, index: int):
     names = [f.name for f in dataclasses.fields(EpDispatchCombineConfig)]
     unknown = sorted(set(fields) - set(names))
     if unknown:
-        raise MoriCompilerError(f"config {index}: \"ep\" has unknown field(s) {', '.join(unknown)}; "
+        raise MoriCompilerError(f"config {index}: \"ep\" has unknown field(s) {', '.join(map(json.dumps, unknown))}; "
                                 f"EpDispatchCombineConfig has: {', '.join(names)}")  # fmt: skip
     fields = {"data_type": "bf16", "rank": 0} | fields
     kernel_type = fields.get("kernel_type")
@@ -145,7 +145,6 @@ def _ep_config(fields: dict, index: int):
 
 def _build_entry(entry: dict, index: int):
     """(bundle, what it is) for one checked entry."""
-    from mori_compiler.cache import compile_bundle
     from mori_compiler.errors import MoriCompilerError
     from mori_compiler.ops.asyncll import AsyncLLOptionError, resolve
     from mori_compiler.ops.config import ConfigError, EpDispatchCombineKernelType
@@ -169,10 +168,21 @@ def _build_entry(entry: dict, index: int):
     try:
         options = CompileOptions(**fields)
         source, display, _ = _source(entry["kernel"])
-        return compile_bundle(source, options, config={"kernel": entry["kernel"]}), display
+        return _compile_bundle(source, display, options, entry["kernel"]), display
     except MoriCompilerError as exc:  # (an error in the kernel's file keeps its location in front)
         exc.message = f"config {index}: {exc.message}"
         raise
+
+
+def _compile_bundle(source: str, display: str, options, kernel: str):
+    """compile_bundle, with diagnostics located in the input file (MLIR names the parsed text "-")."""
+    from mori_compiler.cache import compile_bundle
+    from mori_compiler.errors import MoriCompilerError, with_filename
+
+    try:
+        return compile_bundle(source, options, config={"kernel": kernel})
+    except MoriCompilerError as exc:
+        raise with_filename(exc, display) from None
 
 
 class _Progress:
@@ -242,9 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     source, display, short = _source(args.input)
 
     if emit == "bundle":
-        from mori_compiler.cache import compile_bundle
-
-        bundle = compile_bundle(source, options, config={"kernel": args.input or examples.DEFAULT_EXAMPLE})
+        bundle = _compile_bundle(source, display, options, args.input or examples.DEFAULT_EXAMPLE)
         write_output("-", f"{bundle.path}\n")
         return EXIT_OK
 
