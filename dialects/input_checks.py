@@ -29,9 +29,17 @@ real parse and any pass. It rejects what passes, translation or codegen would cr
   (an assertion). Blocks have 1 to 1024 threads per dimension and in all, grids 1 to 2**31 - 1 blocks per
   dimension.
 
-``target_symbol_problems`` is the per-target rule for names, applied before translation to LLVM IR: PTX
-accepts only identifiers (letters, digits, ``_``, ``$``; LLVM aborts with "Symbol name with unsupported
-characters" otherwise), AMDGPU ELF code objects any printable name.
+``target_symbol_problem`` and ``lowered_problems`` are the per-target layer, applied to the lowered
+gpu.module before translation to LLVM IR (passes/to_llvm_ir.py), for what LLVM's GPU back ends abort on
+("LLVM ERROR", assertions) instead of reporting:
+
+* symbol names: PTX accepts only identifiers (letters, digits, ``_``, ``$``; LLVM aborts with "Symbol name
+  with unsupported characters" otherwise), AMDGPU code objects any printable name;
+* pointers outside the address spaces both back ends lower everywhere (0 generic, 1 global, 3 shared /
+  LDS, 4 constant, 5 local / private): others are "Bad address space" or "Cannot select" aborts;
+* 80- and 128-bit floats (``f80``, ``f128``): the back ends have no instructions nor library calls for them;
+* ``syncscope`` names the target does not define;
+* ``llvm.inline_asm`` whose constraint string does not match its operands (an LLVM ``cantFail`` abort).
 """
 
 from __future__ import annotations
@@ -306,3 +314,79 @@ def target_symbol_problem(name: str, *, is_kernel: bool, nvptx: bool) -> str | N
         return (f"{kind} name {name!r} is not a PTX identifier (a letter, '_' or '$' followed by letters, digits, "
                 f"'_' or '$'{'' if is_kernel else ', or .'})")  # fmt: skip
     return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Lowered IR, per target
+# ---------------------------------------------------------------------------------------------------
+
+ADDRESS_SPACES = (0, 1, 3, 4, 5)
+_PTR_SPACE = re.compile(r"!llvm\.ptr<(\d+)>")
+_WIDE_FLOAT = re.compile(r"(?<![\w.])(f80|f128)(?![\w.])")
+SYNC_SCOPES = {
+    True: ("", "singlethread", "block", "cluster", "device"),  # NVPTX
+    False: ("", "singlethread", "wavefront", "workgroup", "agent", "cluster", "one-as", "singlethread-one-as",
+            "wavefront-one-as", "workgroup-one-as", "agent-one-as", "cluster-one-as"),  # AMDGPU
+}  # fmt: skip
+
+
+def _type_problem(text: str) -> str | None:
+    for m in _PTR_SPACE.finditer(text):
+        if int(m.group(1)) not in ADDRESS_SPACES:
+            return (f"pointer address space {m.group(1)} is not supported by the GPU back ends (allowed: "
+                    f"{', '.join(map(str, ADDRESS_SPACES))})")  # fmt: skip
+    m = _WIDE_FLOAT.search(text)
+    if m:
+        return f"type {m.group(1)} is not supported by the GPU back ends (floats are at most 64 bits)"
+    return None
+
+
+def _inline_asm_problem(op: ir.Operation) -> str | None:
+    attr = op.attributes["constraints"] if "constraints" in op.attributes else None
+    if not isinstance(attr, ir.StringAttr):
+        return None
+    parts = [p for p in attr.value.split(",") if p]
+    inputs = [p for p in parts if not p.startswith(("=", "~"))]
+    outputs = [p for p in parts if p.startswith("=")]
+    if len(inputs) != len(op.operands) or len(outputs) > 1 and not op.results:
+        return (f"'llvm.inline_asm' constraints \"{attr.value}\" name {len(inputs)} input(s) but the op has "
+                f"{len(op.operands)} operand(s)")  # fmt: skip
+    if bool(outputs) != bool(op.results):
+        return f"'llvm.inline_asm' constraints \"{attr.value}\" and the op's results disagree on whether it has outputs"
+    return None
+
+
+def lowered_problems(gpu_module: ir.Operation, where, *, nvptx: bool) -> list[str]:
+    """Located problems of a lowered gpu.module that LLVM's back end for the target would abort on."""
+    problems: list[str] = []
+    scopes = SYNC_SCOPES[nvptx]
+
+    def visit(op):
+        op = op.operation
+        found = None
+        texts = [str(v.type) for v in op.operands] + [str(r.type) for r in op.results]
+        for region in op.regions:
+            for block in region.blocks:
+                texts += [str(a.type) for a in block.arguments]
+        for name in ("function_type", "global_type", "elem_type"):
+            if name in op.attributes:
+                texts.append(str(op.attributes[name]))
+        for text in texts:
+            found = found or _type_problem(text)
+        if not found and op.name == "llvm.mlir.global" and "addr_space" in op.attributes:
+            space = op.attributes["addr_space"]
+            if isinstance(space, ir.IntegerAttr) and space.value not in ADDRESS_SPACES:
+                found = _type_problem(f"!llvm.ptr<{space.value}>")
+        if not found and "syncscope" in op.attributes:
+            scope = op.attributes["syncscope"]
+            if isinstance(scope, ir.StringAttr) and scope.value not in scopes:
+                found = (f"'{op.name}' syncscope \"{scope.value}\" is not defined for this target (allowed: "
+                         f"{', '.join(repr(s) for s in scopes)})")  # fmt: skip
+        if not found and op.name == "llvm.inline_asm":
+            found = _inline_asm_problem(op)
+        if found:
+            problems.append(f"{where(op)}: {found}")
+        return ir.WalkResult.ADVANCE
+
+    gpu_module.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return problems

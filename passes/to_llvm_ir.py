@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mori_compiler._mlir import ir, nested_ops, translate_module_to_llvm_ir
+from mori_compiler._mlir import TranslationError, ir, nested_ops, translate_module_to_llvm_ir
 from mori_compiler.errors import MoriCompilerError
 
 KERNEL_MARKERS = ("rocdl.kernel", "nvvm.kernel")
@@ -98,9 +98,24 @@ def gpu_module_to_llvm_ir(module: ir.Module, filename: str = "-") -> DeviceModul
         name = gpu_module.attributes["sym_name"].value
         raise MoriCompilerError(f"gpu.module @{name} has no kernel (gpu.func ... kernel)", _where(gpu_module, filename))
     check_symbol_names(gpu_module, filename)
+    from mori_compiler.dialects.input_checks import lowered_problems
+
+    problems = lowered_problems(gpu_module, lambda op: _where(op, filename), nvptx=_targets_nvptx(gpu_module))
+    if problems:
+        loc, _, message = problems[0].partition(": ")
+        raise MoriCompilerError("\n".join([message, *problems[1:]]), loc)
     with module.context, ir.Location.unknown():
         host = ir.Module.create()
         for op in body.operations:
             host.body.append(op.clone())
-        text = translate_module_to_llvm_ir(host.operation)
+        try:
+            text = translate_module_to_llvm_ir(host.operation)
+        except TranslationError as exc:
+            if not exc.diagnostics:
+                raise MoriCompilerError(f"MLIR could not translate gpu.module to LLVM IR: {exc}",
+                                        _where(gpu_module, filename)) from None  # fmt: skip
+            located = [(filename + loc[1:] if loc.startswith("-:") else loc, msg) for loc, msg in exc.diagnostics]
+            (where, first), *rest = located
+            lines = [first] + [f"{loc}: {message}" for loc, message in rest]
+            raise MoriCompilerError("\n".join(lines), where) from None
     return DeviceModuleIR(gpu_module.attributes["sym_name"].value, text, kernels)
