@@ -134,13 +134,13 @@ def _tokens(text: str):
             elif c == "@" and m:
                 yield "symbol", m.group(), i
             i = j
-        elif c.isdigit():
+        elif _NUMBER.match(text, i):
             i = _NUMBER.match(text, i).end()
-        elif c.isalpha() or c == "_":
+        elif _BARE_ID.match(text, i):
             m = _BARE_ID.match(text, i)
             yield "id", m.group(), i
             i = m.end()
-        else:
+        else:  # any other character, ASCII or not (MLIR's lexer rejects what it does not know)
             yield "punct", c, i
             i += 1
 
