@@ -13,7 +13,10 @@ It rejects what crashes the parser or nanobind before any verifier runs:
   expanded: nanobind cannot turn it into a Python ``str`` (op names, symbol names, attribute values,
   file names of locations all come back as ``str``). The one exception is the initializer of an LLVM
   global (``llvm.mlir.global ... @name("\\ff\\00")``), which holds raw bytes and is never read as text;
-* text that is not representable as UTF-8 at all (lone surrogates from a Python caller).
+* text that is not representable as UTF-8 at all (lone surrogates from a Python caller);
+* a ``#rocdl.target<...>`` or ``#xevm.target<...>`` that its verifier refuses (``O`` outside 0..3, an
+  empty ``chip`` or ``triple``, an ROCDL ``abi`` other than 400/500/600, a ``link`` list holding
+  non-strings): their parsers build the attribute with an asserting ``get``.
 
 ``structural_problems(module_op)`` runs on the module parsed with the project dialects unloaded, before the
 real parse and any pass. It rejects what passes, translation or codegen would crash on later:
@@ -108,7 +111,8 @@ def _string_bytes(text: str, start: int) -> tuple[bytes, int]:
 
 def _tokens(text: str):
     """(kind, text, position) for the tokens that matter here: 'id' (bare identifier), 'alias' (``!name``),
-    'string', 'punct' (one character); comments and other prefixed identifiers are skipped."""
+    'dialect-type' (``!dialect.type``), 'attribute' (``#name``), 'symbol', 'string' (bytes), 'number'
+    (digits, without sign), 'punct' (one character); comments and other prefixed identifiers are skipped."""
     i, n = 0, len(text)
     while i < n:
         c = text[i]
@@ -133,9 +137,13 @@ def _tokens(text: str):
                 yield "alias" if "." not in m.group() else "dialect-type", m.group(), i
             elif c == "@" and m:
                 yield "symbol", m.group(), i
+            elif c == "#" and m:
+                yield "attribute", m.group(), i
             i = j
         elif _NUMBER.match(text, i):
-            i = _NUMBER.match(text, i).end()
+            m = _NUMBER.match(text, i)
+            yield "number", m.group(), i
+            i = m.end()
         elif _BARE_ID.match(text, i):
             m = _BARE_ID.match(text, i)
             yield "id", m.group(), i
@@ -174,6 +182,8 @@ def lexical_problems(text: str, filename: str = "-") -> list[str]:
             if is_index(ekind, evalue):
                 problems.append(f"{where}: a dense array's element type must be an integer or float type "
                                 f"(i1 ... i64, f16 ... f64), got index")  # fmt: skip
+        elif kind == "attribute" and value in _CHECKED_TARGET_ATTRS and k + 1 < len(tokens) and tokens[k + 1][1] == "<":
+            problems += [f"{where}: #{value} {p}" for p in _target_attr_problems(value, tokens, k + 2)]
         elif kind == "string":
             try:
                 value.decode("utf-8")
@@ -183,6 +193,42 @@ def lexical_problems(text: str, filename: str = "-") -> list[str]:
                 what = "quoted name" if text[pos] == "@" else "string"
                 problems.append(f"{where}: this {what} is not valid UTF-8 after its escapes are expanded (byte "
                                 f"0x{value[exc.start]:02x} at offset {exc.start}); names and strings must be UTF-8")  # fmt: skip
+    return problems
+
+
+# Target attributes whose parser builds the attribute with an asserting get (MLIR 22): their verifier's
+# rules are checked on the tokens first. (#nvvm.target reports its own errors.)
+_CHECKED_TARGET_ATTRS = ("rocdl.target", "xevm.target")
+_ROCDL_ABIS = (b"400", b"500", b"600")
+
+
+def _target_attr_problems(name: str, tokens, start: int) -> list[str]:
+    """Problems of the ``key = value`` pairs of a target attribute whose body starts at ``tokens[start]``."""
+    problems, depth, k = [], 0, start
+    while k < len(tokens):
+        kind, value, _ = tokens[k]
+        if value in ("<", "{", "[", "("):
+            depth += 1
+        elif value in (">", "}", "]", ")"):
+            if depth == 0:
+                break
+            depth -= 1
+        elif depth == 0 and kind == "id" and k + 2 < len(tokens) and tokens[k + 1][1] == "=":
+            vkind, v, _ = tokens[k + 2]
+            if value == "O" and (v == "-" or (vkind == "number" and int(v, 16 if v.startswith("0x") else 10) > 3)):
+                problems.append("'O' must be 0, 1, 2 or 3")
+            elif value in ("chip", "triple") and vkind == "string" and not v:
+                problems.append(f"'{value}' must not be empty")
+            elif value == "abi" and name == "rocdl.target" and vkind == "string" and v not in _ROCDL_ABIS:
+                problems.append(f"'abi' must be \"400\", \"500\" or \"600\", got \"{v.decode(errors='replace')}\"")
+            elif value == "link" and v == "[":
+                j = k + 3
+                while j < len(tokens) and tokens[j][1] != "]":
+                    if tokens[j][0] != "string" and tokens[j][1] != ",":
+                        problems.append("'link' must be a list of strings (bitcode file names)")
+                        break
+                    j += 1
+        k += 1
     return problems
 
 
