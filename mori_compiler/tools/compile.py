@@ -143,32 +143,41 @@ def _ep_config(fields: dict, index: int):
     return EpDispatchCombineConfig(**fields)
 
 
-def _build_entry(entry: dict, index: int):
-    """(bundle, what it is) for one checked entry."""
+def _plan_entry(entry: dict, index: int):
+    """A function that builds the checked entry's bundle and returns (bundle, what it is); everything that
+    can be checked without compiling (the EP config, the AsyncLL mode, the compile options) is checked
+    here, so that a bad entry fails before any entry is built."""
     from mori_compiler.errors import MoriCompilerError
     from mori_compiler.ops.asyncll import AsyncLLOptionError, resolve
-    from mori_compiler.ops.config import ConfigError, EpDispatchCombineKernelType
+    from mori_compiler.ops.config import ConfigError, EpDispatchCombineKernelType, validate_config
     from mori_compiler.ops.dispatch_combine import ep_bundle
     from mori_compiler.options import CompileOptions
+    from mori_compiler.targets import get_target
 
-    if "ep" in entry:
-        config = _ep_config(entry["ep"], index)
-        target = entry.get("target", "gfx942")
-        try:
-            asyncll = resolve(**entry["asyncll"]) if "asyncll" in entry else None
-            bundle = ep_bundle(config, target, virtual_pes=entry.get("virtual_pes", False), asyncll=asyncll)
-        except (ConfigError, AsyncLLOptionError) as exc:
-            lines = str(exc).split("\n")
-            raise MoriCompilerError("\n".join(f"config {index}: {line}" for line in lines)) from None
-        except MoriCompilerError as exc:
-            exc.message = f"config {index}: {exc.message}"
-            raise
-        return bundle, f"EP {EpDispatchCombineKernelType(config.kernel_type).name} kernels"
-    fields = {k: v for k, v in entry.items() if k != "kernel"}
     try:
-        options = CompileOptions(**fields)
+        if "ep" in entry:
+            config = _ep_config(entry["ep"], index)
+            target = entry.get("target", "gfx942")
+            validate_config(config, get_target(target).wave_size)
+            asyncll = resolve(**entry["asyncll"]) if "asyncll" in entry else None
+            virtual_pes = entry.get("virtual_pes", False)
+            what = f"EP {EpDispatchCombineKernelType(config.kernel_type).name} kernels"
+            return lambda: (ep_bundle(config, target, virtual_pes=virtual_pes, asyncll=asyncll), what)
+        options = CompileOptions(**{k: v for k, v in entry.items() if k != "kernel"})
         source, display, _ = _source(entry["kernel"])
-        return _compile_bundle(source, display, options, entry["kernel"]), display
+        return lambda: (_compile_bundle(source, display, options, entry["kernel"]), display)
+    except (ConfigError, AsyncLLOptionError) as exc:
+        raise MoriCompilerError("\n".join(f"config {index}: {line}" for line in str(exc).split("\n"))) from None
+    except MoriCompilerError as exc:
+        exc.message = f"config {index}: {exc.message}"
+        raise
+
+
+def _build(plan, index: int):
+    from mori_compiler.errors import MoriCompilerError
+
+    try:
+        return plan()
     except MoriCompilerError as exc:  # (an error in the kernel's file keeps its location in front)
         exc.message = f"config {index}: {exc.message}"
         raise
@@ -216,10 +225,11 @@ def precompile(configs_path: str) -> int:
     if not isinstance(configs, list):
         raise MoriCompilerError(f"{display} must hold a JSON list of configs, got {type(configs).__name__}")
     entries = [_check_entry(entry, i) for i, entry in enumerate(configs, 1)]
+    plans = [_plan_entry(entry, i) for i, entry in enumerate(entries, 1)]
     progress = _Progress(len(entries))
     try:
-        for i, entry in enumerate(entries, 1):
-            bundle, what = _build_entry(entry, i)
+        for i, (entry, plan) in enumerate(zip(entries, plans), 1):
+            bundle, what = _build(plan, i)
             progress.show(i, f"{what} {entry.get('target', 'gfx942')}")
             print(bundle.path, flush=True)
     finally:
