@@ -51,6 +51,8 @@ import re
 
 from mori_compiler._mlir import ir
 
+from .irdl_spec import string_value
+
 EP_OPS_AT_MODULE_TOP = ("mori_ep.dispatch", "mori_ep.combine", "mori_ep.dispatch_ll", "mori_ep.dispatch_send",
                         "mori_ep.dispatch_recv", "mori_ep.combine_send", "mori_ep.combine_recv")  # fmt: skip
 PROJECT_PREFIXES = ("mori_shmem.", "mori_ep.")
@@ -323,8 +325,8 @@ def structural_problems(module_op: ir.Operation, where) -> list[str]:
                 found.append(problem)
         if "sym_name" in op.attributes:
             attr = op.attributes["sym_name"]
-            if isinstance(attr, ir.StringAttr) and _has_control_char(attr.value):
-                found.append(f"'{name}' symbol name {attr.value!r} holds a control character")
+            if isinstance(attr, ir.StringAttr) and _has_control_char(string_value(attr)):
+                found.append(f"'{name}' symbol name {string_value(attr)!r} holds a control character")
         found += _launch_bound_problems(op)
         problems.extend(f"{where(op)}: {p}" for p in found)
         return ir.WalkResult.ADVANCE
@@ -391,14 +393,15 @@ def _inline_asm_problem(op: ir.Operation) -> str | None:
     attr = op.attributes["constraints"] if "constraints" in op.attributes else None
     if not isinstance(attr, ir.StringAttr):
         return None
-    parts = [p for p in attr.value.split(",") if p]
+    constraints = string_value(attr)
+    parts = [p for p in constraints.split(",") if p]
     inputs = [p for p in parts if not p.startswith(("=", "~"))]
     outputs = [p for p in parts if p.startswith("=")]
     if len(inputs) != len(op.operands) or len(outputs) > 1 and not op.results:
-        return (f"'llvm.inline_asm' constraints \"{attr.value}\" name {len(inputs)} input(s) but the op has "
+        return (f"'llvm.inline_asm' constraints \"{constraints}\" name {len(inputs)} input(s) but the op has "
                 f"{len(op.operands)} operand(s)")  # fmt: skip
     if bool(outputs) != bool(op.results):
-        return f"'llvm.inline_asm' constraints \"{attr.value}\" and the op's results disagree on whether it has outputs"
+        return f"'llvm.inline_asm' constraints \"{constraints}\" and the op's results disagree on whether it has outputs"
     return None
 
 
@@ -425,8 +428,8 @@ def lowered_problems(gpu_module: ir.Operation, where, *, nvptx: bool) -> list[st
                 found = _type_problem(f"!llvm.ptr<{space.value}>")
         if not found and "syncscope" in op.attributes:
             scope = op.attributes["syncscope"]
-            if isinstance(scope, ir.StringAttr) and scope.value not in scopes:
-                found = (f"'{op.name}' syncscope \"{scope.value}\" is not defined for this target (allowed: "
+            if isinstance(scope, ir.StringAttr) and string_value(scope) not in scopes:
+                found = (f"'{op.name}' syncscope \"{string_value(scope)}\" is not defined for this target (allowed: "
                          f"{', '.join(repr(s) for s in scopes)})")  # fmt: skip
         if not found and op.name == "llvm.inline_asm":
             found = _inline_asm_problem(op)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mori_compiler._mlir import TranslationError, ir, nested_ops, translate_module_to_llvm_ir
+from mori_compiler.dialects.irdl_spec import string_value
 from mori_compiler.errors import MoriCompilerError
 
 KERNEL_MARKERS = ("rocdl.kernel", "nvvm.kernel")
@@ -59,7 +60,7 @@ def check_symbol_names(gpu_module: ir.Operation, filename: str = "-") -> None:
         if "sym_name" not in op.attributes or not isinstance(op.attributes["sym_name"], ir.StringAttr):
             continue
         is_kernel = any(m in op.attributes for m in KERNEL_MARKERS + ("gpu.kernel",))
-        problem = target_symbol_problem(op.attributes["sym_name"].value, is_kernel=is_kernel, nvptx=nvptx)
+        problem = target_symbol_problem(string_value(op.attributes["sym_name"]), is_kernel=is_kernel, nvptx=nvptx)
         if problem:
             target = "PTX" if nvptx else "an AMDGPU code object"
             raise MoriCompilerError(f"'{op.name}': {problem}, as {target} requires", _where(op, filename))
@@ -69,7 +70,7 @@ def kernel_names(gpu_module: ir.Operation) -> tuple[str, ...]:
     names = []
     for op in gpu_module.regions[0].blocks[0].operations:
         if op.operation.name in ("llvm.func", "gpu.func") and any(m in op.attributes for m in KERNEL_MARKERS + ("gpu.kernel",)):
-            names.append(op.attributes["sym_name"].value)
+            names.append(string_value(op.attributes["sym_name"]))
     return tuple(names)
 
 
@@ -95,7 +96,7 @@ def gpu_module_to_llvm_ir(module: ir.Module, filename: str = "-") -> DeviceModul
         )
     kernels = kernel_names(gpu_module)
     if not kernels:
-        name = gpu_module.attributes["sym_name"].value
+        name = string_value(gpu_module.attributes["sym_name"])
         raise MoriCompilerError(f"gpu.module @{name} has no kernel (gpu.func ... kernel)", _where(gpu_module, filename))
     check_symbol_names(gpu_module, filename)
     from mori_compiler.dialects.input_checks import lowered_problems
@@ -118,4 +119,4 @@ def gpu_module_to_llvm_ir(module: ir.Module, filename: str = "-") -> DeviceModul
             (where, first), *rest = located
             lines = [first] + [f"{loc}: {message}" for loc, message in rest]
             raise MoriCompilerError("\n".join(lines), where) from None
-    return DeviceModuleIR(gpu_module.attributes["sym_name"].value, text, kernels)
+    return DeviceModuleIR(string_value(gpu_module.attributes["sym_name"]), text, kernels)

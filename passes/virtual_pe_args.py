@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mori_compiler._mlir import arith, gpu, ir, llvm
+from mori_compiler.dialects.irdl_spec import string_value
 from mori_compiler.errors import MoriCompilerError
 from mori_compiler.lib_bitcode.kernel_abi import arg_table_layout
 
@@ -37,7 +38,7 @@ STRIDE_ATTR = "mori.arg_table_stride"
 
 
 def rewrite_kernel(fn: ir.Operation) -> None:
-    name = fn.attributes["sym_name"].value
+    name = string_value(fn.attributes["sym_name"])
     if STRIDE_ATTR in fn.attributes:
         return  # already rewritten: the pass is idempotent
     block = fn.regions[0].blocks[0]
