@@ -150,3 +150,17 @@ def test_the_checker_imports_only_the_standard_library():
             "print(sorted(m for m in ('mlir', 'numpy', 'torch', 'llvmlite') if m in sys.modules))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_dialect_bounds_are_the_config_bounds():
+    """mori_ep's attribute bounds (checked when a file is parsed) are the ones validate_config applies, so
+    an op written by hand and an op generated from a config have the same limits."""
+    pytest.importorskip("mlir")
+    from mori_compiler.dialects import mori_ep
+    from mori_compiler.ops import config as cfg
+
+    assert mori_ep.MAX_LIMITS == {"hidden": cfg.MAX_HIDDEN_DIM, "experts_per_rank": cfg.MAX_EXPERTS_PER_RANK,
+                                  "max_tokens_per_rank": cfg.MAX_TOKENS_PER_RANK,
+                                  "max_recv_per_rank": cfg.MAX_TOKENS_PER_RANK,
+                                  "scale_bytes": cfg.MAX_SCALE_DIM * 8, "max_blocks": cfg.MAX_BLOCKS}  # fmt: skip
+    assert (mori_ep.MAX_WORLD_SIZE, mori_ep.MAX_BLOCK_THREADS) == (cfg.MAX_WORLD_SIZE, cfg.MAX_BLOCK_THREADS)
