@@ -199,6 +199,8 @@ def config_problems(cfg: EpDispatchCombineConfig, wave_size: int) -> list[str]:
     """Every problem of ``cfg`` for a target of ``wave_size`` lanes, one message per problem."""
     if not isinstance(cfg, EpDispatchCombineConfig):
         return [f"config must be an EpDispatchCombineConfig, not {type(cfg).__name__}"]
+    if not _is_int(wave_size) or wave_size not in (32, 64):
+        return [f"wave_size {wave_size!r} must be 32 or 64 (the target's lanes per wave)"]
     problems = []
     for name, rule in _RULES.items():
         problem = _field_problem(name, getattr(cfg, name), rule, wave_size)

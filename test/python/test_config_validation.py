@@ -124,6 +124,8 @@ def test_the_error_is_a_value_error_and_a_type_error():
     with pytest.raises(TypeError):
         validate_config(config(hidden_dim=8.0), 64)
     assert config_problems("not a config", 64) == ["config must be an EpDispatchCombineConfig, not str"]
+    assert config_problems(config(), True) == ["wave_size True must be 32 or 64 (the target's lanes per wave)"]
+    assert config_problems(config(), 48) == ["wave_size 48 must be 32 or 64 (the target's lanes per wave)"]
 
 
 def test_numpy_integers_are_ints_and_numpy_bools_are_not():
