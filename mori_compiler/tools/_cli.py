@@ -37,15 +37,20 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None) -> 
         return EXIT_INTERNAL_ERROR
 
 
+MAX_INPUT_BYTES = 256 << 20
+
+
 def read_input(path: str) -> tuple[str, str]:
     """(text, display name) of a file or of stdin ("-")."""
     display = "<stdin>" if path == "-" else path
     try:
         if path == "-":
-            data = sys.stdin.buffer.read()
+            data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
         else:
             with open(path, "rb") as f:
-                data = f.read()
+                data = f.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:  # also ends reading an endless device (/dev/zero) instead of hanging
+            raise MoriCompilerError(f"{display} is larger than {MAX_INPUT_BYTES >> 20} MiB; inputs are MLIR text files")
         return data.decode("utf-8"), display
     except UnicodeDecodeError as exc:
         from mori_compiler.dialects.input_checks import file_not_utf8_message
