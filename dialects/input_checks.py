@@ -14,6 +14,7 @@ It rejects what crashes the parser or nanobind before any verifier runs:
   file names of locations all come back as ``str``). The one exception is the initializer of an LLVM
   global (``llvm.mlir.global ... @name("\\ff\\00")``), which holds raw bytes and is never read as text;
 * text that is not representable as UTF-8 at all (lone surrogates from a Python caller);
+* brackets nested deeper than ``MAX_NESTING`` levels (MLIR's recursive parser overflows the stack);
 * a ``#rocdl.target<...>`` or ``#xevm.target<...>`` that its verifier refuses (``O`` outside 0..3, an
   empty ``chip`` or ``triple``, an ROCDL ``abi`` other than 400/500/600, a ``link`` list holding
   non-strings): their parsers build the attribute with an asserting ``get``.
@@ -69,9 +70,6 @@ MAX_BLOCK_THREADS = 1024  # the most threads a block may have on every supported
 # Lexical layer
 # ---------------------------------------------------------------------------------------------------
 
-_BARE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")
-_SUFFIX_ID = re.compile(r"[A-Za-z0-9_$.\-]+")
-_NUMBER = re.compile(r"0x[0-9a-fA-F]+|[0-9]+")
 _HEX2 = re.compile(r"[0-9a-fA-F]{2}")
 
 
@@ -111,48 +109,38 @@ def _string_bytes(text: str, start: int) -> tuple[bytes, int]:
     return bytes(out), n
 
 
+_TOKEN = re.compile(
+    r"""(?P<space>\s+)
+      | (?P<comment>//[^\n]*)
+      | (?P<string>@?"(?:[^"\\\n]|\\.)*"?)
+      | (?P<prefixed>[%@#!^][A-Za-z0-9_$.\-]+)
+      | (?P<number>0x[0-9a-fA-F]+|[0-9]+)
+      | (?P<id>[A-Za-z_][A-Za-z0-9_$.]*)
+      | (?P<punct>.)""",
+    re.VERBOSE,
+)
+_PREFIX_KIND = {"@": "symbol", "#": "attribute"}
+
+
 def _tokens(text: str):
     """(kind, text, position) for the tokens that matter here: 'id' (bare identifier), 'alias' (``!name``),
-    'dialect-type' (``!dialect.type``), 'attribute' (``#name``), 'symbol', 'string' (bytes), 'number'
-    (digits, without sign), 'punct' (one character); comments and other prefixed identifiers are skipped."""
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c.isspace():
-            i += 1
-        elif text.startswith("//", i):
-            j = text.find("\n", i)
-            i = n if j < 0 else j + 1
-        elif c == '"':
-            data, j = _string_bytes(text, i)
-            yield "string", data, i
-            i = j
-        elif c in "%@#!^":
-            if c == "@" and i + 1 < n and text[i + 1] == '"':
-                data, j = _string_bytes(text, i + 1)
-                yield "string", data, i
-                i = j
-                continue
-            m = _SUFFIX_ID.match(text, i + 1)
-            j = m.end() if m else i + 1
-            if c == "!" and m:
-                yield "alias" if "." not in m.group() else "dialect-type", m.group(), i
-            elif c == "@" and m:
-                yield "symbol", m.group(), i
-            elif c == "#" and m:
-                yield "attribute", m.group(), i
-            i = j
-        elif _NUMBER.match(text, i):
-            m = _NUMBER.match(text, i)
-            yield "number", m.group(), i
-            i = m.end()
-        elif _BARE_ID.match(text, i):
-            m = _BARE_ID.match(text, i)
-            yield "id", m.group(), i
-            i = m.end()
-        else:  # any other character, ASCII or not (MLIR's lexer rejects what it does not know)
-            yield "punct", c, i
-            i += 1
+    'dialect-type' (``!dialect.type``), 'attribute' (``#name``), 'symbol', 'string' (its bytes, escapes
+    expanded; also for ``@"..."``), 'number' (digits, without sign), 'punct' (one character). Comments,
+    whitespace, ``%values`` and ``^blocks`` are skipped. One regular expression: the scan is linear."""
+    for m in _TOKEN.finditer(text):
+        kind, value, pos = m.lastgroup, m.group(), m.start()
+        if kind in ("space", "comment"):
+            continue
+        if kind == "string":
+            yield "string", _string_bytes(text, pos + (value[0] == "@"))[0], pos
+        elif kind == "prefixed":
+            sigil, name = value[0], value[1:]
+            if sigil == "!":
+                yield ("dialect-type" if "." in name else "alias"), name, pos
+            elif sigil in _PREFIX_KIND:
+                yield _PREFIX_KIND[sigil], name, pos
+        else:
+            yield kind, value, pos
 
 
 def lexical_problems(text: str, filename: str = "-") -> list[str]:
@@ -177,15 +165,21 @@ def lexical_problems(text: str, filename: str = "-") -> list[str]:
             kind, value = aliases[value]
         return kind == "id" and value == "index"
 
+    deepest = _deepest_nesting(tokens)
+    if deepest is not None:
+        where = "{}:{}:{}".format(filename, *_line_col(text, deepest))
+        return [f"{where}: nesting deeper than {MAX_NESTING} levels of brackets (regions, attributes, types)"]
+    def at(pos: int) -> str:
+        return "{}:{}:{}".format(filename, *_line_col(text, pos))
+
     for k, (kind, value, pos) in enumerate(tokens):
-        where = "{}:{}:{}".format(filename, *_line_col(text, pos))
         if kind == "id" and value == "array" and k + 2 < len(tokens) and tokens[k + 1][1] == "<":
             ekind, evalue, _ = tokens[k + 2]
             if is_index(ekind, evalue):
-                problems.append(f"{where}: a dense array's element type must be an integer or float type "
+                problems.append(f"{at(pos)}: a dense array's element type must be an integer or float type "
                                 f"(i1 ... i64, f16 ... f64), got index")  # fmt: skip
         elif kind == "attribute" and value in _CHECKED_TARGET_ATTRS and k + 1 < len(tokens) and tokens[k + 1][1] == "<":
-            problems += [f"{where}: #{value} {p}" for p in _target_attr_problems(value, tokens, k + 2)]
+            problems += [f"{at(pos)}: #{value} {p}" for p in _target_attr_problems(value, tokens, k + 2)]
         elif kind == "string":
             try:
                 value.decode("utf-8")
@@ -193,7 +187,7 @@ def lexical_problems(text: str, filename: str = "-") -> list[str]:
                 if _is_global_initializer(tokens, k):
                     continue
                 what = "quoted name" if text[pos] == "@" else "string"
-                problems.append(f"{where}: this {what} is not valid UTF-8 after its escapes are expanded (byte "
+                problems.append(f"{at(pos)}: this {what} is not valid UTF-8 after its escapes are expanded (byte "
                                 f"0x{value[exc.start]:02x} at offset {exc.start}); names and strings must be UTF-8")  # fmt: skip
     return problems
 
@@ -232,6 +226,26 @@ def _target_attr_problems(name: str, tokens, start: int) -> list[str]:
                     j += 1
         k += 1
     return problems
+
+
+MAX_NESTING = 256  # MLIR's parser recurses per level (a stack overflow near 10**4); real IR nests < 30
+
+
+def _deepest_nesting(tokens) -> int | None:
+    """Position of the first bracket nested deeper than MAX_NESTING, or None. The ``>`` of ``->`` and the
+    ``<``/``>`` of affine ``<=``/``>=`` are not brackets."""
+    depth = 0
+    for k, (kind, value, pos) in enumerate(tokens):
+        if kind != "punct":
+            continue
+        next_is_eq = k + 1 < len(tokens) and tokens[k + 1][1] == "=" and tokens[k + 1][2] == pos + 1
+        if value in "{[(" or (value == "<" and not next_is_eq):
+            depth += 1
+            if depth > MAX_NESTING:
+                return pos
+        elif value in "}])" or (value == ">" and not next_is_eq and not (k and tokens[k - 1][1] == "-")):
+            depth = max(0, depth - 1)
+    return None
 
 
 def _is_global_initializer(tokens, k: int) -> bool:

@@ -80,7 +80,7 @@ def verify_project_ops(module_op: ir.Operation, filename: str = "-") -> list[str
     extra = {d.name: d.extra_verify for d in DIALECTS}
     errors: list[str] = []
 
-    def visit(op):
+    def visit(op):  # called by MLIR's walk: no Python recursion however deep the IR nests
         op = op.operation
         if op.name.startswith(prefixes):
             where = format_location(op.location, filename)
@@ -94,12 +94,9 @@ def verify_project_ops(module_op: ir.Operation, filename: str = "-") -> list[str
                 if not problems:
                     problems = extra[op.name.split(".", 1)[0]](op)
                 errors.extend(f"{where}: {p}" for p in problems)
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    visit(inner)
+        return ir.WalkResult.ADVANCE
 
-    visit(module_op)
+    module_op.walk(visit, ir.WalkOrder.PRE_ORDER)
     return errors
 
 
