@@ -245,6 +245,15 @@ def main(argv: list[str] | None = None) -> int:
         write_output("-", "\n".join(examples.example_names()) + "\n")
         return EXIT_OK
     if args.precompile:
+        defaults = vars(_parser().parse_args([]))
+        spelled = {"opt_level": "-O", "output": "-o", "input": "an input file"}
+        ignored = [spelled.get(k, f"--{k.replace('_', '-')}") for k, v in vars(args).items()
+                   if k != "precompile" and v != defaults[k]]  # fmt: skip
+        if ignored:
+            from mori_compiler.errors import MoriCompilerError
+
+            raise MoriCompilerError(f"--precompile takes every option from its JSON entries; {', '.join(ignored)} "
+                                    "would be ignored (give it in the entries)")  # fmt: skip
         return precompile(args.precompile)
     options = _options(args)
     target = options.gpu_target

@@ -33,3 +33,8 @@
 // GLUED: exit status: 1
 // ASYNCLL: 1/1 EP AsyncLL kernels sm_90
 // ASYNCLL: exit status: 0
+
+// Options on the command line next to --precompile would be ignored: refused.
+// RUN: %exit-status mori-compile --precompile %S/Inputs/precompile-asyncll.json --target gfx942 -O 1 2>&1 | FileCheck %s --check-prefix=IGNORED
+// IGNORED: error: --precompile takes every option from its JSON entries; --target, -O would be ignored (give it in the entries)
+// IGNORED: exit status: 1
