@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Callable
@@ -29,12 +30,26 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None) -> 
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
-    except Exception as exc:  # a compiler bug: say so in one line; the traceback only on request
-        if os.environ.get("MORI_COMPILER_TRACEBACK"):
-            raise
-        print(f"error: internal compiler error: {type(exc).__name__}: {exc} "
-              "(set MORI_COMPILER_TRACEBACK=1 for the traceback, and please report it)", file=sys.stderr)  # fmt: skip
-        return EXIT_INTERNAL_ERROR
+    except OSError as exc:
+        if exc.errno not in _FULL_OUTPUT_ERRNOS:
+            return _internal_error(exc)
+        print(f"error: cannot write the output: {exc.strerror}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except Exception as exc:
+        return _internal_error(exc)
+
+
+# A full disk or a failing output device (stdout redirected to /dev/full): the environment, not a bug.
+_FULL_OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+
+
+def _internal_error(exc: Exception) -> int:
+    """A compiler bug: said in one line; the traceback only on request."""
+    if os.environ.get("MORI_COMPILER_TRACEBACK"):
+        raise exc
+    print(f"error: internal compiler error: {type(exc).__name__}: {exc} "
+          "(set MORI_COMPILER_TRACEBACK=1 for the traceback, and please report it)", file=sys.stderr)  # fmt: skip
+    return EXIT_INTERNAL_ERROR
 
 
 MAX_INPUT_BYTES = 256 << 20
@@ -68,11 +83,16 @@ def read_input(path: str) -> tuple[str, str]:
 
 def write_output(path: str | None, data: str | bytes) -> None:
     if path in (None, "-"):
-        if isinstance(data, bytes):
-            sys.stdout.buffer.write(data)
-        else:
-            sys.stdout.write(data)
-        sys.stdout.flush()
+        try:
+            if isinstance(data, bytes):
+                sys.stdout.buffer.write(data)
+            else:
+                sys.stdout.write(data)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:  # e.g. stdout redirected to a full disk (/dev/full)
+            raise MoriCompilerError(f"cannot write to stdout: {exc.strerror}") from None
         return
     try:
         mode = "wb" if isinstance(data, bytes) else "w"

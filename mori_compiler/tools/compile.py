@@ -245,10 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         write_output("-", "\n".join(examples.example_names()) + "\n")
         return EXIT_OK
     if args.precompile:
-        defaults = vars(_parser().parse_args([]))
+        given = _parser()
+        for action in given._actions:  # parse again, keeping only what the command line names
+            action.default = argparse.SUPPRESS
         spelled = {"opt_level": "-O", "output": "-o", "input": "an input file"}
-        ignored = [spelled.get(k, f"--{k.replace('_', '-')}") for k, v in vars(args).items()
-                   if k != "precompile" and v != defaults[k]]  # fmt: skip
+        ignored = [spelled.get(k, f"--{k.replace('_', '-')}") for k in vars(given.parse_args(argv)) if k != "precompile"]
         if ignored:
             from mori_compiler.errors import MoriCompilerError
 
