@@ -31,7 +31,8 @@ real parse and any pass. It rejects what passes, translation or codegen would cr
 * launch bounds (``known_block_size``, ``known_grid_size``, ``nvvm.maxntid``, ...) outside what a GPU can
   launch: a negative or too large element makes the NVVM/ROCDL translation build an out-of-range APInt
   (an assertion). Blocks have 1 to 1024 threads per dimension and in all, grids 1 to 2**31 - 1 blocks per
-  dimension.
+  dimension; the scalar NVVM/ROCDL kernel attributes (``nvvm.maxnreg``, ``rocdl.flat_work_group_size``, ...)
+  are checked against their ranges too (LLVM reads them as unsigned numbers).
 
 ``target_symbol_problem`` and ``lowered_problems`` are the per-target layer, applied to the lowered
 gpu.module before translation to LLVM IR (passes/to_llvm_ir.py), for what LLVM's GPU back ends abort on
@@ -322,6 +323,34 @@ def _launch_bound_problems(op: ir.Operation) -> list[str]:
     return problems
 
 
+# Scalar kernel attributes of the NVVM/ROCDL dialects: (lo, hi). LLVM parses them as unsigned numbers
+# (a negative one is an unlocated "can't parse ... attribute" error, or silently a huge limit).
+SCALAR_KERNEL_ATTRS = {
+    "nvvm.maxnreg": (1, 255),  # PTX .maxnreg: at most 255 registers per thread
+    "nvvm.minctasm": (1, MAX_LAUNCH_DIM),
+    "nvvm.cluster_max_blocks": (1, MAX_LAUNCH_DIM),
+    "rocdl.max_flat_work_group_size": (1, MAX_BLOCK_THREADS),
+    "rocdl.waves_per_eu": (1, MAX_LAUNCH_DIM),
+}
+
+
+def _scalar_kernel_attr_problems(op: ir.Operation) -> list[str]:
+    problems = []
+    for name, (lo, hi) in SCALAR_KERNEL_ATTRS.items():
+        if name in op.attributes and isinstance(op.attributes[name], ir.IntegerAttr):
+            value = op.attributes[name].value
+            if not lo <= value <= hi:
+                problems.append(f"'{op.name}' attribute '{name}' must be in [{lo}, {hi}], got {value}")
+    if "rocdl.flat_work_group_size" in op.attributes and isinstance(op.attributes["rocdl.flat_work_group_size"], ir.StringAttr):
+        text = string_value(op.attributes["rocdl.flat_work_group_size"])
+        bounds = text.split(",")
+        if not (len(bounds) == 2 and all(b.strip().isdigit() for b in bounds)
+                and 1 <= int(bounds[0]) <= int(bounds[1]) <= MAX_BLOCK_THREADS):  # fmt: skip
+            problems.append(f"'{op.name}' attribute 'rocdl.flat_work_group_size' must be \"MIN,MAX\" with "
+                            f"1 <= MIN <= MAX <= {MAX_BLOCK_THREADS}, got \"{text}\"")  # fmt: skip
+    return problems
+
+
 def structural_problems(module_op: ir.Operation, where) -> list[str]:
     """Problems of every op nested in ``module_op``; ``where(op)`` formats the op's location."""
     problems: list[str] = []
@@ -341,7 +370,7 @@ def structural_problems(module_op: ir.Operation, where) -> list[str]:
             attr = op.attributes["sym_name"]
             if isinstance(attr, ir.StringAttr) and _has_control_char(string_value(attr)):
                 found.append(f"'{name}' symbol name {string_value(attr)!r} holds a control character")
-        found += _launch_bound_problems(op)
+        found += _launch_bound_problems(op) + _scalar_kernel_attr_problems(op)
         problems.extend(f"{where(op)}: {p}" for p in found)
         return ir.WalkResult.ADVANCE
 

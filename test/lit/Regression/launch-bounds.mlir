@@ -46,6 +46,19 @@ gpu.module @m {
     llvm.return
   }
 
+// -----
+// The scalar kernel attributes LLVM reads as unsigned numbers ("can't parse first integer attribute").
+// CHECK: error: {{.*}}launch-bounds.mlir:[[@LINE+3]]:5: 'gpu.func' attribute 'rocdl.waves_per_eu' must be in [1, 2147483647], got -1
+// CHECK: error: {{.*}}launch-bounds.mlir:[[@LINE+5]]:5: 'gpu.func' attribute 'rocdl.flat_work_group_size' must be "MIN,MAX" with 1 <= MIN <= MAX <= 1024, got "0,99999"
+gpu.module @m {
+    gpu.func @k() kernel attributes {rocdl.waves_per_eu = -1 : i32} {
+      gpu.return
+    }
+    gpu.func @l() kernel attributes {rocdl.flat_work_group_size = "0,99999"} {
+      gpu.return
+    }
+}
+
 // CHECK-NOT: error:
 // CHECK: exit status: 1
 // COMPILE-NOT: Assertion
