@@ -132,6 +132,13 @@ def extra_verify(op: ir.Operation) -> list[str]:
             if "world_size" in ints:
                 need(ints["world_size"] <= ints["wave_size"],
                      f"attribute 'world_size' ({ints['world_size']}) must not exceed the wave size ({ints['wave_size']})")
+        if short == "dispatch_ll" and "warps_per_block" in ints:
+            need(ints["warps_per_block"] >= 2, f"attribute 'warps_per_block' ({ints['warps_per_block']}) must be >= 2: "
+                 "the LL dispatch has a control warp and at least one data warp")  # fmt: skip
+        if all(ints.get(f, 0) >= 1 for f in ("top_k", "world_size", "experts_per_rank")):  # (else reported above)
+            total = ints["world_size"] * ints["experts_per_rank"]
+            need(ints["top_k"] <= total, f"attribute 'top_k' ({ints['top_k']}) exceeds the {total} experts "
+                 "(world_size x experts_per_rank)")  # fmt: skip
         if "max_recv_per_rank" in ints and "max_tokens_per_rank" in ints:
             need(ints["max_recv_per_rank"] <= ints["max_tokens_per_rank"],
                  "attribute 'max_recv_per_rank' must not exceed 'max_tokens_per_rank'")
