@@ -17,7 +17,8 @@ It rejects what crashes the parser or nanobind before any verifier runs:
 * brackets nested deeper than ``MAX_NESTING`` levels (MLIR's recursive parser overflows the stack);
 * a ``#rocdl.target<...>`` or ``#xevm.target<...>`` that its verifier refuses (``O`` outside 0..3, an
   empty ``chip`` or ``triple``, an ROCDL ``abi`` other than 400/500/600, a ``link`` list holding
-  non-strings): their parsers build the attribute with an asserting ``get``.
+  non-strings): their parsers build the attribute with an asserting ``get``; an ``#nvvm.target`` whose
+  chip is not an SM name (its verifier drops a 3-character prefix unchecked).
 
 ``structural_problems(module_op)`` runs on the module parsed with the project dialects unloaded, before the
 real parse and any pass. It rejects what passes, translation or codegen would crash on later:
@@ -195,7 +196,10 @@ def lexical_problems(text: str, filename: str = "-") -> list[str]:
 
 # Target attributes whose parser builds the attribute with an asserting get (MLIR 22): their verifier's
 # rules are checked on the tokens first. (#nvvm.target reports its own errors.)
-_CHECKED_TARGET_ATTRS = ("rocdl.target", "xevm.target")
+_CHECKED_TARGET_ATTRS = ("rocdl.target", "xevm.target", "nvvm.target")
+# #nvvm.target verifies its fields itself, but reads the SM number of its chip by dropping a 3-character
+# prefix without checking the length (an assertion): its chip must be an SM name.
+NVVM_CHIP = re.compile(r"(sm|compute)_[0-9]+[a-z]?")
 _ROCDL_ABIS = (b"400", b"500", b"600")
 
 
@@ -212,8 +216,13 @@ def _target_attr_problems(name: str, tokens, start: int) -> list[str]:
             depth -= 1
         elif depth == 0 and kind == "id" and k + 2 < len(tokens) and tokens[k + 1][1] == "=":
             vkind, v, _ = tokens[k + 2]
-            if value == "O" and (v == "-" or (vkind == "number" and int(v, 16 if v.startswith("0x") else 10) > 3)):
+            if name == "nvvm.target" and value != "chip":
+                pass  # the attribute's own verifier reports the other fields
+            elif value == "O" and (v == "-" or (vkind == "number" and int(v, 16 if v.startswith("0x") else 10) > 3)):
                 problems.append("'O' must be 0, 1, 2 or 3")
+            elif name == "nvvm.target":
+                if value == "chip" and vkind == "string" and not NVVM_CHIP.fullmatch(v.decode(errors="replace")):
+                    problems.append(f"'chip' must be an SM name such as \"sm_90\", got \"{v.decode(errors='replace')}\"")
             elif value in ("chip", "triple") and vkind == "string" and not v:
                 problems.append(f"'{value}' must not be empty")
             elif value == "abi" and name == "rocdl.target" and vkind == "string" and v not in _ROCDL_ABIS:

@@ -12,6 +12,7 @@ import dataclasses
 import re
 
 from mori_compiler._mlir import ir, passmanager
+from mori_compiler.dialects.input_checks import NVVM_CHIP
 from mori_compiler.errors import MoriCompilerError
 from mori_compiler.passes import ALL_PASSES, get_pass_class
 
@@ -86,7 +87,8 @@ ABI_VERSIONS = ("400", "500", "600")
 def check_attach_target_options(pipeline: str) -> None:
     """Refuse options the ``*-attach-target`` passes turn into an invalid target attribute: MLIR builds
     it with an asserting ``get`` (an abort), not a diagnostic. Rules as the attributes' verifiers:
-    ``O`` in 0..3, ``chip`` and ``triple`` not empty, ROCDL's ``abi`` one of 400, 500, 600."""
+    ``O`` in 0..3, ``chip`` and ``triple`` not empty, ROCDL's ``abi`` one of 400, 500, 600, NVVM's chip an
+    SM name."""
     for m in _ATTACH_TARGET.finditer(pipeline):
         name, options = m.group(1), m.group(2) or ""
         for item in options.split():
@@ -98,6 +100,8 @@ def check_attach_target_options(pipeline: str) -> None:
                 problem = "must not be empty"
             elif key == "abi" and name == "rocdl-attach-target" and value not in ABI_VERSIONS:
                 problem = f"must be one of {', '.join(ABI_VERSIONS)}"
+            elif key == "chip" and name == "nvvm-attach-target" and not NVVM_CHIP.fullmatch(value):
+                problem = "must be an SM name such as sm_90"
             if problem:
                 raise MoriCompilerError(f"pass '{name}' option {key}={value!r} {problem}")
         for key in ("chip", "triple"):  # `chip=` directly before the closing brace or another option

@@ -2,7 +2,8 @@
 
 // Regression (issue 11, found by probing attribute syntax): the parsers of #rocdl.target and #xevm.target
 // build the attribute with an asserting get, so an ABI, optimization level or empty chip their verifier
-// refuses aborted both tools. The tokens are checked before MLIR parses them.
+// refuses aborted both tools; #nvvm.target's verifier asserts on a chip shorter than "sm_". The tokens are
+// checked before MLIR parses them.
 
 // CHECK: error: {{.*}}target-attributes.mlir:[[@LINE+1]]:16: #rocdl.target 'abi' must be "400", "500" or "600", got "7"
 gpu.module @m [#rocdl.target<chip = "gfx942", abi = "7">] {
@@ -26,6 +27,11 @@ gpu.module @m [#xevm.target<O = 9>] {
 // -----
 // CHECK: error: {{.*}}target-attributes.mlir:[[@LINE+1]]:16: #rocdl.target 'link' must be a list of strings
 gpu.module @m [#rocdl.target<link = [1]>] {
+}
+
+// -----
+// CHECK: error: {{.*}}target-attributes.mlir:[[@LINE+1]]:16: #nvvm.target 'chip' must be an SM name such as "sm_90", got "x"
+gpu.module @m [#nvvm.target<chip = "x">] {
 }
 
 // -----
