@@ -1,6 +1,6 @@
 """Checks on user IR for inputs that make MLIR or LLVM abort (they are built with assertions).
 
-Two layers, both returning ``file:line:col: message`` strings:
+Three layers, each returning ``file:line:col: message`` strings:
 
 ``lexical_problems(text)`` runs *before* the first ``ir.Module.parse``. It is a small scanner of MLIR's
 token grammar (comments, string literals with their escapes, prefixed identifiers, bare identifiers,
@@ -54,10 +54,10 @@ import re
 
 from mori_compiler._mlir import ir
 
+from . import mori_ep
 from .irdl_spec import string_value
 
-EP_OPS_AT_MODULE_TOP = ("mori_ep.dispatch", "mori_ep.combine", "mori_ep.dispatch_ll", "mori_ep.dispatch_send",
-                        "mori_ep.dispatch_recv", "mori_ep.combine_send", "mori_ep.combine_recv")  # fmt: skip
+EP_OPS_AT_MODULE_TOP = tuple(f"{mori_ep.DIALECT_NAME}.{name}" for name in mori_ep.EP_OPS)
 PROJECT_PREFIXES = ("mori_shmem.", "mori_ep.")
 FUNCTION_OPS = ("gpu.func", "func.func", "llvm.func")
 MODULE_OPS = ("builtin.module", "gpu.module")
