@@ -25,6 +25,7 @@ class DeviceModuleIR:
     name: str
     llvm_ir: str
     kernels: tuple[str, ...]
+    location: str = "-"  # file:line:col of the gpu.module, for errors of the later (LLVM-level) stages
 
 
 def _where(op: ir.Operation, filename: str) -> str:
@@ -119,4 +120,4 @@ def gpu_module_to_llvm_ir(module: ir.Module, filename: str = "-") -> DeviceModul
             (where, first), *rest = located
             lines = [first] + [f"{loc}: {message}" for loc, message in rest]
             raise MoriCompilerError("\n".join(lines), where) from None
-    return DeviceModuleIR(string_value(gpu_module.attributes["sym_name"]), text, kernels)
+    return DeviceModuleIR(string_value(gpu_module.attributes["sym_name"]), text, kernels, _where(gpu_module, filename))
