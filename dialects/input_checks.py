@@ -370,7 +370,7 @@ def structural_problems(module_op: ir.Operation, where) -> list[str]:
         found: list[str] = []
         dialect, dot, short = name.partition(".")
         if not (dialect and dot and short):
-            found.append(f"op name '{name}' is not of the form 'dialect.operation'")
+            found.append(f"op name {name!r} is not of the form 'dialect.operation'")
         if name.startswith(PROJECT_PREFIXES):
             problem = _placement_problem(op)
             if problem:

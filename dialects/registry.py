@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mori_compiler._mlir import ir, new_context
-from mori_compiler.errors import MoriCompilerError, location_text
+from mori_compiler.errors import MoriCompilerError, location_text, one_line
 
 from . import input_checks, irdl_spec, mori_ep, mori_shmem
 
@@ -55,17 +55,11 @@ def format_location(loc: ir.Location, filename: str) -> str:
     return location_text(loc, filename)
 
 
-def _one_line(message: str, limit: int = 400) -> str:
-    """A diagnostic on one line (MLIR prints whole ops into some), cut at ``limit`` characters."""
-    text = " ".join(message.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def diagnostics_message(exc: ir.MLIRError, filename: str) -> MoriCompilerError:
     """Turn an MLIRError into one user error carrying every diagnostic with its location."""
     lines = []
     for d in exc.error_diagnostics:
-        lines.append(f"{format_location(d.location, filename)}: {_one_line(d.message)}")
+        lines.append(f"{format_location(d.location, filename)}: {one_line(d.message)}")
     if not lines:
         return MoriCompilerError(str(exc), filename)
     first, *rest = lines
@@ -118,7 +112,8 @@ def parse_source(text: str, ctx: ir.Context, filename: str = "-") -> ir.Module:
                 module.operation, lambda op: format_location(op.location, filename)
             )
             errors = errors or verify_project_ops(module.operation, filename)
-    if errors:
+    if errors:  # one line per problem: a name or string echoed in a message may hold a newline
+        errors = [one_line(e) for e in errors]
         loc, _, msg = errors[0].partition(": ")
         raise MoriCompilerError("\n".join([msg] + errors[1:]), loc)
     load_all(ctx)

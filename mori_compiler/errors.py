@@ -56,7 +56,18 @@ class ToolchainError(MoriCompilerError):
 
 
 def with_filename(exc: MoriCompilerError, filename: str) -> MoriCompilerError:
-    """Name the input file in a location that MLIR reported as "-" (it parses strings without one)."""
-    if exc.location and exc.location.startswith("-:") and filename != "-":
+    """Name the input file in locations that MLIR reported as "-" (it parses strings without one): the
+    error's own and those that begin the further lines of its message (one per problem)."""
+    if filename == "-":
+        return exc
+    if exc.location and exc.location.startswith("-:"):
         exc.location = filename + exc.location[1:]
+    lines = exc.message.split("\n")
+    exc.message = "\n".join(filename + line[1:] if line.startswith("-:") else line for line in lines)
     return exc
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """``text`` on one line (each error line is one problem), cut at ``limit`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

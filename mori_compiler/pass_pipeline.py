@@ -111,6 +111,10 @@ def check_attach_target_options(pipeline: str) -> None:
 
 def build_pass_manager(pipeline: str, ctx: ir.Context) -> passmanager.PassManager:
     """A PassManager on builtin.module for ``pipeline`` (with or without the builtin.module anchor)."""
+    try:
+        pipeline.encode("utf-8")
+    except UnicodeEncodeError:  # bytes of a command line that are not UTF-8 (Python keeps them as surrogates)
+        raise MoriCompilerError(f"the pass pipeline {pipeline!r} is not valid UTF-8 text") from None
     check_attach_target_options(pipeline)
     with ctx:
         pm = passmanager.PassManager("builtin.module")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from mori_compiler._mlir import TranslationError, ir, nested_ops, translate_module_to_llvm_ir
 from mori_compiler.dialects.irdl_spec import string_value
-from mori_compiler.errors import MoriCompilerError
+from mori_compiler.errors import MoriCompilerError, one_line
 
 KERNEL_MARKERS = ("rocdl.kernel", "nvvm.kernel")
 
@@ -104,6 +104,7 @@ def gpu_module_to_llvm_ir(module: ir.Module, filename: str = "-") -> DeviceModul
 
     problems = lowered_problems(gpu_module, lambda op: _where(op, filename), nvptx=_targets_nvptx(gpu_module))
     if problems:
+        problems = [one_line(p) for p in problems]
         loc, _, message = problems[0].partition(": ")
         raise MoriCompilerError("\n".join([message, *problems[1:]]), loc)
     with module.context, ir.Location.unknown():
@@ -116,7 +117,7 @@ def gpu_module_to_llvm_ir(module: ir.Module, filename: str = "-") -> DeviceModul
             if not exc.diagnostics:
                 raise MoriCompilerError(f"MLIR could not translate gpu.module to LLVM IR: {exc}",
                                         _where(gpu_module, filename)) from None  # fmt: skip
-            located = [(filename + loc[1:] if loc.startswith("-:") else loc, msg) for loc, msg in exc.diagnostics]
+            located = [(filename + loc[1:] if loc.startswith("-:") else loc, one_line(msg)) for loc, msg in exc.diagnostics]
             (where, first), *rest = located
             lines = [first] + [f"{loc}: {message}" for loc, message in rest]
             raise MoriCompilerError("\n".join(lines), where) from None

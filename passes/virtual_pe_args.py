@@ -29,7 +29,7 @@ from typing import ClassVar
 
 from mori_compiler._mlir import arith, gpu, ir, llvm
 from mori_compiler.dialects.irdl_spec import string_value
-from mori_compiler.errors import MoriCompilerError
+from mori_compiler.errors import MoriCompilerError, one_line
 from mori_compiler.lib_bitcode.kernel_abi import arg_table_layout
 
 from .gpu_kernels import gpu_kernels, kernel_param_types
@@ -45,7 +45,7 @@ def rewrite_kernel(fn: ir.Operation) -> None:
     args = list(block.arguments)
     types, problem = kernel_param_types(fn, role="virtual-PE kernels take")
     if problem:
-        raise MoriCompilerError(problem, fn.location)
+        raise MoriCompilerError(one_line(problem), fn.location)
     offsets, stride = arg_table_layout(types)
     ptr = ir.Type.parse("!llvm.ptr")
     i8, i64 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(64)

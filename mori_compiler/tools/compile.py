@@ -271,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         raise MoriCompilerError(f"--emit={emit} does not apply to target {target.name}")
     source, display, short = _source(args.input)
 
+    if emit == "bundle" and (args.output or args.stop_after):
+        raise MoriCompilerError(f"{'-o' if args.output else '--stop-after'} does not apply to --emit=bundle (the "
+                                "bundle is written into the cache and its path printed)")  # fmt: skip
     if emit == "bundle":
         bundle = _compile_bundle(source, display, options, args.input or examples.DEFAULT_EXAMPLE)
         write_output("-", f"{bundle.path}\n")
