@@ -44,6 +44,8 @@ gpu.module before translation to LLVM IR (passes/to_llvm_ir.py), for what LLVM's
 * pointers outside the address spaces both back ends lower everywhere (0 generic, 1 global, 3 shared /
   LDS, 4 constant, 5 local / private): others are "Bad address space" or "Cannot select" aborts;
 * 80- and 128-bit floats (``f80``, ``f128``): the back ends have no instructions nor library calls for them;
+  integers wider than ``MAX_INT_BITS`` (LLVM asserts beyond 2**23 bits; long before, the GPU back ends
+  expand them into endless instruction sequences);
 * ``syncscope`` names the target does not define;
 * ``llvm.inline_asm`` whose constraint string does not match its operands (an LLVM ``cantFail`` abort).
 """
@@ -430,6 +432,10 @@ SYNC_SCOPES = {
 }  # fmt: skip
 
 
+MAX_INT_BITS = 1024
+_INT_TYPE = re.compile(r"(?<![\w.])[su]?i(\d+)(?![\w.])")
+
+
 def _type_problem(text: str) -> str | None:
     for m in _PTR_SPACE.finditer(text):
         if int(m.group(1)) not in ADDRESS_SPACES:
@@ -438,6 +444,10 @@ def _type_problem(text: str) -> str | None:
     m = _WIDE_FLOAT.search(text)
     if m:
         return f"type {m.group(1)} is not supported by the GPU back ends (floats are at most 64 bits)"
+    for m in _INT_TYPE.finditer(text):
+        if int(m.group(1)) > MAX_INT_BITS:
+            return (f"integer type {m.group()} is wider than {MAX_INT_BITS} bits, which the GPU back ends do not "
+                    "support (LLVM asserts beyond 2**23 bits)")  # fmt: skip
     return None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 from ._cli import EXIT_OK, error_on_bad_args, read_input, run_cli, write_output
@@ -169,8 +170,7 @@ def _plan_entry(entry: dict, index: int):
     except (ConfigError, AsyncLLOptionError) as exc:
         raise MoriCompilerError("\n".join(f"config {index}: {line}" for line in str(exc).split("\n"))) from None
     except MoriCompilerError as exc:
-        exc.message = f"config {index}: {exc.message}"
-        raise
+        raise _naming_entry(exc, index) from None
 
 
 def _build(plan, index: int):
@@ -178,9 +178,22 @@ def _build(plan, index: int):
 
     try:
         return plan()
-    except MoriCompilerError as exc:  # (an error in the kernel's file keeps its location in front)
-        exc.message = f"config {index}: {exc.message}"
-        raise
+    except MoriCompilerError as exc:
+        raise _naming_entry(exc, index) from None
+
+
+_LOCATED_LINE = re.compile(r"(\S+:\d+:\d+): (.*)")
+
+
+def _naming_entry(exc, index: int):
+    """``exc`` with "config N: " on every problem line (after the location of a located one)."""
+    first, *rest = exc.message.split("\n")
+    lines = [f"config {index}: {first}"]
+    for line in rest:
+        m = _LOCATED_LINE.fullmatch(line)
+        lines.append(line if line.startswith("  ") else f"{m[1]}: config {index}: {m[2]}" if m else f"config {index}: {line}")
+    exc.message = "\n".join(lines)
+    return exc
 
 
 def _compile_bundle(source: str, display: str, options, kernel: str):

@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         text = registry.emit_irdl() if args.emit_irdl else "\n".join(d.name for d in registry.DIALECTS) + "\n"
         write_output(args.output, text)
         return EXIT_OK
+    try:
+        args.pass_pipeline.encode("utf-8")
+    except UnicodeEncodeError:  # raw command-line bytes that are not UTF-8 (kept by Python as surrogates)
+        raise MoriCompilerError(f"-p/--pass-pipeline {args.pass_pipeline!r} is not valid UTF-8 text") from None
     text, filename = read_input(args.input)
     outputs, failed = [], False
     for chunk, offset in _chunks(text, args.split_input_file):

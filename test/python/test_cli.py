@@ -557,6 +557,15 @@ def test_precompile_kernel_file_errors_are_located_in_the_file(in_tmp, capsys):
     assert_one_error_line(capsys.readouterr().err, "error: k.mlir:2:3: config 1: 'mori_shmem.my_pe' must be placed")
 
 
+def test_precompile_names_the_entry_on_every_error_line(in_tmp, capsys):
+    (in_tmp / "k.mlir").write_text('gpu.module @m {\n  gpu.func @k() kernel {\n    %x = "mori_ep.count_signal"() : () -> i32'
+                                   "\n    gpu.return\n  }\n}\n")  # fmt: skip
+    (in_tmp / "configs.json").write_text(json.dumps([{"kernel": "ring_put_signal"}, {"kernel": "k.mlir"}]))
+    assert mori_compile.entry(["--precompile", "configs.json"]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) > 1 and all(line.startswith("error: k.mlir:3:10: config 2: 'mori_ep.count_signal' ") for line in lines)
+
+
 def test_precompile_asyncll_entry_is_the_bundle_ep_bundle_builds(tmp_path, monkeypatch, capsys):
     """An AsyncLL "ep" entry (an internal error before: the CLI re-implemented ep_bundle) builds exactly the
     bundle ops.ep_bundle returns for the same config and notification mode."""

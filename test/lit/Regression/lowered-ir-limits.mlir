@@ -5,12 +5,14 @@
 // RUN: %exit-status mori-compile %t.2.mlir --target sm_90 -o %t.ptx 2>&1 | FileCheck %s --check-prefix=F128
 // RUN: %exit-status mori-compile %t.3.mlir --target sm_90 -o %t.ptx 2>&1 | FileCheck %s --check-prefix=SCOPE
 // RUN: %exit-status mori-compile %t.4.mlir --target gfx942 -o %t.hsaco 2>&1 | FileCheck %s --check-prefix=ASM
+// RUN: %exit-status mori-compile %t.5.mlir --target gfx942 -o %t.hsaco 2>&1 | FileCheck %s --check-prefix=WIDE
 
 // Regression (issue 11, found by fuzzing): IR that MLIR's translation or LLVM's GPU back ends abort on
 // instead of reporting. An unknown intrinsic made the C API print a NULL module (a segfault: translation
 // now runs in a forked child and its diagnostics come back located); address space 7/99 pointers, f128
 // arithmetic, an unknown syncscope and inline asm whose constraints do not match its operands were
-// "LLVM ERROR"/assertion aborts. Each is now an error at the op.
+// "LLVM ERROR"/assertion aborts, as was an i16777215 parameter (LLVM's integers stop at 2**23 bits). Each
+// is now an error at the op.
 
 // INTRINSIC: error: {{.*}}.0.mlir:[[@LINE+4]]:12: could not find LLVM intrinsic: "llvm.bogus.thing"
 // INTRINSIC: exit status: 1
@@ -59,6 +61,15 @@ gpu.module @m {
 gpu.module @m {
     gpu.func @k(%a: i32) kernel {
       %r = llvm.inline_asm has_side_effects "v_mov_b32 $0, $1", "=v,~{vcc}" %a : (i32) -> i32
+      gpu.return
+    }
+}
+
+// -----
+// WIDE: error: {{.*}}.5.mlir:[[@LINE+3]]:5: integer type i16777215 is wider than 1024 bits, which the GPU back ends do not support
+// WIDE: exit status: 1
+gpu.module @m {
+    gpu.func @k(%p: i16777215) kernel {
       gpu.return
     }
 }
