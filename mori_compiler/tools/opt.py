@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.pass_pipeline.encode("utf-8")
     except UnicodeEncodeError:  # raw command-line bytes that are not UTF-8 (kept by Python as surrogates)
-        raise MoriCompilerError(f"-p/--pass-pipeline {args.pass_pipeline!r} is not valid UTF-8 text") from None
+        raise MoriCompilerError(f"option -p/--pass-pipeline {args.pass_pipeline!r} is not valid text (the command "
+                                "line holds characters that cannot be encoded)") from None  # fmt: skip
     text, filename = read_input(args.input)
     outputs, failed = [], False
     for chunk, offset in _chunks(text, args.split_input_file):

@@ -11,7 +11,7 @@
 // into two `error:` lines; with --emit=bundle the second and later errors were located in "-", not the
 // file; -o was silently ignored by --emit=bundle.
 
-// PIPELINE: error: -p/--pass-pipeline '\udcff\udcfe' is not valid UTF-8 text
+// PIPELINE: error: option -p/--pass-pipeline '\udcff\udcfe' is not valid text (the command line holds characters that cannot be encoded)
 // PIPELINE: exit status: 1
 
 // -----
