@@ -260,6 +260,17 @@ def _deepest_nesting(tokens) -> int | None:
     return None
 
 
+def op_location(text: str, filename: str, op_name: str, symbol: str) -> str | None:
+    """``file:line:col`` of the op ``op_name @symbol`` in ``text`` (custom form), or None: for errors of
+    the LLVM-level stages, which know a gpu.module by its name only."""
+    tokens = list(_tokens(text))
+    for k in range(len(tokens) - 1):
+        kind, value, pos = tokens[k]
+        if kind == "id" and value == op_name and tokens[k + 1][0] == "symbol" and tokens[k + 1][1] == symbol:
+            return "{}:{}:{}".format(filename, *_line_col(text, pos))
+    return None
+
+
 def _is_global_initializer(tokens, k: int) -> bool:
     """``llvm.mlir.global ... @name("bytes")``: the string right after ``@name(``."""
     return k >= 2 and tokens[k - 1][1] == "(" and tokens[k - 2][0] == "symbol" and any(

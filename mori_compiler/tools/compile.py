@@ -204,7 +204,21 @@ def _compile_bundle(source: str, display: str, options, kernel: str):
     try:
         return compile_bundle(source, options, config={"kernel": kernel})
     except MoriCompilerError as exc:
-        raise with_filename(exc, display) from None
+        raise _located_at_module(with_filename(exc, display), source, display) from None
+
+
+_MODULE_ERROR = re.compile(r"(?:code object of )?gpu\.module @([\w$.\-]+) ")
+
+
+def _located_at_module(exc, source: str, display: str):
+    """An error of the LLVM-level stages (link, symbol checks, codegen) names the gpu.module, not a place:
+    locate it at that gpu.module in the input."""
+    m = _MODULE_ERROR.match(exc.message)
+    if exc.location is None and m:
+        from mori_compiler.dialects.input_checks import op_location
+
+        exc.location = op_location(source, display, "gpu.module", m.group(1))
+    return exc
 
 
 class _Progress:
@@ -293,7 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
 
     stop = args.stop_after or {"mlir": "abi", "llvm": "opt", "isa": "isa" if target.is_amdgpu else "ptx"}.get(emit)
-    result = pipeline.compile_source(source, options, filename=display, stop_after=stop, want_assembly=emit == "isa")
+    try:
+        result = pipeline.compile_source(source, options, filename=display, stop_after=stop, want_assembly=emit == "isa")
+    except MoriCompilerError as exc:
+        raise _located_at_module(exc, source, display) from None
     if args.stop_after or emit == "mlir":
         data = pipeline.stage_output(result)
         if isinstance(data, bytes) and args.output is None:  # never dump an ELF file on a terminal
