@@ -14,10 +14,16 @@ from dataclasses import dataclass, field
 from mori_compiler._mlir import ir
 
 
+def string_value(attr: ir.StringAttr) -> str:
+    """A string attribute as a Python str, whatever its bytes: ``.value`` raises (inside nanobind) on bytes
+    that are not UTF-8, which the parse-time checks refuse but IR built elsewhere may hold."""
+    return attr.value_bytes.decode("utf-8", "backslashreplace")
+
+
 def string_attributes(op: ir.Operation) -> dict[str, str]:
     """The op's string-valued attributes as plain Python strings."""
     attrs = op.attributes
-    return {n: attrs[n].value for n in attrs if isinstance(attrs[n], ir.StringAttr)}
+    return {n: string_value(attrs[n]) for n in attrs if isinstance(attrs[n], ir.StringAttr)}
 
 
 def int_attributes(op: ir.Operation) -> dict[str, int]:

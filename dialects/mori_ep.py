@@ -60,6 +60,12 @@ IRDL_FILE = "mori_ep.irdl.mlir"
 DISPATCH_DTYPES = {"bf16": 2, "f32": 4, "fp8_e4m3fn": 1, "fp8_e4m3fnuz": 1}
 COMBINE_DTYPES = {"bf16": 2, "f32": 4}
 MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a warp (wave32 on gfx12)
+# Upper bounds of the config attributes (the same limits as ops/config.py's EpDispatchCombineConfig
+# rules, which test_config_validation.py pins equal): the kernels' token, slot and expert indices are
+# 32-bit, a token row is at most 256 KiB, a block at most 1024 threads, the device barrier has 1024 slots.
+MAX_LIMITS = {"hidden": 2**16, "experts_per_rank": 2**12, "max_tokens_per_rank": 2**16,
+              "max_recv_per_rank": 2**16, "scale_bytes": 2**16 * 8, "max_blocks": 1024}  # fmt: skip
+MAX_BLOCK_THREADS = 1024
 HALF_OPS = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")  # AsyncLL send/recv phases
 EP_OPS = ("dispatch", "combine", "dispatch_ll") + HALF_OPS
 
@@ -111,14 +117,28 @@ def extra_verify(op: ir.Operation) -> list[str]:
                       "warps_per_block", "wave_size", "max_blocks"):  # fmt: skip
             if field in ints:
                 need(ints[field] >= 1, f"attribute '{field}' must be >= 1, got {ints[field]}")
+        for field, limit in MAX_LIMITS.items():
+            if field in ints:
+                need(ints[field] <= limit, f"attribute '{field}' must be <= {limit}, got {ints[field]}")
         if "wave_size" in ints:
             need(ints["wave_size"] in (32, 64), f"attribute 'wave_size' must be 32 or 64, got {ints['wave_size']}")
+            if "warps_per_block" in ints and ints["wave_size"] in (32, 64):
+                most = MAX_BLOCK_THREADS // ints["wave_size"]
+                need(ints["warps_per_block"] <= most, f"attribute 'warps_per_block' ({ints['warps_per_block']}) must be "
+                     f"<= {most}: a block has at most {MAX_BLOCK_THREADS} threads")  # fmt: skip
             if "top_k" in ints:
                 need(ints["top_k"] < ints["wave_size"],
                      f"attribute 'top_k' ({ints['top_k']}) must be smaller than the wave size ({ints['wave_size']})")
             if "world_size" in ints:
                 need(ints["world_size"] <= ints["wave_size"],
                      f"attribute 'world_size' ({ints['world_size']}) must not exceed the wave size ({ints['wave_size']})")
+        if short == "dispatch_ll" and "warps_per_block" in ints:
+            need(ints["warps_per_block"] >= 2, f"attribute 'warps_per_block' ({ints['warps_per_block']}) must be >= 2: "
+                 "the LL dispatch has a control warp and at least one data warp")  # fmt: skip
+        if all(ints.get(f, 0) >= 1 for f in ("top_k", "world_size", "experts_per_rank")):  # (else reported above)
+            total = ints["world_size"] * ints["experts_per_rank"]
+            need(ints["top_k"] <= total, f"attribute 'top_k' ({ints['top_k']}) exceeds the {total} experts "
+                 "(world_size x experts_per_rank)")  # fmt: skip
         if "max_recv_per_rank" in ints and "max_tokens_per_rank" in ints:
             need(ints["max_recv_per_rank"] <= ints["max_tokens_per_rank"],
                  "attribute 'max_recv_per_rank' must not exceed 'max_tokens_per_rank'")

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mori_compiler._mlir import ir, new_context
-from mori_compiler.errors import MoriCompilerError
+from mori_compiler.errors import MoriCompilerError, location_text, one_line
 
-from . import irdl_spec, mori_ep, mori_shmem
+from . import input_checks, irdl_spec, mori_ep, mori_shmem
 
 
 @dataclass(frozen=True)
@@ -51,21 +51,15 @@ def op_specs() -> dict[str, irdl_spec.OpSpec]:
 
 
 def format_location(loc: ir.Location, filename: str) -> str:
-    """``file:line:col`` for a file location (MLIR names a parsed string "-"), else the printed loc."""
-    text = str(loc)
-    if loc.is_a_file():
-        name = filename if loc.filename == "-" else loc.filename
-        return f"{name}:{loc.start_line}:{loc.start_col}"
-    if "(" in text and text.startswith("loc("):
-        return text[4:-1]
-    return text
+    """``file:line:col`` of the file location in ``loc`` (MLIR names a parsed string "-"), else ``filename``."""
+    return location_text(loc, filename)
 
 
 def diagnostics_message(exc: ir.MLIRError, filename: str) -> MoriCompilerError:
     """Turn an MLIRError into one user error carrying every diagnostic with its location."""
     lines = []
     for d in exc.error_diagnostics:
-        lines.append(f"{format_location(d.location, filename)}: {d.message}")
+        lines.append(f"{format_location(d.location, filename)}: {one_line(d.message)}")
     if not lines:
         return MoriCompilerError(str(exc), filename)
     first, *rest = lines
@@ -80,7 +74,7 @@ def verify_project_ops(module_op: ir.Operation, filename: str = "-") -> list[str
     extra = {d.name: d.extra_verify for d in DIALECTS}
     errors: list[str] = []
 
-    def visit(op):
+    def visit(op):  # called by MLIR's walk: no Python recursion however deep the IR nests
         op = op.operation
         if op.name.startswith(prefixes):
             where = format_location(op.location, filename)
@@ -94,12 +88,9 @@ def verify_project_ops(module_op: ir.Operation, filename: str = "-") -> list[str
                 if not problems:
                     problems = extra[op.name.split(".", 1)[0]](op)
                 errors.extend(f"{where}: {p}" for p in problems)
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    visit(inner)
+        return ir.WalkResult.ADVANCE
 
-    visit(module_op)
+    module_op.walk(visit, ir.WalkOrder.PRE_ORDER)
     return errors
 
 
@@ -107,15 +98,22 @@ def parse_source(text: str, ctx: ir.Context, filename: str = "-") -> ir.Module:
     """Parse user IR into ``ctx`` (project dialects loaded) or raise a MoriCompilerError.
 
     Errors name the file, line and column; for project ops also the op, the field and what is allowed.
+    Inputs MLIR would abort on are refused first (input_checks.py).
     """
-    with new_context() as scratch:
-        scratch.allow_unregistered_dialects = True
-        try:
-            module = ir.Module.parse(text)
-        except ir.MLIRError as exc:
-            raise diagnostics_message(exc, filename) from None
-        errors = verify_project_ops(module.operation, filename)
-    if errors:
+    errors = input_checks.lexical_problems(text, filename)
+    if not errors:
+        with new_context() as scratch:
+            scratch.allow_unregistered_dialects = True
+            try:
+                module = ir.Module.parse(text)
+            except ir.MLIRError as exc:
+                raise diagnostics_message(exc, filename) from None
+            errors = input_checks.structural_problems(
+                module.operation, lambda op: format_location(op.location, filename)
+            )
+            errors = errors or verify_project_ops(module.operation, filename)
+    if errors:  # one line per problem: a name or string echoed in a message may hold a newline
+        errors = [one_line(e) for e in errors]
         loc, _, msg = errors[0].partition(": ")
         raise MoriCompilerError("\n".join([msg] + errors[1:]), loc)
     load_all(ctx)

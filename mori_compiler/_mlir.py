@@ -8,6 +8,7 @@ MLIR → LLVM IR translation, which the pinned bindings expose only through the 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 
 try:
@@ -34,6 +35,7 @@ __all__ = [
     "nested_ops",
     "new_context",
     "scf",
+    "TranslationError",
     "translate_module_to_llvm_ir",
 ]
 
@@ -76,7 +78,8 @@ _translate_fn = None
 def _translator():
     global _translate_fn
     if _translate_fn is None:
-        lib = ctypes.CDLL(os.path.join(os.path.dirname(_mlir_libs.__file__), "libMLIRPythonCAPI.so"))
+        # PyDLL: the GIL stays held during the call, so diagnostic handlers may run Python.
+        lib = ctypes.PyDLL(os.path.join(os.path.dirname(_mlir_libs.__file__), "libMLIRPythonCAPI.so"))
         fn = lib.mlirTranslateModuleToLLVMIRToString
         fn.argtypes, fn.restype = [_MlirOperation], ctypes.c_void_p
         _translate_fn = fn
@@ -91,15 +94,66 @@ def _capsule_pointer(capsule) -> int:
     return get_ptr(capsule, get_name(capsule))
 
 
+class TranslationError(Exception):
+    """MLIR could not translate a module to LLVM IR; ``diagnostics`` are (location, message) pairs."""
+
+    def __init__(self, diagnostics: list[tuple[object, str]]):
+        super().__init__("; ".join(message for _, message in diagnostics) or "MLIR could not translate the module")
+        self.diagnostics = diagnostics
+
+
 def translate_module_to_llvm_ir(module_op: ir.Operation) -> str:
     """Translate a ``builtin.module`` holding only LLVM-dialect ops to LLVM IR text.
 
-    The caller must have verified the module: the C API returns NULL (and prints a diagnostic) on failure.
+    The C API prints the translated module without checking that translation succeeded: on any failure
+    (an unknown intrinsic, an attribute LLVM cannot take) it dereferences NULL and the process dies. So
+    the translation runs in a forked child, which streams MLIR's diagnostics and then the IR text back
+    through a pipe; a child that dies is a :class:`TranslationError` carrying those diagnostics (each
+    with its MLIR location). Forking costs a few milliseconds next to the translation itself.
     """
-    ptr = _translator()(_MlirOperation(_capsule_pointer(module_op._CAPIPtr)))
-    if not ptr:
-        raise RuntimeError("MLIR could not translate the module to LLVM IR")
-    try:
-        return ctypes.string_at(ptr).decode()
-    finally:
-        ctypes.CDLL(None).free(ctypes.c_void_p(ptr))
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: translate, report, never return into the parent's code
+        status = 1
+        try:
+            os.close(read_end)
+
+            def on_diagnostic(d):
+                record = json.dumps([_location_record(d.location), str(d.message)])
+                _write_all(write_end, b"D" + record.encode() + b"\n")
+                return True
+
+            module_op.context.attach_diagnostic_handler(on_diagnostic)
+            ptr = _translator()(_MlirOperation(_capsule_pointer(module_op._CAPIPtr)))
+            if ptr:
+                _write_all(write_end, b"R" + ctypes.string_at(ptr))
+                status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    chunks = []
+    with os.fdopen(read_end, "rb") as pipe:
+        for chunk in iter(lambda: pipe.read(1 << 20), b""):
+            chunks.append(chunk)
+    _, wait_status = os.waitpid(pid, 0)
+    data = b"".join(chunks)
+    diagnostics = []
+    while data.startswith(b"D"):
+        line, _, data = data.partition(b"\n")
+        location, message = json.loads(line[1:])
+        diagnostics.append((location, message))
+    if os.waitstatus_to_exitcode(wait_status) != 0 or not data.startswith(b"R"):
+        raise TranslationError(diagnostics)
+    return data[1:].decode()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _location_record(loc) -> str:
+    from mori_compiler.errors import location_text
+
+    return location_text(loc, "-")

@@ -9,8 +9,10 @@ fields) and hands every other element to MLIR as text.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from mori_compiler._mlir import ir, passmanager
+from mori_compiler.dialects.input_checks import NVVM_CHIP
 from mori_compiler.errors import MoriCompilerError
 from mori_compiler.passes import ALL_PASSES, get_pass_class
 
@@ -78,8 +80,42 @@ def make_project_pass(element: str):
     return cls(**_parse_options(name, cls, rest[:-1] if brace else ""))
 
 
+_ATTACH_TARGET = re.compile(r"([\w-]+-attach-target)\s*(?:\{([^}]*)\})?")
+ABI_VERSIONS = ("400", "500", "600")
+
+
+def check_attach_target_options(pipeline: str) -> None:
+    """Refuse options the ``*-attach-target`` passes turn into an invalid target attribute: MLIR builds
+    it with an asserting ``get`` (an abort), not a diagnostic. Rules as the attributes' verifiers:
+    ``O`` in 0..3, ``chip`` and ``triple`` not empty, ROCDL's ``abi`` one of 400, 500, 600, NVVM's chip an
+    SM name."""
+    for m in _ATTACH_TARGET.finditer(pipeline):
+        name, options = m.group(1), m.group(2) or ""
+        for item in options.split():
+            key, _, value = item.partition("=")
+            problem = None
+            if key == "O" and not (value.isdigit() and int(value) <= 3):
+                problem = "must be 0, 1, 2 or 3"
+            elif key in ("chip", "triple") and not value:
+                problem = "must not be empty"
+            elif key == "abi" and name == "rocdl-attach-target" and value not in ABI_VERSIONS:
+                problem = f"must be one of {', '.join(ABI_VERSIONS)}"
+            elif key == "chip" and name == "nvvm-attach-target" and not NVVM_CHIP.fullmatch(value):
+                problem = "must be an SM name such as sm_90"
+            if problem:
+                raise MoriCompilerError(f"pass '{name}' option {key}={value!r} {problem}")
+        for key in ("chip", "triple"):  # `chip=` directly before the closing brace or another option
+            if re.search(rf"(?:^|\s){key}=(?:\s|$)", options):
+                raise MoriCompilerError(f"pass '{name}' option {key}='' must not be empty")
+
+
 def build_pass_manager(pipeline: str, ctx: ir.Context) -> passmanager.PassManager:
     """A PassManager on builtin.module for ``pipeline`` (with or without the builtin.module anchor)."""
+    try:
+        pipeline.encode("utf-8")
+    except UnicodeEncodeError:  # bytes of a command line that are not UTF-8 (Python keeps them as surrogates)
+        raise MoriCompilerError(f"the pass pipeline {pipeline!r} is not valid UTF-8 text") from None
+    check_attach_target_options(pipeline)
     with ctx:
         pm = passmanager.PassManager("builtin.module")
         for element in split_top_level(_strip_anchor(pipeline)):

@@ -557,7 +557,7 @@ def helper_for(op: ir.Operation, wave: int, vectors_per_lane: int = 1, *, global
         dtype, k = attrs["dtype"].value, len(op.operands) - 2
         build = accumulate_rows_x2 if vectors_per_lane == 2 else accumulate_rows
         return f"{PREFIX}accumulate_rows_{dtype}_k{k}", build(dtype, k, wave, space)
-    raise MoriCompilerError(f"'{op.name}' is not a building block")
+    raise MoriCompilerError(f"'{op.name}' is not a building block", op.location)
 
 
 def insert_functions(gm: ir.Operation, text: str) -> None:

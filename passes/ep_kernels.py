@@ -651,7 +651,7 @@ class MoriEpToKernels:
                     cfg = EpKernelConfig.from_op(ep)
                     if cfg.wave_size != self.wave_size:
                         raise MoriCompilerError(f"'{ep.name}' was configured for wave size {cfg.wave_size}, the "
-                                                f"target runs {self.wave_size}")  # fmt: skip
+                                                f"target runs {self.wave_size}", ep.location)  # fmt: skip
                     # Parsed inside a gpu.module so that gpu.func is legal; kept alive while its ops move.
                     text = kernels_for(ep, cfg, self.uniform_addressing, self.global_address_space)
                     parsed = ir.Module.parse("gpu.module @tmp {\n" + text + "}\n")

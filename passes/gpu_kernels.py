@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mori_compiler._mlir import ir
+from mori_compiler.dialects.irdl_spec import string_value
 from mori_compiler.lib_bitcode.kernel_abi import MLIR_PARAM_TYPES
 
 
@@ -21,7 +22,7 @@ def gpu_kernels(module_op: ir.Operation) -> Iterator[ir.Operation]:
 def kernel_param_types(fn: ir.Operation, *, role: str) -> tuple[list[str] | None, str | None]:
     """(the ABI type name of each parameter, None) or (None, a message naming the first parameter whose
     type has no ABI mapping; ``role`` says who needs it, e.g. "bundles support")."""
-    name = fn.attributes["sym_name"].value
+    name = string_value(fn.attributes["sym_name"])
     types = []
     for i, arg in enumerate(fn.regions[0].blocks[0].arguments):
         ty = MLIR_PARAM_TYPES.get(str(arg.type))

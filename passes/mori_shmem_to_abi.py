@@ -61,7 +61,7 @@ def _symbol_table(op: ir.Operation) -> ir.Operation:
     while parent is not None and parent.operation.name not in _SYMBOL_TABLES:
         parent = parent.parent
     if parent is None:
-        raise MoriCompilerError(f"'{op.name}' is not inside a builtin.module or gpu.module")
+        raise MoriCompilerError(f"'{op.name}' is not inside a builtin.module or gpu.module", op.location)
     return parent
 
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mori_compiler._mlir import arith, gpu, ir, llvm
-from mori_compiler.errors import MoriCompilerError
+from mori_compiler.dialects.irdl_spec import string_value
+from mori_compiler.errors import MoriCompilerError, one_line
 from mori_compiler.lib_bitcode.kernel_abi import arg_table_layout
 
 from .gpu_kernels import gpu_kernels, kernel_param_types
@@ -37,14 +38,14 @@ STRIDE_ATTR = "mori.arg_table_stride"
 
 
 def rewrite_kernel(fn: ir.Operation) -> None:
-    name = fn.attributes["sym_name"].value
+    name = string_value(fn.attributes["sym_name"])
     if STRIDE_ATTR in fn.attributes:
         return  # already rewritten: the pass is idempotent
     block = fn.regions[0].blocks[0]
     args = list(block.arguments)
     types, problem = kernel_param_types(fn, role="virtual-PE kernels take")
     if problem:
-        raise MoriCompilerError(problem)
+        raise MoriCompilerError(one_line(problem), fn.location)
     offsets, stride = arg_table_layout(types)
     ptr = ir.Type.parse("!llvm.ptr")
     i8, i64 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(64)

@@ -88,7 +88,7 @@ def resolve(environ: Mapping[str, str] | None = None, **overrides: bool) -> Asyn
         raise AsyncLLOptionError(f"unknown AsyncLL option(s) {unknown}; allowed: {sorted(ENV_VARS)}")
     values = {name: _flag(environ, var) for name, var in ENV_VARS.items()}
     for name, value in overrides.items():
-        if value not in (0, 1, True, False):
+        if not (isinstance(value, bool) or (type(value) is int and value in (0, 1))):
             raise AsyncLLOptionError(f"AsyncLL option {name}={value!r} is not allowed: use 0 or 1")
         values[name] = bool(value)
     return AsyncLLOptions(**values)

@@ -1,11 +1,16 @@
 """The EP configuration (MORI's ``EpDispatchCombineConfig`` and kernel-type enum) and its validation.
 
 Standard library only: the op, the CLI's ``--precompile`` and the reference model all read it.
+``validate_config`` is table-driven (``_RULES``: each field's type and range, with the reason for each
+bound), then checks the relations between fields; fields only MORI's inter-node kernels read must keep
+their defaults (``rdma_block_num`` 0, ``num_qp_per_pe`` 1), so that no value is silently ignored.
 """
 
 from __future__ import annotations
 
 import enum
+import numbers
+import sys
 from dataclasses import dataclass
 
 DISPATCH_DTYPES = ("bf16", "f32", "fp8_e4m3fn", "fp8_e4m3fnuz")
@@ -78,41 +83,159 @@ def _dtype_name(dtype) -> str:
     return _TORCH_DTYPE_NAMES[name]
 
 
+class ConfigError(ValueError, TypeError):
+    """An ``EpDispatchCombineConfig`` the kernels cannot run; one line per problem, each naming
+    ``config.<field>``, the value and what is allowed. A ValueError (and a TypeError, for wrong types)."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+# Upper bounds, and why:
+MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a wave (wave32 on gfx12)
+MAX_HIDDEN_DIM = 2**16  # a token row is at most 256 KiB (f32); the largest MoE models use 7168
+MAX_TOKENS_PER_RANK = 2**16  # receive slots = world_size * tokens <= 2**21, times top-k < 2**27: the
+#                              kernels' token, slot and (token, k) indices are 32-bit
+MAX_EXPERTS_PER_RANK = 2**12  # expert ids (world_size * experts <= 2**17) index per-expert counters
+MAX_SCALE_DIM = 2**16  # scales of one token: at most one per element of a MAX_HIDDEN_DIM row
+MAX_RECV_CAP = 2**31 - 1  # max_total_recv_tokens is a 32-bit count (larger caps change nothing)
+MAX_GPU_PER_NODE = 64  # describes the machine; only MORI's inter-node kernels read it
+MAX_BLOCK_THREADS = 1024  # a block has at most 1024 threads on every supported GPU
+
+
+def _is_int(value) -> bool:
+    """An integer that is not a bool (``True`` is not a world size) and not a float (``7168.0`` is not)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, numpy_bool_types()))
+
+
+def numpy_bool_types() -> tuple:
+    np = sys.modules.get("numpy")  # NumPy's bool is not an int either; never imported just for this
+    return (np.bool_,) if np is not None else ()
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """The type of one field (``int``, ``bool``, ``str``, ``kernel_type``, ``dtype``) and, for integers,
+    its range [lo, hi] (``hi`` may depend on the target's wave size) or its allowed values."""
+
+    kind: str
+    lo: int | None = None
+    hi: object = None  # an int, or a function of the wave size
+    allowed: tuple = ()
+    why: str = ""
+    too_large: object = None  # the message for a value above ``hi``: a function of (value, hi)
+
+
+_RULES: dict[str, _Rule] = {
+    "data_type": _Rule("dtype", why="informative: the kernels follow each call's input dtype"),
+    "rank": _Rule("int", 0, MAX_WORLD_SIZE - 1),
+    "world_size": _Rule("int", 1, lambda wave: min(MAX_WORLD_SIZE, wave), why="one lane per peer in the count handshake"),
+    "hidden_dim": _Rule("int", 16, MAX_HIDDEN_DIM),
+    "scale_dim": _Rule("int", 0, MAX_SCALE_DIM),
+    "scale_type_size": _Rule("int", allowed=(0, 1, 2, 4, 8)),
+    "max_token_type_size": _Rule("int", allowed=(1, 2, 4), why="the byte size of the widest token dtype"),
+    "max_num_inp_token_per_rank": _Rule("int", 1, MAX_TOKENS_PER_RANK),
+    "num_experts_per_rank": _Rule("int", 1, MAX_EXPERTS_PER_RANK),
+    "num_experts_per_token": _Rule("int", 1, lambda wave: wave - 1, too_large=lambda v, hi: (
+        f"config.num_experts_per_token (top-k {v}) must be smaller than the wave size {hi + 1}")),
+    "warp_num_per_block": _Rule("int", 1, lambda wave: MAX_BLOCK_THREADS // wave,
+                                why=f"a block has at most {MAX_BLOCK_THREADS} threads"),  # fmt: skip
+    "block_num": _Rule("int", 1, MAX_BLOCKS, why="device-barrier epoch slots per PE"),
+    "max_total_recv_tokens": _Rule("int", 0, MAX_RECV_CAP, why="0 means no cap"),
+    "use_external_inp_buf": _Rule("bool"),
+    "kernel_type": _Rule("kernel_type"),
+    "gpu_per_node": _Rule("int", 1, MAX_GPU_PER_NODE, why="describes the machine; the intra-node kernels do not read it"),
+    "rdma_block_num": _Rule("int", allowed=(0,), why="intra-node kernel types use no RDMA blocks"),
+    "num_qp_per_pe": _Rule("int", allowed=(1,), why="intra-node kernel types use no RDMA queue pairs"),
+    "quant_type": _Rule("str", allowed=("none",), why="not implemented in this version"),
+}
+
+
+def _field_problem(name: str, value, rule: _Rule, wave_size: int) -> str | None:
+    shown = f"config.{name} {value!r}"
+    why = f" ({rule.why})" if rule.why else ""
+    if rule.kind == "int":
+        if not _is_int(value):
+            return f"{shown} must be an int, not {type(value).__name__}"
+        if rule.allowed:
+            if value not in rule.allowed:
+                return f"{shown} is not allowed; allowed: {', '.join(map(str, rule.allowed))}{why}"
+            return None
+        hi = rule.hi(wave_size) if callable(rule.hi) else rule.hi
+        if value > hi:
+            return rule.too_large(value, hi) if rule.too_large else f"{shown} exceeds {hi}{why}"
+        if value < rule.lo:
+            return f"{shown} must be >= {rule.lo} (allowed: [{rule.lo}, {hi}]){why}"
+    elif rule.kind == "bool":
+        if not isinstance(value, bool):
+            return f"{shown} must be a bool (True or False), not {type(value).__name__}"
+    elif rule.kind == "str":
+        if not isinstance(value, str):
+            return f"{shown} must be a str, not {type(value).__name__}"
+        if value not in rule.allowed:
+            return f"{shown} is {rule.why or 'not allowed'} (only {', '.join(map(repr, rule.allowed))})"
+    elif rule.kind == "kernel_type":
+        names = ", ".join(k.name for k in EpDispatchCombineKernelType)
+        if not _is_int(value):
+            return f"{shown} must be an EpDispatchCombineKernelType ({names}), not {type(value).__name__}"
+        try:
+            kind = EpDispatchCombineKernelType(value)
+        except ValueError:
+            return f"{shown} is not a kernel type; allowed: {names}"
+        if kind not in IMPLEMENTED:
+            return (f"config.kernel_type {kind.name} is not implemented in this version (implemented: "
+                    f"{', '.join(k.name for k in IMPLEMENTED)})")  # fmt: skip
+    elif rule.kind == "dtype":
+        name = str(value).removeprefix("torch.") if isinstance(value, str) or type(value).__name__ == "dtype" else None
+        name = _TORCH_DTYPE_NAMES.get(name, name)
+        if name not in DISPATCH_DTYPES:
+            return (f"{shown} is not a supported dtype; allowed: torch.bfloat16, torch.float32, torch.float8_e4m3fn, "
+                    f"torch.float8_e4m3fnuz (or 'bf16', 'f32', 'fp8_e4m3fn', 'fp8_e4m3fnuz'){why}")  # fmt: skip
+    return None
+
+
+def config_problems(cfg: EpDispatchCombineConfig, wave_size: int) -> list[str]:
+    """Every problem of ``cfg`` for a target of ``wave_size`` lanes, one message per problem."""
+    if not isinstance(cfg, EpDispatchCombineConfig):
+        return [f"config must be an EpDispatchCombineConfig, not {type(cfg).__name__}"]
+    if not _is_int(wave_size) or wave_size not in (32, 64):
+        return [f"wave_size {wave_size!r} must be 32 or 64 (the target's lanes per wave)"]
+    problems = []
+    for name, rule in _RULES.items():
+        problem = _field_problem(name, getattr(cfg, name), rule, wave_size)
+        if problem:
+            problems.append(problem)
+    bad = {name for name, rule in _RULES.items() if _field_problem(name, getattr(cfg, name), rule, wave_size)}
+
+    def ok(*names: str) -> bool:
+        return not bad.intersection(names)
+
+    def need(cond: bool, message: str) -> None:
+        if not cond:
+            problems.append(message)
+
+    if ok("rank", "world_size"):
+        need(cfg.rank < cfg.world_size, f"config.rank {cfg.rank} is outside [0, world_size={cfg.world_size})")
+    if ok("hidden_dim"):
+        need(cfg.hidden_dim % 16 == 0,
+             f"config.hidden_dim {cfg.hidden_dim} must be a multiple of 16 (16-byte vectors for every dtype)")
+    if ok("scale_dim", "scale_type_size"):
+        need(cfg.scale_dim == 0 or cfg.scale_type_size != 0,
+             f"config.scale_type_size 0 with config.scale_dim {cfg.scale_dim}: scales need a size of 1, 2, 4 or 8")
+    if ok("num_experts_per_token", "num_experts_per_rank", "world_size"):
+        total = cfg.world_size * cfg.num_experts_per_rank
+        need(cfg.num_experts_per_token <= total,
+             f"config.num_experts_per_token {cfg.num_experts_per_token} exceeds the {total} experts "
+             f"(world_size x num_experts_per_rank)")  # fmt: skip
+    if ok("kernel_type", "warp_num_per_block") and cfg.kernel_type == EpDispatchCombineKernelType.IntraNodeLL:
+        need(cfg.warp_num_per_block >= 2, f"config.warp_num_per_block {cfg.warp_num_per_block}: IntraNodeLL needs "
+             ">= 2 warps per block (a control warp and at least one data warp)")  # fmt: skip
+    return problems
+
+
 def validate_config(cfg: EpDispatchCombineConfig, wave_size: int) -> None:
-    """A clear ValueError for any config the kernels cannot support."""
-    try:
-        kind = EpDispatchCombineKernelType(cfg.kernel_type)
-    except ValueError:
-        raise ValueError(f"config.kernel_type {cfg.kernel_type!r} is not a kernel type; allowed: "
-                         f"{', '.join(k.name for k in EpDispatchCombineKernelType)}") from None  # fmt: skip
-    if kind not in IMPLEMENTED:
-        raise ValueError(f"kernel_type {kind.name} is not implemented in this version (implemented: "
-                         f"{', '.join(k.name for k in IMPLEMENTED)})")  # fmt: skip
-    if kind == EpDispatchCombineKernelType.IntraNodeLL and cfg.warp_num_per_block < 2:
-        raise ValueError(f"config.warp_num_per_block {cfg.warp_num_per_block}: IntraNodeLL needs >= 2 warps per "
-                         "block (a control warp and at least one data warp)")  # fmt: skip
-    if cfg.quant_type != "none":
-        raise ValueError(f"quant_type '{cfg.quant_type}' is not implemented in this version (only 'none')")
-    positive = ("world_size", "hidden_dim", "max_token_type_size", "max_num_inp_token_per_rank",
-                "num_experts_per_rank", "num_experts_per_token", "warp_num_per_block", "block_num")  # fmt: skip
-    for name in positive:
-        if int(getattr(cfg, name)) < 1:
-            raise ValueError(f"config.{name} must be >= 1, got {getattr(cfg, name)}")
-    if not 0 <= cfg.rank < cfg.world_size:
-        raise ValueError(f"config.rank {cfg.rank} is outside [0, world_size={cfg.world_size})")
-    if cfg.world_size > min(32, wave_size):
-        raise ValueError(f"config.world_size {cfg.world_size} exceeds {min(32, wave_size)} (one lane per peer in the "
-                         "count handshake)")  # fmt: skip
-    if cfg.num_experts_per_token >= wave_size:
-        raise ValueError(f"config.num_experts_per_token (top-k {cfg.num_experts_per_token}) must be smaller than the "
-                         f"wave size {wave_size}")  # fmt: skip
-    if cfg.max_token_type_size not in (1, 2, 4):
-        raise ValueError(f"config.max_token_type_size must be 1, 2 or 4, got {cfg.max_token_type_size}")
-    if cfg.hidden_dim % 16:
-        raise ValueError(f"config.hidden_dim {cfg.hidden_dim} must be a multiple of 16 (16-byte vectors for every dtype)")
-    if cfg.scale_dim < 0 or (cfg.scale_dim and cfg.scale_type_size not in (1, 2, 4, 8)):
-        raise ValueError(f"config.scale_dim/scale_type_size {cfg.scale_dim}/{cfg.scale_type_size} are invalid")
-    if cfg.block_num > MAX_BLOCKS:
-        raise ValueError(f"config.block_num {cfg.block_num} exceeds {MAX_BLOCKS}")
-    if cfg.max_total_recv_tokens < 0:
-        raise ValueError("config.max_total_recv_tokens must be >= 0")
+    """Raise a ConfigError listing every field of ``cfg`` the kernels cannot support (see ``_RULES``)."""
+    problems = config_problems(cfg, wave_size)
+    if problems:
+        raise ConfigError(problems)

@@ -84,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         text = registry.emit_irdl() if args.emit_irdl else "\n".join(d.name for d in registry.DIALECTS) + "\n"
         write_output(args.output, text)
         return EXIT_OK
+    try:
+        args.pass_pipeline.encode("utf-8")
+    except UnicodeEncodeError:  # raw command-line bytes that are not UTF-8 (kept by Python as surrogates)
+        raise MoriCompilerError(f"option -p/--pass-pipeline {args.pass_pipeline!r} is not valid text (the command "
+                                "line holds characters that cannot be encoded)") from None  # fmt: skip
     text, filename = read_input(args.input)
     outputs, failed = [], False
     for chunk, offset in _chunks(text, args.split_input_file):

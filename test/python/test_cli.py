@@ -183,7 +183,7 @@ def test_precompile_two_configs(tmp_path, session_cache_dir):
     [
         (["--target", "gfx000"], ["unknown target 'gfx000'", "gfx942", "sm_90"]),
         (["missing.mlir"], ["no such file: missing.mlir"]),
-        (["bad.mlir"], ["bad.mlir is not a UTF-8 text file"]),
+        (["bad.mlir"], ["bad.mlir:1:1: byte 0xff is not valid UTF-8"]),
         (["wrong.mlir"], ["wrong.mlir:5:", "'mori_shmem.putmem_nbi'", "operand 'bytes'", "must be i64", "got i32"]),
         (["--frob"], ["unrecognized arguments: --frob"]),
     ],
@@ -341,7 +341,7 @@ def bad_inputs(in_tmp):
         (["--target", "gfx000"], ["unknown target 'gfx000'", "allowed targets: gfx942, gfx950, gfx1250, sm_90"]),
         (["missing.mlir"], ["no such file: missing.mlir"]),
         (["adir.mlir"], ["adir.mlir is a directory"]),
-        (["latin1.mlir"], ["latin1.mlir is not a UTF-8 text file"]),
+        (["latin1.mlir"], ["latin1.mlir:", "is not valid UTF-8"]),
         (["malformed.mlir"], ["malformed.mlir:4:"]),
         (["unknown_op.mlir"], ["unknown_op.mlir:4:7:", "unknown op 'mori_shmem.bogus'", "putmem_nbi_signal"]),
         (["wrong_type.mlir"], ["wrong_type.mlir:5:7:", "'mori_shmem.putmem_nbi'", "operand 'bytes'", "must be i64",
@@ -365,10 +365,10 @@ def bad_inputs(in_tmp):
                                    "mori_shmem_my_pe"]),
         (["--no-device-library", "--target", "sm_90"], ["calls undefined functions", "mori_shmem_fence_thread"]),
         (["--frob"], ["unrecognized arguments: --frob", "mori-compile --help"]),
-        (["--precompile", "notjson.json"], ["notjson.json is not valid JSON"]),
-        (["--precompile", "notlist.json"], ["notlist.json must hold a JSON list of objects"]),
+        (["--precompile", "notjson.json"], ["notjson.json:1:13: not valid JSON"]),
+        (["--precompile", "notlist.json"], ["notlist.json must hold a JSON list of configs, got dict"]),
         (["--precompile", "missing.json"], ["no such file: missing.json"]),
-        (["--precompile", "unknownfield.json"], ["config 1 has unknown fields ['colour']", "'target'"]),
+        (["--precompile", "unknownfield.json"], ["config 1: unknown field(s) \"colour\"", "target"]),
     ],
 )  # fmt: skip
 def test_user_errors(bad_inputs, capsys, args, needles):
@@ -498,3 +498,89 @@ def test_precompile_ep_configs_are_found_by_the_op(tmp_path, monkeypatch):
     assert bundle is not None and "ep_dispatch_bf16" in bundle.kernels
     configs.write_text(json.dumps([{"ep": {"world_size": 4}, "target": "sm_90"}]))
     assert mori_compile.entry(["--precompile", str(configs)]) == 1
+
+
+# ---- --precompile: every entry checked, named in the error, built through ops.ep_bundle -------------------
+
+_EP_FIELDS = {"world_size": 2, "hidden_dim": 1024, "scale_dim": 0, "scale_type_size": 0, "max_token_type_size": 2,
+              "max_num_inp_token_per_rank": 8, "num_experts_per_rank": 2, "num_experts_per_token": 2}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("entries", "needles"),
+    [
+        ([{"kernel": 5}], ['config 1: "kernel" must be a string, got 5']),
+        ([{"kernel": True}], ['config 1: "kernel" must be a string, got true']),
+        ([{"kernel": {}}], ['config 1: "kernel" must be a string, got {}']),
+        ([{"kernel": []}], ['config 1: "kernel" must be a string, got []']),
+        ([{"kernel": ""}], ['config 1: "kernel" must name an example or an .mlir file, got ""']),
+        ([{"kernel": "x\u0000.mlir"}], ["config 1: 'x\\x00.mlir' is not a valid file name"]),
+        ([{"target": "sm_90"}], ['config 1: needs exactly one of "kernel"', '"ep"']),
+        ([{"kernel": "ring_put_signal", "ep": {}}], ['config 1: needs exactly one of "kernel"']),
+        ([{"kernel": "ring_put_signal"}, 7], ["config 2: must be an object"]),
+        ([{"kernel": "ring_put_signal", "opt_level": 1.5}], ['config 1: "opt_level" must be an integer, got 1.5']),
+        ([{"kernel": "ring_put_signal", "virtual_pes": 1}], ['config 1: "virtual_pes" must be true or false, got 1']),
+        ([{"kernel": "ring_put_signal", "target": "gfx000"}], ["config 1: unknown target 'gfx000'"]),
+        ([{"kernel": "ring_put_signal", "bitcode": [1]}], ['config 1: "bitcode" must be a path or a list of paths']),
+        ([{"ep": _EP_FIELDS | {"hidden_dim": 1024.0}}], ["config 1: config.hidden_dim 1024.0 must be an int, not float"]),
+        ([{"ep": _EP_FIELDS | {"world_size": True}}], ["config 1: config.world_size True must be an int, not bool"]),
+        ([{"ep": _EP_FIELDS | {"kernel_type": "Bogus"}}], ["config 1: \"ep\".kernel_type 'Bogus' is not a kernel type"]),
+        ([{"ep": _EP_FIELDS | {"colour": 1}}], ['config 1: "ep" has unknown field(s) "colour"']),
+        ([{"ep": {"world_size": 2}}], ['config 1: "ep" lacks the field(s) hidden_dim']),
+        ([{"ep": _EP_FIELDS, "opt_level": 2}], ['config 1: unknown field(s) "opt_level" for a "ep" entry']),
+        ([{"ep": _EP_FIELDS | {"kernel_type": "AsyncLL"}, "asyncll": {"fused_recv": 1}}],
+         ["config 1: MORI_ASYNCLL_FUSED_RECV=1 needs MORI_ASYNCLL_EARLY_NOTIFY=1"]),
+        ([{"ep": _EP_FIELDS, "target": "sm_90"}, {"ep": _EP_FIELDS | {"rank": 2}}],
+         ["config 2: config.rank 2 is outside [0, world_size=2)"]),
+    ],
+)  # fmt: skip
+def test_precompile_entry_errors_name_the_entry(in_tmp, capsys, entries, needles):
+    (in_tmp / "configs.json").write_text(json.dumps(entries))
+    assert mori_compile.entry(["--precompile", "configs.json"]) == 1
+    assert_one_error_line(capsys.readouterr().err, *needles)
+
+
+def test_precompile_error_after_a_built_entry_starts_its_own_line(in_tmp, capsys, session_cache_dir):
+    (in_tmp / "k.mlir").write_text("gpu.module @m {\n}\n")  # parses; fails when compiled (no kernel)
+    (in_tmp / "configs.json").write_text(json.dumps([{"kernel": "ring_put_signal"}, {"kernel": "k.mlir"}]))
+    assert mori_compile.entry(["--precompile", "configs.json"]) == 1
+    err = capsys.readouterr().err
+    bar, error = err.rstrip("\n").split("\n")
+    assert bar.startswith("\r[") and "1/2 <example ring_put_signal>" in bar
+    assert error == "error: k.mlir:1:1: config 2: gpu.module @m has no kernel (gpu.func ... kernel)"
+
+
+def test_precompile_kernel_file_errors_are_located_in_the_file(in_tmp, capsys):
+    (in_tmp / "k.mlir").write_text('gpu.module @m {\n  "mori_shmem.my_pe"() : () -> i32\n}\n')
+    (in_tmp / "configs.json").write_text(json.dumps([{"kernel": "k.mlir"}]))
+    assert mori_compile.entry(["--precompile", "configs.json"]) == 1
+    assert_one_error_line(capsys.readouterr().err, "error: k.mlir:2:3: config 1: 'mori_shmem.my_pe' must be placed")
+
+
+def test_precompile_names_the_entry_on_every_error_line(in_tmp, capsys):
+    (in_tmp / "k.mlir").write_text('gpu.module @m {\n  gpu.func @k() kernel {\n    %x = "mori_ep.count_signal"() : () -> i32'
+                                   "\n    gpu.return\n  }\n}\n")  # fmt: skip
+    (in_tmp / "configs.json").write_text(json.dumps([{"kernel": "ring_put_signal"}, {"kernel": "k.mlir"}]))
+    assert mori_compile.entry(["--precompile", "configs.json"]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) > 1 and all(line.startswith("error: k.mlir:3:10: config 2: 'mori_ep.count_signal' ") for line in lines)
+
+
+def test_precompile_asyncll_entry_is_the_bundle_ep_bundle_builds(tmp_path, monkeypatch, capsys):
+    """An AsyncLL "ep" entry (an internal error before: the CLI re-implemented ep_bundle) builds exactly the
+    bundle ops.ep_bundle returns for the same config and notification mode."""
+    from mori_compiler.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType, ep_bundle
+    from mori_compiler.ops.asyncll import resolve
+
+    monkeypatch.setenv("MORI_COMPILER_CACHE_DIR", str(tmp_path / "cache"))
+    configs = tmp_path / "configs.json"
+    entry = {"ep": _EP_FIELDS | {"kernel_type": "AsyncLL"}, "target": "sm_90", "asyncll": {"early_notify": True}}
+    configs.write_text(json.dumps([entry]))
+    assert mori_compile.entry(["--precompile", str(configs)]) == 0
+    printed = capsys.readouterr().out.strip()
+    cfg = EpDispatchCombineConfig(data_type="bf16", rank=0, **_EP_FIELDS,
+                                  kernel_type=EpDispatchCombineKernelType.AsyncLL)  # fmt: skip
+    bundle = ep_bundle(cfg, "sm_90", virtual_pes=False, asyncll=resolve({}, early_notify=True),
+                       cache_root=tmp_path / "cache")  # fmt: skip
+    assert printed == str(bundle.path)
+    assert "ep_async_dispatch_send_bf16" in bundle.kernels

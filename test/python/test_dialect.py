@@ -428,3 +428,74 @@ func.func @f() -> i32 {
         module = ir.Module.parse(text)
     with pytest.raises(MoriCompilerError, match="already declared with another type"):
         build_pass_manager("mori-shmem-to-abi", ctx).run(module.operation)
+
+
+# ---- input checks: what MLIR would abort on is refused before it sees it (issue 11) -----------------------
+
+from mori_compiler.dialects import input_checks  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("func.func @f() attributes {a = array<index: 1>} {\n  return\n}\n", "f.mlir:1:32: a dense array's element type"),
+        ("!t = index\nfunc.func @f() attributes {a = array < !t >} {\n  return\n}\n", "f.mlir:2:32: a dense array's"),
+        ('llvm.func @"\\ff"()\n', "f.mlir:1:11: this quoted name is not valid UTF-8"),
+        ('"test.op"() {s = "ok", t = "\\c3\\28"} : () -> ()\n', "f.mlir:1:28: this string is not valid UTF-8"),
+        ('func.func @f() attributes {a = #rocdl.target<abi = "7">}\n', "#rocdl.target 'abi' must be"),
+        ("module {}\n\ud800\n", "f.mlir:2:1: the input holds a character that is not valid UTF-8"),
+    ],
+)  # fmt: skip
+def test_lexical_problems(text, needle):
+    problems = input_checks.lexical_problems(text, "f.mlir")
+    assert len(problems) == 1 and needle in problems[0], problems
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '// array<index: 1> in a comment\nfunc.func @f() attributes {doc = "array<index: 1> \\c3\\a9"} {\n  return\n}\n',
+        "func.func @f() attributes {a = array<i64: 1>, b = !llvm.struct<(array<2 x i8>)>} {\n  return\n}\n",
+        'llvm.mlir.global internal constant @bytes("\\ff\\00") {addr_space = 0 : i32} : !llvm.array<2 x i8>\n',
+        "tensor<2xindex>", "",
+    ],
+)  # fmt: skip
+def test_lexical_problems_accept_valid_text(text):
+    assert input_checks.lexical_problems(text, "f.mlir") == []
+
+
+def test_lexer_never_raises_on_arbitrary_text():
+    import random
+
+    rng = random.Random(11)
+    alphabet = list('array<index: 1>"\\@%#!^=ff\n/-é\ud800\x00xyz0123456789[]{}') + ["\U0001F600", "٣", "ǅ"]
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(60)))
+        assert isinstance(input_checks.lexical_problems(text, "f"), list)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('gpu.module @m {\n  "mori_shmem.quiet"() : () -> ()\n}\n', "f.mlir:2:3: 'mori_shmem.quiet' must be placed inside a function"),
+        ('"gpu"() : () -> ()\n', "f.mlir:1:1: op name 'gpu' is not of the form 'dialect.operation'"),
+        ('gpu.module @m {\n  gpu.func @"a\\01"() kernel {\n    gpu.return\n  }\n}\n', "symbol name 'a\\x01' holds a control character"),
+        ("gpu.module @m {\n  gpu.func @k() kernel attributes {known_block_size = array<i32: 1024, 2, 1>} {\n    gpu.return\n"
+         "  }\n}\n", "f.mlir:2:3: 'gpu.func' attribute 'known_block_size' [1024, 2, 1] has 2048 threads"),
+    ],
+)  # fmt: skip
+def test_parse_source_refuses_what_mlir_would_abort_on(text, needle):
+    with pytest.raises(MoriCompilerError) as info:
+        registry.parse_source(text, ir.Context(), "f.mlir")
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "kernel", "nvptx", "ok"),
+    [("k", True, True, True), ("ep_dispatch_bf16", True, True, True), ("a b", True, True, False),
+     ("a.b", True, True, False), ("a.b", False, True, True), ("1a", True, True, False), ("$a", True, True, True),
+     ("llvm.nvvm.barrier0", False, True, True), ("a b", True, False, True), ("", True, False, False),
+     ("a\nb", False, False, False)],
+)  # fmt: skip
+def test_target_symbol_names(name, kernel, nvptx, ok):
+    assert (input_checks.target_symbol_problem(name, is_kernel=kernel, nvptx=nvptx) is None) == ok

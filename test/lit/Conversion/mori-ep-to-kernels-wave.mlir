@@ -4,8 +4,7 @@
 
 // The op's wave_size must be the target's (the pass option). An f32 zero-copy combine configured for
 // wave32 expands under wave-size=32 (32-lane shuffles, K = 2 sources) and is refused under wave-size=64.
-// (The message carries no file:line:col: the pass raises it without the op's location.)
-// WAVE: error: 'mori_ep.combine' was configured for wave size 32, the target runs 64
+// WAVE: error: {{.*}}mori-ep-to-kernels-wave.mlir:19:5: 'mori_ep.combine' was configured for wave size 32, the target runs 64
 // WAVE-NOT: Traceback
 // EXIT: exit status: 1
 // CHECK-LABEL: gpu.module @wave32

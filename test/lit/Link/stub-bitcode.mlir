@@ -36,7 +36,7 @@ module attributes {gpu.container_module} {
 // NVPTX: .visible .entry k(
 
 // A stub with only n_pes: every function the kernel calls is named as undefined.
-// MISSING: error: gpu.module @stub_link calls undefined functions:
+// MISSING: error: {{.*}}stub-bitcode.mlir:{{[0-9]+}}:{{[0-9]+}}: gpu.module @stub_link calls undefined functions:
 // MISSING-SAME: mori_shmem_fence_thread
 // MISSING-SAME: mori_shmem_my_pe
 // MISSING-SAME: mori_shmem_putmem_nbi_signal_block
@@ -45,7 +45,7 @@ module attributes {gpu.container_module} {
 // MISSING-NOT: Traceback
 
 // No device library at all: the same error.
-// NOLIB: error: gpu.module @stub_link calls undefined functions: mori_shmem_fence_thread, mori_shmem_my_pe, mori_shmem_putmem_nbi_signal_block, mori_shmem_uint64_wait_until_greater_than;
+// NOLIB: error: {{.*}}stub-bitcode.mlir:{{[1-9][0-9]*}}:{{[0-9]+}}: gpu.module @stub_link calls undefined functions: mori_shmem_fence_thread, mori_shmem_my_pe, mori_shmem_putmem_nbi_signal_block, mori_shmem_uint64_wait_until_greater_than;
 
 // A bitcode for the other GPU vendor names both triples.
 // TRIPLE: error: device bitcode {{.*}}.nvptx.bc is for 'nvptx64-nvidia-cuda', but target gfx942 needs 'amdgcn-amd-amdhsa'
