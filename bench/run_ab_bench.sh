@@ -14,7 +14,7 @@ side() {  # side NAME ROUND: run both benchmarks with that side's runtime and bu
   local name=$1 r=$2 env=() src=.
   if [ "$name" = base ]; then env=(PYTHONPATH=/tmp/ab_base_site MORI_COMPILER_CACHE_DIR=$base_bundles); src=$base_src
   else env=(MORI_COMPILER_CACHE_DIR=$PWD/.bundles); fi
-  env "${env[@]}" python3 -c "import mori_compiler, sys; print('$name runtime:', mori_compiler.__file__)"
+  (cd /tmp && env "${env[@]}" python3 -c "import mori_compiler; print('$name runtime:', mori_compiler.__file__)")
   env "${env[@]}" timeout 200 python3 "$src/bench/ep_bench.py" --json "$OUT/${name}_ep_$r.json" > "$OUT/${name}_ep_$r.log" 2>&1 \
     || { echo "$name ep_bench round $r failed"; tail -5 "$OUT/${name}_ep_$r.log"; }
   env "${env[@]}" timeout 200 python3 "$src/bench/ep_ll_bench.py" --ll-blocks 16,32 --json "$OUT/${name}_ll_$r.json" \
