@@ -123,14 +123,15 @@ _TOKEN = re.compile(
       | (?P<punct>.)""",
     re.VERBOSE,
 )
-_PREFIX_KIND = {"@": "symbol", "#": "attribute"}
+_PREFIX_KIND = {"@": "symbol", "#": "attribute", "%": "value", "^": "block"}
 
 
 def _tokens(text: str):
     """(kind, text, position) for the tokens that matter here: 'id' (bare identifier), 'alias' (``!name``),
     'dialect-type' (``!dialect.type``), 'attribute' (``#name``), 'symbol', 'string' (its bytes, escapes
-    expanded; also for ``@"..."``), 'number' (digits, without sign), 'punct' (one character). Comments,
-    whitespace, ``%values`` and ``^blocks`` are skipped. One regular expression: the scan is linear."""
+    expanded; also for ``@"..."``), 'value' (``%name``), 'block' (``^name``), 'number' (digits, without
+    sign), 'punct' (one character). Comments and whitespace are skipped. One regular expression: the scan
+    is linear."""
     for m in _TOKEN.finditer(text):
         kind, value, pos = m.lastgroup, m.group(), m.start()
         if kind in ("space", "comment"):
@@ -156,18 +157,22 @@ def lexical_problems(text: str, filename: str = "-") -> list[str]:
         return [f"{filename}:{line}:{col}: the input holds a character that is not valid UTF-8 text"]
     problems: list[str] = []
     tokens = list(_tokens(text))
-    aliases: dict[str, tuple[str, str]] = {}
+    aliases: dict[str, list[tuple[str, str]]] = {}  # every definition (a redefinition is MLIR's error)
     for k in range(len(tokens) - 2):
         (kind, value, _), (_, eq, _), (nkind, nvalue, _) = tokens[k : k + 3]
         if kind == "alias" and eq == "=" and nkind in ("id", "alias"):
-            aliases[value] = (nkind, nvalue)
+            aliases.setdefault(value, []).append((nkind, nvalue))
 
-    def is_index(kind: str, value: str) -> bool:
-        seen = set()
-        while kind == "alias" and value in aliases and value not in seen:
-            seen.add(value)
-            kind, value = aliases[value]
-        return kind == "id" and value == "index"
+    def is_index(kind: str, value: str) -> bool:  # through any chain of aliases (iteratively: chains may be long)
+        pending, seen = [(kind, value)], set()
+        while pending:
+            kind, value = pending.pop()
+            if kind == "id" and value == "index":
+                return True
+            if kind == "alias" and value not in seen:
+                seen.add(value)
+                pending += aliases.get(value, ())
+        return False
 
     deepest = _deepest_nesting(tokens)
     if deepest is not None:
