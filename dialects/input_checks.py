@@ -46,6 +46,9 @@ gpu.module before translation to LLVM IR (passes/to_llvm_ir.py), for what LLVM's
 * 80- and 128-bit floats (``f80``, ``f128``): the back ends have no instructions nor library calls for them;
   integers wider than ``MAX_INT_BITS`` (LLVM asserts beyond 2**23 bits; long before, the GPU back ends
   expand them into endless instruction sequences);
+* values (operands, results, arguments) of more than ``MAX_VALUE_ELEMENTS`` array or vector elements:
+  the back ends expand them element by element until memory runs out;
+* an ``llvm.alloca`` larger than a thread's private memory (LLVM's AMDGPU back end exits on it);
 * ``syncscope`` names the target does not define;
 * ``llvm.inline_asm`` whose constraint string does not match its operands (an LLVM ``cantFail`` abort).
 """
@@ -123,14 +126,15 @@ _TOKEN = re.compile(
       | (?P<punct>.)""",
     re.VERBOSE,
 )
-_PREFIX_KIND = {"@": "symbol", "#": "attribute"}
+_PREFIX_KIND = {"@": "symbol", "#": "attribute", "%": "value", "^": "block"}
 
 
 def _tokens(text: str):
     """(kind, text, position) for the tokens that matter here: 'id' (bare identifier), 'alias' (``!name``),
     'dialect-type' (``!dialect.type``), 'attribute' (``#name``), 'symbol', 'string' (its bytes, escapes
-    expanded; also for ``@"..."``), 'number' (digits, without sign), 'punct' (one character). Comments,
-    whitespace, ``%values`` and ``^blocks`` are skipped. One regular expression: the scan is linear."""
+    expanded; also for ``@"..."``), 'value' (``%name``), 'block' (``^name``), 'number' (digits, without
+    sign), 'punct' (one character). Comments and whitespace are skipped. One regular expression: the scan
+    is linear."""
     for m in _TOKEN.finditer(text):
         kind, value, pos = m.lastgroup, m.group(), m.start()
         if kind in ("space", "comment"):
@@ -156,18 +160,22 @@ def lexical_problems(text: str, filename: str = "-") -> list[str]:
         return [f"{filename}:{line}:{col}: the input holds a character that is not valid UTF-8 text"]
     problems: list[str] = []
     tokens = list(_tokens(text))
-    aliases: dict[str, tuple[str, str]] = {}
+    aliases: dict[str, list[tuple[str, str]]] = {}  # every definition (a redefinition is MLIR's error)
     for k in range(len(tokens) - 2):
         (kind, value, _), (_, eq, _), (nkind, nvalue, _) = tokens[k : k + 3]
         if kind == "alias" and eq == "=" and nkind in ("id", "alias"):
-            aliases[value] = (nkind, nvalue)
+            aliases.setdefault(value, []).append((nkind, nvalue))
 
-    def is_index(kind: str, value: str) -> bool:
-        seen = set()
-        while kind == "alias" and value in aliases and value not in seen:
-            seen.add(value)
-            kind, value = aliases[value]
-        return kind == "id" and value == "index"
+    def is_index(kind: str, value: str) -> bool:  # through any chain of aliases (iteratively: chains may be long)
+        pending, seen = [(kind, value)], set()
+        while pending:
+            kind, value = pending.pop()
+            if kind == "id" and value == "index":
+                return True
+            if kind == "alias" and value not in seen:
+                seen.add(value)
+                pending += aliases.get(value, ())
+        return False
 
     deepest = _deepest_nesting(tokens)
     if deepest is not None:
@@ -447,6 +455,26 @@ MAX_INT_BITS = 1024
 _INT_TYPE = re.compile(r"(?<![\w.])[su]?i(\d+)(?![\w.])")
 
 
+MAX_VALUE_ELEMENTS = 1 << 16
+_ARRAY_COUNT = re.compile(r"array<(\d+) x ")
+_VECTOR_SHAPE = re.compile(r"vector<((?:\[?\d+\]?x)+)")
+
+
+def _value_type_problem(text: str) -> str | None:
+    """Why a value (operand, result, argument) of this type cannot be compiled: the back ends expand
+    aggregates element by element, so a 2**31-element array argument exhausts memory instead of failing."""
+    counts = [int(n) for n in _ARRAY_COUNT.findall(text)]
+    for shape in _VECTOR_SHAPE.findall(text):
+        total = 1
+        for dim in re.findall(r"\d+", shape):
+            total *= int(dim)
+        counts.append(total)
+    if any(n > MAX_VALUE_ELEMENTS for n in counts):
+        return (f"a value of type {text[:80]} has {max(counts)} elements; values (operands, results, arguments) "
+                f"may hold at most {MAX_VALUE_ELEMENTS} (put large data in memory)")  # fmt: skip
+    return _type_problem(text)
+
+
 def _type_problem(text: str) -> str | None:
     for m in _PTR_SPACE.finditer(text):
         if int(m.group(1)) not in ADDRESS_SPACES:
@@ -478,6 +506,40 @@ def _inline_asm_problem(op: ir.Operation) -> str | None:
     return None
 
 
+# Private (per-thread) memory a function may allocate: AMDGPU's scratch limit per lane (131056 bytes, LLVM
+# stops with "stack frame size exceeds limit" and exits), NVPTX's local memory (512 KiB per thread).
+MAX_PRIVATE_BYTES = {False: 131056, True: 512 << 10}
+_SCALAR_BYTES = re.compile(r"(?<![\w.])(?:[su]?i(\d+)|f(16|32|64)|bf16|!llvm\.ptr(?:<\d+>)?)(?![\w.])")
+
+
+def _type_bytes(text: str) -> int | None:
+    """Bytes of an (array of) scalar type, or None for anything else (structs, vectors: not estimated)."""
+    count = 1
+    while True:
+        m = re.fullmatch(r"!llvm\.array<(\d+) x (.*)>", text) or re.fullmatch(r"array<(\d+) x (.*)>", text)
+        if not m:
+            break
+        count, text = count * int(m.group(1)), m.group(2)
+    m = _SCALAR_BYTES.fullmatch(text)
+    if not m:
+        return None
+    bits = int(m.group(1)) if m.group(1) else int(m.group(2)) if m.group(2) else 16 if text == "bf16" else 64
+    return count * max(1, -(-bits // 8))
+
+
+def _alloca_bytes(op: ir.Operation) -> int | None:
+    if op.name != "llvm.alloca" or "elem_type" not in op.attributes or not op.operands:
+        return None
+    size = _type_bytes(str(ir.TypeAttr(op.attributes["elem_type"]).value))
+    owner = op.operands[0].owner
+    count = None
+    if isinstance(owner, ir.Operation) or hasattr(owner, "attributes"):
+        attrs = owner.attributes
+        if "value" in attrs and isinstance(attrs["value"], ir.IntegerAttr):
+            count = attrs["value"].value
+    return size * count if size is not None and count is not None else None
+
+
 def lowered_problems(gpu_module: ir.Operation, where, *, nvptx: bool) -> list[str]:
     """Located problems of a lowered gpu.module that LLVM's back end for the target would abort on."""
     problems: list[str] = []
@@ -486,15 +548,15 @@ def lowered_problems(gpu_module: ir.Operation, where, *, nvptx: bool) -> list[st
     def visit(op):
         op = op.operation
         found = None
-        texts = [str(v.type) for v in op.operands] + [str(r.type) for r in op.results]
+        values = [str(v.type) for v in op.operands] + [str(r.type) for r in op.results]
         for region in op.regions:
             for block in region.blocks:
-                texts += [str(a.type) for a in block.arguments]
+                values += [str(a.type) for a in block.arguments]
+        for text in values:
+            found = found or _value_type_problem(text)
         for name in ("function_type", "global_type", "elem_type"):
             if name in op.attributes:
-                texts.append(str(op.attributes[name]))
-        for text in texts:
-            found = found or _type_problem(text)
+                found = found or _type_problem(str(op.attributes[name]))
         if not found and op.name == "llvm.mlir.global" and "addr_space" in op.attributes:
             space = op.attributes["addr_space"]
             if isinstance(space, ir.IntegerAttr) and space.value not in ADDRESS_SPACES:
@@ -506,6 +568,11 @@ def lowered_problems(gpu_module: ir.Operation, where, *, nvptx: bool) -> list[st
                          f"{', '.join(repr(s) for s in scopes)})")  # fmt: skip
         if not found and op.name == "llvm.inline_asm":
             found = _inline_asm_problem(op)
+        if not found and op.name == "llvm.alloca":
+            size = _alloca_bytes(op)
+            if size is not None and size > MAX_PRIVATE_BYTES[nvptx]:
+                found = (f"'llvm.alloca' of {size} bytes exceeds the {MAX_PRIVATE_BYTES[nvptx]} bytes of private memory "
+                         "a GPU thread may have")  # fmt: skip
         if found:
             problems.append(f"{where(op)}: {found}")
         return ir.WalkResult.ADVANCE

@@ -21,6 +21,11 @@ func.func @g() attributes {a = array<!u>} {
 }
 
 // -----
+// Found by fuzzing: without spaces, `%3` after `!t` must not read as a redefinition of the alias.
+// CHECK: error: {{.*}}dense-array-index.mlir:[[@LINE+1]]:59: a dense array's element type {{.*}} got index
+!t=index!u=!t%3=arith.constant 1func.func@g()attributes{a=array<!u
+
+// -----
 // Not an array attribute: `array<index: 1>` in a comment and in a string.
 func.func @h() attributes {doc = "array<index: 1>"} {
   return

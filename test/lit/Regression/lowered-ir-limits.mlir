@@ -6,6 +6,7 @@
 // RUN: %exit-status mori-compile %t.3.mlir --target sm_90 -o %t.ptx 2>&1 | FileCheck %s --check-prefix=SCOPE
 // RUN: %exit-status mori-compile %t.4.mlir --target gfx942 -o %t.hsaco 2>&1 | FileCheck %s --check-prefix=ASM
 // RUN: %exit-status mori-compile %t.5.mlir --target gfx942 -o %t.hsaco 2>&1 | FileCheck %s --check-prefix=WIDE
+// RUN: %exit-status mori-compile %t.6.mlir --target gfx942 -o %t.hsaco 2>&1 | FileCheck %s --check-prefix=HUGE
 
 // Regression (issue 11, found by fuzzing): IR that MLIR's translation or LLVM's GPU back ends abort on
 // instead of reporting. An unknown intrinsic made the C API print a NULL module (a segfault: translation
@@ -70,6 +71,22 @@ gpu.module @m {
 // WIDE: exit status: 1
 gpu.module @m {
     gpu.func @k(%p: i16777215) kernel {
+      gpu.return
+    }
+}
+
+// -----
+// A 2**31-element array argument exhausted memory in codegen (a hang); a 2 GiB alloca made LLVM exit with
+// an unlocated "stack frame size exceeds limit".
+// HUGE: error: {{.*}}.6.mlir:[[@LINE+4]]:5: a value of type !llvm.array<2147483647 x i8> has 2147483647 elements
+// HUGE: error: {{.*}}.6.mlir:[[@LINE+5]]:12: 'llvm.alloca' of 2147483647 bytes exceeds the 131056 bytes of private memory
+// HUGE: exit status: 1
+gpu.module @m {
+    gpu.func @k(%p: !llvm.array<2147483647 x i8>, %q: !llvm.ptr) kernel {
+      %c1 = arith.constant 1 : i32
+      %a = llvm.alloca %c1 x !llvm.array<2147483647 x i8> : (i32) -> !llvm.ptr<5>
+      %b = llvm.addrspacecast %a : !llvm.ptr<5> to !llvm.ptr
+      llvm.store %b, %q : !llvm.ptr, !llvm.ptr
       gpu.return
     }
 }
