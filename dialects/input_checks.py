@@ -55,6 +55,8 @@ gpu.module before translation to LLVM IR (passes/to_llvm_ir.py), for what LLVM's
 
 from __future__ import annotations
 
+import functools
+
 import re
 
 from mori_compiler._mlir import ir
@@ -475,6 +477,7 @@ def _value_type_problem(text: str) -> str | None:
     return _type_problem(text)
 
 
+@functools.lru_cache(maxsize=4096)  # a lowered kernel repeats a few type texts thousands of times
 def _type_problem(text: str) -> str | None:
     for m in _PTR_SPACE.finditer(text):
         if int(m.group(1)) not in ADDRESS_SPACES:

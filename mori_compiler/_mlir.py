@@ -8,7 +8,6 @@ MLIR → LLVM IR translation, which the pinned bindings expose only through the 
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 
 try:
@@ -72,18 +71,24 @@ class _MlirOperation(ctypes.Structure):
     _fields_ = [("ptr", ctypes.c_void_p)]
 
 
-_translate_fn = None
+_c_api = None
 
 
-def _translator():
-    global _translate_fn
-    if _translate_fn is None:
-        # PyDLL: the GIL stays held during the call, so diagnostic handlers may run Python.
+def _capi():
+    """MLIR's C API library, with the LLVM-C functions it depends on (``dlsym`` on its handle also finds
+    the symbols of the ``libLLVM`` it links: the same LLVM the translation builds modules in)."""
+    global _c_api
+    if _c_api is None:
+        # PyDLL: the GIL stays held during the calls, so MLIR's diagnostic handlers may run Python.
         lib = ctypes.PyDLL(os.path.join(os.path.dirname(_mlir_libs.__file__), "libMLIRPythonCAPI.so"))
-        fn = lib.mlirTranslateModuleToLLVMIRToString
-        fn.argtypes, fn.restype = [_MlirOperation], ctypes.c_void_p
-        _translate_fn = fn
-    return _translate_fn
+        voidp = ctypes.c_void_p
+        lib.mlirTranslateModuleToLLVMIR.argtypes, lib.mlirTranslateModuleToLLVMIR.restype = [_MlirOperation, voidp], voidp
+        lib.LLVMContextCreate.argtypes, lib.LLVMContextCreate.restype = [], voidp
+        lib.LLVMPrintModuleToString.argtypes, lib.LLVMPrintModuleToString.restype = [voidp], voidp
+        for name in ("LLVMContextDispose", "LLVMDisposeModule", "LLVMDisposeMessage"):
+            getattr(lib, name).argtypes, getattr(lib, name).restype = [voidp], None
+        _c_api = lib
+    return _c_api
 
 
 def _capsule_pointer(capsule) -> int:
@@ -105,52 +110,33 @@ class TranslationError(Exception):
 def translate_module_to_llvm_ir(module_op: ir.Operation) -> str:
     """Translate a ``builtin.module`` holding only LLVM-dialect ops to LLVM IR text.
 
-    The C API prints the translated module without checking that translation succeeded: on any failure
-    (an unknown intrinsic, an attribute LLVM cannot take) it dereferences NULL and the process dies. So
-    the translation runs in a forked child, which streams MLIR's diagnostics and then the IR text back
-    through a pipe; a child that dies is a :class:`TranslationError` carrying those diagnostics (each
-    with its MLIR location). Forking costs a few milliseconds next to the translation itself.
+    Uses ``mlirTranslateModuleToLLVMIR``, which returns NULL when translation fails (an unknown intrinsic,
+    an attribute LLVM cannot take), and prints the module with LLVM-C. (The one-call
+    ``mlirTranslateModuleToLLVMIRToString`` prints without checking and dereferences NULL on failure.) A
+    failure is a :class:`TranslationError` carrying MLIR's diagnostics, each with its location.
     """
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: translate, report, never return into the parent's code
-        status = 1
-        try:
-            os.close(read_end)
-
-            def on_diagnostic(d):
-                record = json.dumps([_location_record(d.location), str(d.message)])
-                _write_all(write_end, b"D" + record.encode() + b"\n")
-                return True
-
-            module_op.context.attach_diagnostic_handler(on_diagnostic)
-            ptr = _translator()(_MlirOperation(_capsule_pointer(module_op._CAPIPtr)))
-            if ptr:
-                _write_all(write_end, b"R" + ctypes.string_at(ptr))
-                status = 0
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    chunks = []
-    with os.fdopen(read_end, "rb") as pipe:
-        for chunk in iter(lambda: pipe.read(1 << 20), b""):
-            chunks.append(chunk)
-    _, wait_status = os.waitpid(pid, 0)
-    data = b"".join(chunks)
+    lib = _capi()
     diagnostics = []
-    while data.startswith(b"D"):
-        line, _, data = data.partition(b"\n")
-        location, message = json.loads(line[1:])
-        diagnostics.append((location, message))
-    if os.waitstatus_to_exitcode(wait_status) != 0 or not data.startswith(b"R"):
-        raise TranslationError(diagnostics)
-    return data[1:].decode()
 
+    def on_diagnostic(d):
+        diagnostics.append((_location_record(d.location), str(d.message)))
+        return True
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+    handler = module_op.context.attach_diagnostic_handler(on_diagnostic)
+    llvm_context = lib.LLVMContextCreate()
+    try:
+        llvm_module = lib.mlirTranslateModuleToLLVMIR(_MlirOperation(_capsule_pointer(module_op._CAPIPtr)), llvm_context)
+        if not llvm_module:
+            raise TranslationError(diagnostics)
+        text = lib.LLVMPrintModuleToString(llvm_module)
+        try:
+            return ctypes.string_at(text).decode()
+        finally:
+            lib.LLVMDisposeMessage(text)
+            lib.LLVMDisposeModule(llvm_module)
+    finally:
+        lib.LLVMContextDispose(llvm_context)
+        handler.detach()
 
 
 def _location_record(loc) -> str:

@@ -82,7 +82,7 @@ def _report(binary: bytes, stream) -> None:
 # {"ep": {...}} (the bundle EpDispatchCombineOp loads, built by ops.ep_bundle: one code path with the op).
 KERNEL_ENTRY_FIELDS = {"kernel": str, "target": str, "code_object_version": int, "opt_level": int,
                        "bitcode": (str, list), "device_library": bool, "virtual_pes": bool}  # fmt: skip
-EP_ENTRY_FIELDS = {"ep": dict, "target": str, "virtual_pes": bool, "asyncll": dict}
+EP_ENTRY_FIELDS = {"ep": dict, "target": str, "virtual_pes": bool, "asyncll": dict, "bitcode": (str, list)}
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "an object", list: "a list"}
 
 
@@ -162,8 +162,11 @@ def _plan_entry(entry: dict, index: int):
             validate_config(config, get_target(target).wave_size)
             asyncll = resolve(**entry["asyncll"]) if "asyncll" in entry else None
             virtual_pes = entry.get("virtual_pes", False)
+            bitcode = entry.get("bitcode")
+            if bitcode is not None:
+                CompileOptions(target=target, bitcode=bitcode)  # a missing file fails before any entry is built
             what = f"EP {EpDispatchCombineKernelType(config.kernel_type).name} kernels"
-            return lambda: (ep_bundle(config, target, virtual_pes=virtual_pes, asyncll=asyncll), what)
+            return lambda: (ep_bundle(config, target, virtual_pes=virtual_pes, asyncll=asyncll, bitcode=bitcode), what)
         options = CompileOptions(**{k: v for k, v in entry.items() if k != "kernel"})
         source, display, _ = _source(entry["kernel"])
         return lambda: (_compile_bundle(source, display, options, entry["kernel"]), display)

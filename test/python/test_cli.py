@@ -528,6 +528,8 @@ _EP_FIELDS = {"world_size": 2, "hidden_dim": 1024, "scale_dim": 0, "scale_type_s
         ([{"ep": _EP_FIELDS | {"colour": 1}}], ['config 1: "ep" has unknown field(s) "colour"']),
         ([{"ep": {"world_size": 2}}], ['config 1: "ep" lacks the field(s) hidden_dim']),
         ([{"ep": _EP_FIELDS, "opt_level": 2}], ['config 1: unknown field(s) "opt_level" for a "ep" entry']),
+        ([{"ep": _EP_FIELDS, "bitcode": "missing.bc"}], ["config 1: device bitcode file not found: missing.bc"]),
+        ([{"ep": _EP_FIELDS, "bitcode": 5}], ['config 1: "bitcode" must be a string or a list, got 5']),
         ([{"ep": _EP_FIELDS | {"kernel_type": "AsyncLL"}, "asyncll": {"fused_recv": 1}}],
          ["config 1: MORI_ASYNCLL_FUSED_RECV=1 needs MORI_ASYNCLL_EARLY_NOTIFY=1"]),
         ([{"ep": _EP_FIELDS, "target": "sm_90"}, {"ep": _EP_FIELDS | {"rank": 2}}],
