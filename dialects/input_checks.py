@@ -68,6 +68,12 @@ EP_OPS_AT_MODULE_TOP = tuple(f"{mori_ep.DIALECT_NAME}.{name}" for name in mori_e
 PROJECT_PREFIXES = ("mori_shmem.", "mori_ep.")
 FUNCTION_OPS = ("gpu.func", "func.func", "llvm.func")
 MODULE_OPS = ("builtin.module", "gpu.module")
+# What LLVM IR is translated from may hold directly: symbols and module-level metadata. Any other op there
+# (a gpu.barrier written at gpu.module level, lowered in place) crashes MLIR's LLVM IR translator.
+LLVM_MODULE_LEVEL_OPS = ("llvm.func", "llvm.mlir.global", "llvm.mlir.alias", "llvm.mlir.ifunc", "llvm.comdat",
+                         "llvm.mlir.global_ctors", "llvm.mlir.global_dtors", "llvm.module_flags",
+                         "llvm.linker_options")  # fmt: skip
+GPU_MODULE_LEVEL_OPS = FUNCTION_OPS + ("memref.global",) + LLVM_MODULE_LEVEL_OPS
 # Launch-bound attributes (dense i32 arrays) of kernels: per block (threads) and per grid (blocks).
 BLOCK_BOUND_ATTRS = ("known_block_size", "gpu.known_block_size", "nvvm.maxntid", "nvvm.reqntid",
                      "rocdl.reqd_work_group_size")  # fmt: skip
@@ -398,6 +404,9 @@ def structural_problems(module_op: ir.Operation, where) -> list[str]:
             problem = _placement_problem(op)
             if problem:
                 found.append(problem)
+        elif not found and op.parent is not None and op.parent.name == "gpu.module" and name not in GPU_MODULE_LEVEL_OPS:
+            found.append(f"{name!r} cannot stand directly in a gpu.module (allowed there: functions, globals and "
+                         "the mori_ep kernel ops); put it inside a gpu.func")  # fmt: skip
         if "sym_name" in op.attributes:
             attr = op.attributes["sym_name"]
             if isinstance(attr, ir.StringAttr) and _has_control_char(string_value(attr)):
@@ -462,6 +471,7 @@ _ARRAY_COUNT = re.compile(r"array<(\d+) x ")
 _VECTOR_SHAPE = re.compile(r"vector<((?:\[?\d+\]?x)+)")
 
 
+@functools.lru_cache(maxsize=4096)  # type texts repeat across a lowered kernel's values
 def _value_type_problem(text: str) -> str | None:
     """Why a value (operand, result, argument) of this type cannot be compiled: the back ends expand
     aggregates element by element, so a 2**31-element array argument exhausts memory instead of failing."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mori_compiler._mlir import TranslationError, ir, nested_ops, translate_module_to_llvm_ir
+from mori_compiler.dialects.input_checks import LLVM_MODULE_LEVEL_OPS
 from mori_compiler.dialects.irdl_spec import string_value
 from mori_compiler.errors import MoriCompilerError, one_line
 
@@ -95,6 +96,11 @@ def gpu_module_to_llvm_ir(module: ir.Module, filename: str = "-") -> DeviceModul
             f"{', '.join(names)}); kernels may use the gpu, arith, scf, cf, llvm and project dialects",
             _where(leftovers[0], filename),
         )
+    for op in body.operations:
+        if op.operation.name not in LLVM_MODULE_LEVEL_OPS:  # a pass left one there: the translator would crash
+            raise MoriCompilerError(
+                f"'{op.operation.name}' cannot stand directly in a gpu.module (allowed there: functions, globals and "
+                "module-level metadata); put it inside a gpu.func", _where(op.operation, filename))  # fmt: skip
     kernels = kernel_names(gpu_module)
     if not kernels:
         name = string_value(gpu_module.attributes["sym_name"])
