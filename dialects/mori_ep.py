@@ -71,7 +71,7 @@ EP_OPS = ("dispatch", "combine", "dispatch_ll") + HALF_OPS
 
 
 def irdl_source() -> str:
-    return files("mori_compiler.dialects").joinpath(IRDL_FILE).read_text()
+    return files("mori_compiler.dialects").joinpath(IRDL_FILE).read_text(encoding="utf-8")
 
 
 def register_and_load(ctx: ir.Context) -> None:

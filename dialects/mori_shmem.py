@@ -36,7 +36,7 @@ IRDL_FILE = "mori_shmem.irdl.mlir"
 
 def irdl_source() -> str:
     """The dialect's IRDL text (what ``mori-opt --emit-irdl`` prints)."""
-    return files("mori_compiler.dialects").joinpath(IRDL_FILE).read_text()
+    return files("mori_compiler.dialects").joinpath(IRDL_FILE).read_text(encoding="utf-8")
 
 
 def register_and_load(ctx: ir.Context) -> None:

@@ -34,7 +34,7 @@ _PACKAGE_DIR = Path(__file__).resolve().parent  # a plain path: importlib.resour
 
 
 def _source(name: str) -> str:
-    return (_PACKAGE_DIR / "sources" / name).read_text()
+    return (_PACKAGE_DIR / "sources" / name).read_text(encoding="utf-8")
 
 
 def _prelude_name(target: GPUTarget) -> str:
@@ -52,9 +52,9 @@ def library_ir(target: GPUTarget) -> str:
 
 
 def _llvmlite_version() -> str:
-    import llvmlite
+    from mori_compiler.env import installed_version  # read from its dist-info: a warm start imports no llvmlite
 
-    return llvmlite.__version__
+    return installed_version("llvmlite", "llvmlite")
 
 
 CACHE_FORMAT = "verified-1"  # part of the hash: entries of an older layout (no content record) are not looked at

@@ -10,7 +10,8 @@ Layers, lowest first (a module may import only from its own layer or lower ones)
 3. ``mori_compiler.dialects``: IRDL dialects and their Python builders
 4. ``mori_compiler.passes``: lowering passes and the LLVM-level stages
 5. ``mori_compiler.runtime``: bundle loading and GPU launch (never imports MLIR or llvmlite)
-6. driver: ``mori_compiler.options``, ``.pipeline``, ``.cache``, ``.examples``, ``.tools``
+6. driver: ``mori_compiler.options``, ``.pipeline``, ``.cache``, ``.examples``
+7. ``mori_compiler.ops`` (the EP operators, on the cache) and ``mori_compiler.tools`` (the CLIs)
 """
 
 __version__ = "0.1.0"

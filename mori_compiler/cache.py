@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 
 from . import __version__
-from .env import cache_dir, exclusive_lock
+from .env import cache_dir, exclusive_lock, installed_version
 from .errors import MoriCompilerError
 from .options import CompileOptions
 from .runtime.bundle import (Bundle, BundleError, DamagedBundleWarning, KernelInfo, KernelParam, bundle_dir, discard,
@@ -63,31 +63,6 @@ def compiler_source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def installed_version(package: str, distribution: str) -> str:
-    """The version of ``distribution`` that provides the importable ``package``, read from the
-    ``<distribution>-<version>.dist-info`` folder next to it: neither imported nor looked up with
-    importlib.metadata (15-25 ms a call), which is asked only where no such folder is found (another
-    install layout); "unknown" if the distribution is not installed."""
-    import importlib.util
-
-    spec = importlib.util.find_spec(package)
-    locations = (spec.submodule_search_locations or []) if spec else []
-    prefix = distribution.replace("-", "_") + "-"
-    for location in locations:
-        site = os.path.dirname(os.path.abspath(location))
-        try:
-            names = os.listdir(site)
-        except OSError:
-            continue
-        for name in names:
-            if name.startswith(prefix) and name.endswith(".dist-info"):
-                return name[len(prefix):-len(".dist-info")]
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return "unknown"
 
 
 @functools.lru_cache(maxsize=None)
@@ -168,6 +143,9 @@ def get_bundle(source: str, options: CompileOptions, *, config: dict | None = No
             f"no precompiled bundle for {what} (target {options.target}) in {root}, and the compiler is not "
             f"installed here; {how}"
         )
+    if not _same_request(found.config, _recorded_config(source, options, config)):  # an index entry led elsewhere
+        raise MoriCompilerError(f"damaged precompiled bundle for {what}: the index of {root} leads to bundle "
+                                f"{found.path}, which was built from another source or other options; {how}")
     return found
 
 
@@ -254,5 +232,17 @@ def _compile_and_publish(root: Path, key: str, source: str, options: CompileOpti
     return publish_bundle(
         root, key, target=options.target, backend=options.gpu_target.backend, binary=result.binary,
         kernels=list(signatures.values()), state_globals=state, compiler=toolchain_fingerprint(),
-        config={"options": options.to_dict(), **(config or {})}, virtual_pes=options.virtual_pes,
+        config=_recorded_config(source, options, config), virtual_pes=options.virtual_pes,
     )  # fmt: skip
+
+
+def _recorded_config(source: str, options: CompileOptions, config: dict | None) -> dict:
+    """What ``bundle.json`` records of the request: the options, the caller's config and a digest of the
+    source, so that a runtime lookup can check that an index entry leads to the bundle it asked for."""
+    return {"options": options.to_dict(), "source_sha256": hashlib.sha256(source.encode()).hexdigest(), **(config or {})}
+
+
+def _same_request(recorded: dict, expected: dict) -> bool:
+    """Recorded and expected config agree; bitcode paths aside (the key covers their content, not their path)."""
+    strip = lambda c: c | {"options": {**c.get("options", {}), "bitcode": None}}  # noqa: E731
+    return isinstance(recorded, dict) and isinstance(recorded.get("options"), dict) and strip(recorded) == strip(expected)

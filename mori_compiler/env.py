@@ -55,9 +55,41 @@ def exclusive_lock(path: Path):
     others wait and then find its published result. ``flock`` (standard library, no dependency for GPU
     machines) is released by the kernel when the process dies, so a killed compile never leaves a stale lock."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # O_NOFOLLOW: a lock "file" planted as a symlink must not create or open a file outside the cache.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
+        import stat
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"lock file {path} is not a regular file")
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def installed_version(package: str, distribution: str) -> str:
+    """The version of ``distribution`` that provides the importable ``package``, read from the
+    ``<distribution>-<version>.dist-info`` folder next to it: neither imported nor looked up with
+    importlib.metadata (15-25 ms a call), which is asked only where no such folder is found (another
+    install layout); "unknown" if the distribution is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    locations = (spec.submodule_search_locations or []) if spec else []
+    prefix = distribution.replace("-", "_") + "-"
+    for location in locations:
+        site = os.path.dirname(os.path.abspath(location))
+        try:
+            names = os.listdir(site)
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(prefix) and name.endswith(".dist-info"):
+                return name[len(prefix):-len(".dist-info")]
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "unknown"

@@ -201,12 +201,12 @@ def config_problems(cfg: EpDispatchCombineConfig, wave_size: int) -> list[str]:
         return [f"config must be an EpDispatchCombineConfig, not {type(cfg).__name__}"]
     if not _is_int(wave_size) or wave_size not in (32, 64):
         return [f"wave_size {wave_size!r} must be 32 or 64 (the target's lanes per wave)"]
-    problems = []
+    problems, bad = [], set()
     for name, rule in _RULES.items():
         problem = _field_problem(name, getattr(cfg, name), rule, wave_size)
         if problem:
             problems.append(problem)
-    bad = {name for name, rule in _RULES.items() if _field_problem(name, getattr(cfg, name), rule, wave_size)}
+            bad.add(name)
 
     def ok(*names: str) -> bool:
         return not bad.intersection(names)

@@ -95,9 +95,8 @@ def write_output(path: str | None, data: str | bytes) -> None:
             raise MoriCompilerError(f"cannot write to stdout: {exc.strerror}") from None
         return
     try:
-        mode = "wb" if isinstance(data, bytes) else "w"
-        with open(path, mode) as f:
-            f.write(data)
+        with open(path, "wb") as f:  # text as UTF-8, whatever the locale
+            f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
     except OSError as exc:
         raise MoriCompilerError(f"cannot write {path}: {exc.strerror}") from None
 

@@ -112,6 +112,8 @@ def _check_entry(entry, index: int) -> dict:
             raise MoriCompilerError(f"config {index}: \"{name}\" must be {_type_name(ty)}, got {json.dumps(value)[:60]}")
     if kind == "kernel" and not entry["kernel"]:
         raise MoriCompilerError(f"config {index}: \"kernel\" must name an example or an .mlir file, got \"\"")
+    if entry.get("bitcode") == []:
+        raise MoriCompilerError(f"config {index}: \"bitcode\" is an empty list; leave it out to link the project's library")
     if isinstance(entry.get("bitcode"), list) and not all(isinstance(b, str) for b in entry["bitcode"]):
         raise MoriCompilerError(f"config {index}: \"bitcode\" must be a path or a list of paths")
     return entry
@@ -160,6 +162,9 @@ def _plan_entry(entry: dict, index: int):
             config = _ep_config(entry["ep"], index)
             target = entry.get("target", "gfx942")
             validate_config(config, get_target(target).wave_size)
+            if "asyncll" in entry and config.kernel_type != EpDispatchCombineKernelType.AsyncLL:
+                raise MoriCompilerError(f"config {index}: \"asyncll\" applies to kernel_type AsyncLL only, not "
+                                        f"{EpDispatchCombineKernelType(config.kernel_type).name}")  # fmt: skip
             asyncll = resolve(**entry["asyncll"]) if "asyncll" in entry else None
             virtual_pes = entry.get("virtual_pes", False)
             bitcode = entry.get("bitcode")

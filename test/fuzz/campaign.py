@@ -187,47 +187,56 @@ def run_campaign(seed: int, runs: int, tools=TOOLS, out: str | Path | None = Non
     start = time.monotonic()
     out = Path(out) if out else Path(tempfile.mkdtemp(prefix="mori-fuzz-out-"))
     out.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("MORI_COMPILER_CACHE_DIR", str(out / "cache"))
-    generator = CaseGenerator(seed)
-    runner = make_runner(runner_kind, jobs, timeout)
-    reducer = make_runner(runner_kind, 1, timeout) if runner_kind == "subprocess" else runner
-    report = Report()
+    # The runs' own cache, never the user's MORI_COMPILER_CACHE_DIR (fuzzed bundles must not land there); the
+    # forked and fresh children inherit it from this process's environment, restored afterwards.
+    saved_cache = os.environ.get("MORI_COMPILER_CACHE_DIR")
+    os.environ["MORI_COMPILER_CACHE_DIR"] = str(out / "cache")
+    try:
+        generator = CaseGenerator(seed)
+        runner = make_runner(runner_kind, jobs, timeout)
+        reducer = make_runner(runner_kind, 1, timeout) if runner_kind == "subprocess" else runner
+        report = Report()
 
-    def cases():
-        for index in range(runs):  # interleaved so that a time budget cuts every tool alike
-            for tool in tools:
-                if time_budget is not None and time.monotonic() - start > time_budget:
-                    return
-                yield generator.case(tool, index)
+        def cases():
+            for index in range(runs):  # interleaved so that a time budget cuts every tool alike
+                for tool in tools:
+                    if time_budget is not None and time.monotonic() - start > time_budget:
+                        return
+                    yield generator.case(tool, index)
 
-    new: list[Finding] = []
-    done = 0
-    for case, result in runner.run_many(cases()):
-        verdict = classify(case, result)
-        report.counts[tool_of(case)][verdict.outcome] += 1
-        done += 1
-        if progress and done % 100 == 0:
-            progress(done, report)
-        if verdict.failed:
-            if verdict.signature in report.findings:
-                report.findings[verdict.signature].count += 1
-            else:
-                report.findings[verdict.signature] = finding = Finding(verdict, case, result)
-                new.append(finding)
-    # Reduce after the run (a fork runner runs one batch at a time).
-    fresh = SubprocessRunner(1, max(timeout, 60.0))
-    reduce_deadline = time.monotonic() + reduce_total
-    for finding in sorted(new, key=lambda f: SEVERITY.index(f.verdict.outcome)):
-        seconds = min(reduce_seconds, reduce_deadline - time.monotonic())
-        if seconds > 0:
-            finding.case = minimize(finding.case, finding.verdict, reducer, seconds)
-            (_, finding.result), = reducer.run_many([finding.case])
-        (_, result), = fresh.run_many([finding.case])
-        fresh_verdict = classify(finding.case, result)
-        finding.confirmed = fresh_verdict.signature == finding.verdict.signature
-        finding.reproducer = write_reproducer(out, finding, (fresh_verdict, result))
-        if on_new_failure:
-            on_new_failure(finding)
-    report.seconds = time.monotonic() - start
-    (out / "summary.json").write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=True) + "\n")
-    return report
+        new: list[Finding] = []
+        done = 0
+        for case, result in runner.run_many(cases()):
+            verdict = classify(case, result)
+            report.counts[tool_of(case)][verdict.outcome] += 1
+            done += 1
+            if progress and done % 100 == 0:
+                progress(done, report)
+            if verdict.failed:
+                if verdict.signature in report.findings:
+                    report.findings[verdict.signature].count += 1
+                else:
+                    report.findings[verdict.signature] = finding = Finding(verdict, case, result)
+                    new.append(finding)
+        # Reduce after the run (a fork runner runs one batch at a time).
+        fresh = SubprocessRunner(1, max(timeout, 60.0))
+        reduce_deadline = time.monotonic() + reduce_total
+        for finding in sorted(new, key=lambda f: SEVERITY.index(f.verdict.outcome)):
+            seconds = min(reduce_seconds, reduce_deadline - time.monotonic())
+            if seconds > 0:
+                finding.case = minimize(finding.case, finding.verdict, reducer, seconds)
+                (_, finding.result), = reducer.run_many([finding.case])
+            (_, result), = fresh.run_many([finding.case])
+            fresh_verdict = classify(finding.case, result)
+            finding.confirmed = fresh_verdict.signature == finding.verdict.signature
+            finding.reproducer = write_reproducer(out, finding, (fresh_verdict, result))
+            if on_new_failure:
+                on_new_failure(finding)
+        report.seconds = time.monotonic() - start
+        (out / "summary.json").write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=True) + "\n")
+        return report
+    finally:
+        if saved_cache is None:
+            os.environ.pop("MORI_COMPILER_CACHE_DIR", None)
+        else:
+            os.environ["MORI_COMPILER_CACHE_DIR"] = saved_cache

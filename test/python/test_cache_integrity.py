@@ -234,6 +234,21 @@ def test_runtime_loads_an_intact_bundle_through_the_index(example_source, root, 
 # ----------------------------------------------------------------------------------------------------
 
 
+def test_runtime_refuses_an_index_entry_that_leads_to_another_valid_bundle(example_source, root, compiles,
+                                                                            monkeypatch):  # fmt: skip
+    """Kernel names alone do not tell two configs apart (an EP bundle for hidden 256 has the names of one for
+    hidden 7168): an index entry that names another intact bundle is refused, not launched."""
+    other_source = example_source + "\n// another source, the same kernels\n"
+    first, other = _compile(example_source, root), _compile(other_source, root)
+    assert first.key != other.key and set(first.kernels) == set(other.kernels)
+    _index_file(root, example_source).write_text(other.key)
+    _runtime_only(monkeypatch)
+    with pytest.raises(MoriCompilerError, match="built from another source or other options") as info:
+        cache.get_bundle(example_source, OPTIONS, cache_root=root, what="ring_put_signal", kernels=("ring_put_signal",))
+    assert str(other.path) in str(info.value)
+    assert cache.get_bundle(other_source, OPTIONS, cache_root=root) == other  # its own entry still works
+
+
 def _index_file(root: Path, example_source: str) -> Path:
     return rt.index_path(root, cache.bundle_request(example_source, OPTIONS))
 
@@ -380,7 +395,7 @@ _WARM = r"""
 import json, sys
 from mori_compiler.ops import EpDispatchCombineConfig, ep_bundle
 b = ep_bundle(EpDispatchCombineConfig(**json.loads(sys.argv[2])), "sm_90", virtual_pes=True, cache_root=sys.argv[1])
-loaded = sorted(m for m in ("mlir", "llvmlite.binding", "numpy", "torch", "importlib.metadata", "mori_compiler.pipeline",
+loaded = sorted(m for m in ("mlir", "llvmlite", "numpy", "torch", "importlib.metadata", "mori_compiler.pipeline",
                             "mori_compiler.passes", "mori_compiler.ops.dispatch_combine") if m in sys.modules)
 print(b.key, ",".join(loaded) or "-")
 """
