@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from unittest import mock
 from pathlib import Path
 
 from . import argv_mutators, corpus, json_mutators, mutators
@@ -189,9 +190,7 @@ def run_campaign(seed: int, runs: int, tools=TOOLS, out: str | Path | None = Non
     out.mkdir(parents=True, exist_ok=True)
     # The runs' own cache, never the user's MORI_COMPILER_CACHE_DIR (fuzzed bundles must not land there); the
     # forked and fresh children inherit it from this process's environment, restored afterwards.
-    saved_cache = os.environ.get("MORI_COMPILER_CACHE_DIR")
-    os.environ["MORI_COMPILER_CACHE_DIR"] = str(out / "cache")
-    try:
+    with mock.patch.dict(os.environ, {"MORI_COMPILER_CACHE_DIR": str(out / "cache")}):
         generator = CaseGenerator(seed)
         runner = make_runner(runner_kind, jobs, timeout)
         reducer = make_runner(runner_kind, 1, timeout) if runner_kind == "subprocess" else runner
@@ -235,8 +234,3 @@ def run_campaign(seed: int, runs: int, tools=TOOLS, out: str | Path | None = Non
         report.seconds = time.monotonic() - start
         (out / "summary.json").write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=True) + "\n")
         return report
-    finally:
-        if saved_cache is None:
-            os.environ.pop("MORI_COMPILER_CACHE_DIR", None)
-        else:
-            os.environ["MORI_COMPILER_CACHE_DIR"] = saved_cache
