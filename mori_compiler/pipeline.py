@@ -186,9 +186,7 @@ def compile_source(
             return result
 
     device = gpu_module_to_llvm_ir(module, filename)
-    result.llvm_ir, result.kernels = device.llvm_ir, device.kernels
-    if not device.kernels:
-        raise MoriCompilerError(f"gpu.module @{device.name} has no kernel (gpu.func ... kernel)")
+    result.llvm_ir, result.kernels = device.llvm_ir, device.kernels  # gpu_module_to_llvm_ir refuses no kernel
     if lap("llvm-ir"):
         return result
 

@@ -383,11 +383,9 @@ def discard(path: Path) -> None:
 
 
 def publish_bundle(cache_root, key, *, target, backend, binary: bytes, kernels, state_globals=(), compiler="",
-                   config=None, virtual_pes=False, request=None) -> Bundle:  # fmt: skip
-    """Write a bundle atomically (temporary directory, then rename); returns the bundle as loaded.
-
-    With ``request`` (a ``request_key``), also record it in the index so that a runtime without the
-    toolchain finds the bundle."""
+                   config=None, virtual_pes=False) -> Bundle:  # fmt: skip
+    """Write a bundle atomically (temporary directory, then rename); returns the bundle as loaded (the
+    caller indexes it with ``record_request``)."""
     import shutil
     import tempfile
 
@@ -415,10 +413,7 @@ def publish_bundle(cache_root, key, *, target, backend, binary: bytes, kernels, 
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    bundle = load_bundle(final, key=key, target=target)
-    if request:
-        record_request(cache_root, request, key)
-    return bundle
+    return load_bundle(final, key=key, target=target)
 
 
 def record_request(cache_root, request: str, key: str) -> None:
