@@ -1,0 +1,317 @@
+"""The EP schema: the one owner of what the EP compiler, runtime, op and reference model must agree on.
+
+Standard library only (the runtime and the reference model import it without MLIR). It holds:
+
+* the token dtypes and the limits that size device structures (``MAX_BLOCKS``, ``MAX_WORLD_SIZE``);
+* ``EpSizes``: the sizes a configuration derives (S, R, Rp, the null forward code, ...), with the index
+  encodings the kernels write and the host and the reference model read;
+* ``BUFFERS``: the symmetric buffer table (name, size rule, zeroed at allocation, kernel types using it);
+* ``KERNELS``: every EP kernel's signature as named, typed parameters, each either a symmetric buffer
+  (the host passes that buffer's address on the launching PE) or a call argument (the host passes it by
+  name). Kernel generators build their ``gpu.func`` headers from it, the bundle records the names, and
+  the op's launches are checked against the bundle by name.
+
+Index encodings (docs/ep-protocols.md):
+
+* forward map entry of (token t, k): ``pe * R + slot`` for the slot reserved on destination ``pe``, or
+  ``W * R`` (``null_fwd``) when the expert id was invalid, a duplicate destination, or the receiver was
+  full;
+* source position of a received row: ``src_pe * S + token`` with ``S = W * M``;
+* AsyncLL receive map: ``src_pe * Rp + i`` for the i-th record from ``src_pe``; its dispatch signal of
+  round r is ``(r + 1) << 32 | count`` and its combine signal ``r + 1`` (epoch-tagged, never reset).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+TOKEN_BYTES = {"bf16": 2, "f32": 4, "fp8_e4m3fn": 1, "fp8_e4m3fnuz": 1}
+DISPATCH_DTYPES = ("bf16", "f32", "fp8_e4m3fn", "fp8_e4m3fnuz")
+COMBINE_DTYPES = ("bf16", "f32")
+MAX_BLOCKS = 1024  # device-barrier epoch slots per PE: the largest grid a combine may use
+MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a wave (wave32 on gfx12)
+
+
+class EpDispatchCombineKernelType(enum.IntEnum):
+    """MORI's kernel types (values as MORI's enum). Implemented: IntraNode, IntraNodeLL, AsyncLL."""
+
+    IntraNode = 0
+    InterNode = 1
+    InterNodeV1 = 2
+    InterNodeV1LL = 3
+    AsyncLL = 4
+    IntraNodeLL = 5
+
+
+KernelType = EpDispatchCombineKernelType
+
+
+@dataclass(frozen=True)
+class EpSizes:
+    """The compile-time sizes of one EP configuration, in the kernels' terms.
+
+    W world_size, H hidden, K top_k, Er experts_per_rank, M max_tokens_per_rank, Rp max_recv_per_rank
+    (receive slots per source PE), token_bytes (bytes per element of the widest token dtype),
+    scale_bytes (bytes of one token's scales).
+    """
+
+    world_size: int
+    hidden: int
+    top_k: int
+    experts_per_rank: int
+    max_tokens_per_rank: int
+    max_recv_per_rank: int
+    token_bytes: int = 2
+    scale_bytes: int = 0
+    external_input: bool = True  # the push combine's staging buffers are sized only when used
+
+    @classmethod
+    def from_config(cls, cfg) -> "EpSizes":
+        """From a MORI ``EpDispatchCombineConfig`` (duck-typed)."""
+        return cls(world_size=cfg.world_size, hidden=cfg.hidden_dim, top_k=cfg.num_experts_per_token,
+                   experts_per_rank=cfg.num_experts_per_rank, max_tokens_per_rank=cfg.max_num_inp_token_per_rank,
+                   max_recv_per_rank=recv_per_rank(cfg.max_num_inp_token_per_rank, cfg.max_total_recv_tokens,
+                                                   cfg.world_size),
+                   token_bytes=cfg.max_token_type_size, scale_bytes=cfg.scale_dim * cfg.scale_type_size,
+                   external_input=bool(cfg.use_external_inp_buf))  # fmt: skip
+
+    @property
+    def send_stride(self) -> int:  # S = W * M: the source-position encoding's stride
+        return self.world_size * self.max_tokens_per_rank
+
+    @property
+    def recv_capacity(self) -> int:  # R = W * Rp: rows a PE can receive per dispatch
+        return self.world_size * self.max_recv_per_rank
+
+    @property
+    def null_fwd(self) -> int:  # the forward-map code of a slot that sent nothing
+        return self.world_size * self.recv_capacity
+
+    @property
+    def row_bytes(self) -> int:  # one token row at the widest dtype
+        return self.hidden * self.token_bytes
+
+    @property
+    def async_slots(self) -> int:  # AsyncLL records per PE: per round parity (2) and source PE (W), Rp each
+        return 2 * self.world_size * self.max_recv_per_rank
+
+    def fwd_code(self, pe: int, slot: int) -> int:
+        return pe * self.recv_capacity + slot
+
+    def src_pos(self, pe: int, token: int) -> int:
+        return pe * self.send_stride + token
+
+
+def recv_per_rank(max_tokens: int, max_total_recv: int, world_size: int) -> int:
+    """Rp: receive slots per source PE, ``ceil(max_total_recv / W)`` capped at M (M when no cap is set)."""
+    return min(-(-max_total_recv // world_size), max_tokens) if max_total_recv > 0 else max_tokens
+
+
+def async_dispatch_signal(round_: int, count: int) -> int:
+    return (round_ + 1) << 32 | count
+
+
+# ---- the symmetric buffer table ---------------------------------------------------------------------
+
+_SYNC = frozenset({KernelType.IntraNode, KernelType.IntraNodeLL})  # the count-handshake kernel types
+_ASYNC = frozenset({KernelType.AsyncLL})
+_ALL = _SYNC | _ASYNC
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One symmetric buffer of an EP op: allocated on every PE (256-byte aligned), ``size(sizes)`` bytes,
+    zero-filled at allocation when ``zeroed`` (counters, signals and flags the kernels expect to start
+    at 0; they leave them ready for the next call), used by the kernel types ``kinds``."""
+
+    name: str
+    size: Callable[[EpSizes], int]
+    zeroed: bool
+    kinds: frozenset
+    doc: str
+
+
+def _tok(s: EpSizes) -> int:
+    return s.row_bytes
+
+
+BUFFERS: tuple[Buffer, ...] = (
+    Buffer("out_x", lambda s: s.recv_capacity * _tok(s), False, _ALL, "dispatch output rows [R, H]"),
+    Buffer("out_w", lambda s: s.recv_capacity * s.top_k * 4, False, _ALL, "dispatch output weights [R, K] f32"),
+    Buffer("out_s", lambda s: max(s.recv_capacity * s.scale_bytes, 16), False, _ALL, "dispatch output scales"),
+    Buffer("out_idx", lambda s: s.recv_capacity * s.top_k * 4, False, _ALL, "dispatch output expert ids [R, K]"),
+    Buffer("src_pos", lambda s: s.recv_capacity * 4, False, _ALL, "source position of each received row"),
+    Buffer("fwd", lambda s: s.max_tokens_per_rank * s.top_k * 4, True, _ALL, "forward map [M, K]"),
+    Buffer("total", lambda s: 16, True, _ALL, "rows received by the last dispatch (i32)"),
+    Buffer("status", lambda s: 16, True, _ALL, "tokens dropped for want of receive capacity (i32)"),
+    Buffer("reg_x", lambda s: s.recv_capacity * _tok(s), False, _ALL, "registered combine input [R, H]"),
+    Buffer("out_c", lambda s: s.max_tokens_per_rank * _tok(s), False, _ALL, "combine output [M, H]"),
+    Buffer("out_cw", lambda s: s.max_tokens_per_rank * s.top_k * 4, False, _ALL, "combine output weights"),
+    Buffer("zero_row", lambda s: max(_tok(s), 4 * s.top_k, 16), True, _ALL, "a row of zeros (absent sources)"),
+    # AsyncLL: per round parity and source PE, Rp records to receive and Rp rows to combine.
+    Buffer("a_rx", lambda s: s.async_slots * _tok(s), False, _ASYNC, "receive records: rows"),
+    Buffer("a_rw", lambda s: s.async_slots * s.top_k * 4, False, _ASYNC, "receive records: weights"),
+    Buffer("a_rs", lambda s: max(s.async_slots * s.scale_bytes, 16), False, _ASYNC, "receive records: scales"),
+    Buffer("a_ridx", lambda s: s.async_slots * s.top_k * 4, False, _ASYNC, "receive records: expert ids"),
+    Buffer("a_rpos", lambda s: s.async_slots * 4, False, _ASYNC, "receive records: source positions"),
+    Buffer("a_cx", lambda s: s.async_slots * _tok(s), False, _ASYNC, "combine region: rows"),
+    Buffer("a_cw", lambda s: s.async_slots * s.top_k * 4, False, _ASYNC, "combine region: weights"),
+    Buffer("rmap", lambda s: s.recv_capacity * 4, False, _ASYNC, "output row -> src_pe * Rp + record"),
+    Buffer("a_cnt", lambda s: 2 * s.world_size * 4, True, _ASYNC, "slot counters [2][W]"),
+    Buffer("a_sig", lambda s: 2 * s.world_size * 8, True, _ASYNC, "dispatch signals [2][W] (epoch-tagged)"),
+    Buffer("a_csig", lambda s: 2 * s.world_size * 8, True, _ASYNC, "combine signals [2][W] (epoch-tagged)"),
+    Buffer("a_rounds", lambda s: 32, True, _ASYNC, "rounds: dispatch, combine, finished blocks of each"),
+    Buffer("a_grid", lambda s: 16, True, _ASYNC, "grid barrier words {arrivals, generation}"),
+    # IntraNode / IntraNodeLL: the count handshake, the grid and device barriers.
+    Buffer("slot_ctrs", lambda s: 16, True, _SYNC, "slot counters, double-buffered by round parity"),
+    Buffer("signals", lambda s: 8 * s.world_size, True, _SYNC, "count-handshake slots [W] u64"),
+    Buffer("dispatch_grid", lambda s: 16, True, _SYNC, "dispatch grid barrier words"),
+    Buffer("round_ctr", lambda s: 16, True, _SYNC, "dispatch round (u64, advanced on the device)"),
+    Buffer("dest_ctr", lambda s: 4 * s.world_size, True, _SYNC, "tokens sent to each PE this round"),
+    Buffer("reg_w", lambda s: s.recv_capacity * s.top_k * 4, False, _SYNC, "registered combine weights"),
+    Buffer("stage_x", lambda s: _push_rows(s) * _tok(s), False, _SYNC, "push-combine staging rows [W*M, H]"),
+    Buffer("stage_w", lambda s: _push_rows(s) * s.top_k * 4, False, _SYNC, "push-combine staging weights"),
+    Buffer("combine_grid", lambda s: 16, True, _SYNC, "push-combine grid barrier words"),
+    Buffer("bar_slots", lambda s: 8 * MAX_BLOCKS * s.world_size, True, _SYNC, "device barrier [MAX_BLOCKS][W]"),
+    Buffer("bar_epochs", lambda s: 8 * MAX_BLOCKS, True, _SYNC, "device barrier epoch per block"),
+)
+BUFFER_NAMES = frozenset(b.name for b in BUFFERS)
+
+
+def _push_rows(s: EpSizes) -> int:
+    return s.world_size * s.max_tokens_per_rank if s.external_input else 1
+
+
+def buffers_for(kind: KernelType, sizes: EpSizes) -> list[tuple[Buffer, int]]:
+    """(buffer, bytes) of every symmetric buffer kernel type ``kind`` uses, in allocation order."""
+    return [(b, b.size(sizes)) for b in BUFFERS if kind in b.kinds]
+
+
+# ---- kernel signatures ------------------------------------------------------------------------------
+
+PARAM_TYPES = ("ptr", "i32")
+
+
+@dataclass(frozen=True)
+class Param:
+    """A kernel parameter: ``name`` (as in the gpu.func and bundle.json), ``type`` ("ptr" or "i32"), and
+    ``buffer``, the symmetric buffer the host passes (None: a call argument the host passes by name)."""
+
+    name: str
+    type: str = "ptr"
+    buffer: str | None = None
+
+
+def _b(name: str, buffer: str | None = None) -> Param:
+    return Param(name, "ptr", buffer or name)
+
+
+_N = Param("n", "i32")  # tokens of this PE's call
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """The parameters of the kernels ``ep_<family>_<dtype>``, in order."""
+
+    family: str
+    params: tuple[Param, ...]
+    doc: str
+
+    def kernel_name(self, dtype: str) -> str:
+        return f"ep_{self.family}_{dtype}"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        return tuple(p.type for p in self.params)
+
+    @property
+    def call_arguments(self) -> tuple[str, ...]:
+        """The parameters the host passes by name (not symmetric buffers)."""
+        return tuple(p.name for p in self.params if p.buffer is None)
+
+    def arguments(self, buffer_address: Callable[[str], int], values: dict) -> tuple:
+        """The launch arguments in parameter order: each buffer's address (``buffer_address(name)``) and
+        each call argument from ``values`` by name; a missing or unknown name is a ValueError."""
+        unknown = set(values) - set(self.call_arguments)
+        missing = [n for n in self.call_arguments if n not in values]
+        if unknown or missing:
+            raise ValueError(f"kernels ep_{self.family}_*: " + "; ".join(
+                ([f"missing call arguments {', '.join(missing)}"] if missing else [])
+                + ([f"unknown arguments {', '.join(sorted(unknown))}"] if unknown else [])))  # fmt: skip
+        return tuple(buffer_address(p.buffer) if p.buffer is not None else values[p.name] for p in self.params)
+
+
+_TOKENS_IN = (Param("x"), Param("w"), Param("s"), Param("idx"), _N)  # rows, weights, scales, expert ids, count
+_DISPATCH = _TOKENS_IN + (
+    _b("out_x"), _b("out_w"), _b("out_s"), _b("out_idx"), _b("src_pos"), _b("slot_ctrs"), _b("signals"),
+    _b("grid_ctr", "dispatch_grid"), _b("round_ctr"), _b("fwd"), _b("dest_ctr"), _b("total"), _b("status"),
+)  # fmt: skip
+
+KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
+    KernelSignature("dispatch", _DISPATCH, "IntraNode dispatch: one warp per token"),
+    KernelSignature("dispatch_ll", _DISPATCH, "IntraNodeLL dispatch: one block per token"),
+    KernelSignature("combine_pull", (
+        Param("inp_w"), _b("reg_x"), _b("reg_w"), _b("fwd"), _N, _b("total"), _b("out", "out_c"), Param("out_w"),
+        _b("zero_row"), _b("bar_slots"), _b("bar_epochs"),
+    ), "zero-copy combine: sums rows read from the peers' registered buffers"),
+    KernelSignature("combine_push", (
+        Param("inp"), Param("inp_w"), _b("stage_x"), _b("stage_w"), _b("src_pos"), _b("fwd"), _N, _b("total"),
+        _b("out", "out_c"), Param("out_w"), _b("zero_row"), _b("grid_ctr", "combine_grid"), _b("bar_slots"),
+        _b("bar_epochs"),
+    ), "push combine: rows written to their owners' staging rows, then summed locally"),
+    KernelSignature("async_dispatch_send", _TOKENS_IN + (
+        _b("out_x", "a_rx"), _b("out_w", "a_rw"), _b("out_s", "a_rs"), _b("out_idx", "a_ridx"),
+        _b("src_pos", "a_rpos"), _b("cnt", "a_cnt"), _b("sig", "a_sig"), _b("rounds", "a_rounds"), _b("fwd"),
+        _b("status"), _b("grid_ctr", "a_grid"),
+    ), "AsyncLL dispatch send phase"),
+    KernelSignature("async_dispatch_recv", (
+        _b("rx", "a_rx"), _b("rw", "a_rw"), _b("rs", "a_rs"), _b("ridx", "a_ridx"), _b("rpos", "a_rpos"),
+        _b("cnt", "a_cnt"), _b("sig", "a_sig"), _b("rounds", "a_rounds"), _b("grid_ctr", "a_grid"), _b("out_x"),
+        _b("out_w"), _b("out_s"), _b("out_idx"), _b("src_pos"), _b("rmap"), _b("total"),
+    ), "AsyncLL dispatch receive phase"),
+    KernelSignature("async_combine_send", (
+        Param("inp"), Param("inp_w"), _b("cx", "a_cx"), _b("cw", "a_cw"), _b("rmap"), _b("total"),
+        _b("csig", "a_csig"), _b("rounds", "a_rounds"), _b("grid_ctr", "a_grid"),
+    ), "AsyncLL combine send phase"),
+    KernelSignature("async_combine_recv", (
+        _b("cx", "a_cx"), _b("cw", "a_cw"), _b("fwd"), _N, _b("csig", "a_csig"), _b("rounds", "a_rounds"),
+        _b("grid_ctr", "a_grid"), _b("out", "out_c"), Param("out_w"), _b("zero_row"),
+    ), "AsyncLL combine receive phase"),
+)}  # fmt: skip
+
+# Which mori_ep op becomes which kernel family (combine: by its zero_copy attribute).
+OP_FAMILIES = {"dispatch": "dispatch", "dispatch_ll": "dispatch_ll", "dispatch_send": "async_dispatch_send",
+               "dispatch_recv": "async_dispatch_recv", "combine_send": "async_combine_send",
+               "combine_recv": "async_combine_recv"}  # fmt: skip
+
+
+def combine_family(zero_copy: bool) -> str:
+    return "combine_pull" if zero_copy else "combine_push"
+
+
+def kernel_signature(kernel_name: str) -> tuple[KernelSignature, str]:
+    """(signature, dtype) of an EP kernel name ``ep_<family>_<dtype>``; KeyError when it is none."""
+    for dtype in sorted(TOKEN_BYTES, key=len, reverse=True):
+        suffix = "_" + dtype
+        if kernel_name.startswith("ep_") and kernel_name.endswith(suffix):
+            family = kernel_name[3: -len(suffix)]
+            if family in KERNELS:
+                return KERNELS[family], dtype
+    raise KeyError(kernel_name)
+
+
+def _check_table() -> None:
+    for sig in KERNELS.values():
+        for p in sig.params:
+            assert p.type in PARAM_TYPES, (sig.family, p)
+            assert p.buffer is None or p.buffer in BUFFER_NAMES, (sig.family, p)
+        assert len(set(sig.names)) == len(sig.names), sig.family
+
+
+_check_table()
