@@ -4,7 +4,9 @@
 * ``driver``: the driver interface and ``get_driver(backend)``; ``cuda`` (cuda-bindings) and ``hip``
   (hip-python) implement it and are imported only when a driver is first requested;
 * ``shmem``: symmetric memory with a ``mori.shmem``-compatible API (multi-process over torch.distributed,
-  or N virtual PEs in one process);
+  or N virtual PEs in one process), over ``heap_allocator`` (heap size and allocator), ``shmem_comm`` (the
+  rendezvous with the other processes), ``shmem_state`` (one initialized shmem: memory, addresses, device
+  state), ``shmem_tensors`` (torch views) and ``shmem_errors``;
 * ``launcher``: ``KernelSet`` loads a bundle, writes its device state and launches its kernels.
 
 Importing this package imports none of torch, cuda-bindings, hip-python, MLIR or llvmlite; the names below

@@ -7,8 +7,9 @@ Python bindings, imported only when first asked for:
 * ``nvvm`` (PTX bundles): ``runtime/cuda.py``, ``CudaDriver`` over ``cuda.bindings.driver``;
 * ``rocdl`` (hsaco bundles): ``runtime/hip.py``, ``HipDriver`` over hip-python (``from hip import hip``).
 
-``get_driver(backend)`` returns the process-wide instance for a backend. Pointers, streams and sizes cross
-this interface as plain Python ints (0 = the default stream); modules and functions are wrapped in
+``get_driver(backend)`` returns the process-wide instance for a backend; ``default_driver()`` the one for
+callers that name none (``MORI_COMPILER_BACKEND``, else torch's GPU flavour). Pointers, streams and sizes
+cross this interface as plain Python ints (0 = the default stream); modules and functions are wrapped in
 ``Module`` / ``Function``. Kernel parameters are ``(type_name, value)`` pairs, type names from
 ``kernel_abi.PARAM_SIZES``; ``marshal_params`` turns them into the ``void*[]`` array both driver APIs
 take as ``kernelParams``.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -339,6 +341,7 @@ class BindingsDriver(Driver):
         return torch_cuda() is not None
 
 
+BACKEND_ENV = "MORI_COMPILER_BACKEND"  # the backend of default_driver(): nvvm / cuda or rocdl / hip
 _DRIVER_MODULES = {"nvvm": ("mori_compiler.runtime.cuda", "CudaDriver"),
                    "rocdl": ("mori_compiler.runtime.hip", "HipDriver")}  # fmt: skip
 _ALIASES = {"cuda": "nvvm", "nvidia": "nvvm", "hip": "rocdl", "rocm": "rocdl", "amdgpu": "rocdl"}
@@ -363,6 +366,16 @@ def get_driver(backend: str) -> Driver:
             driver = getattr(importlib.import_module(module_name), class_name)()
             _drivers[name] = driver
         return driver
+
+
+def default_driver() -> Driver:
+    """The driver for callers that name no backend (shmem init): ``MORI_COMPILER_BACKEND`` if set, else
+    the one torch was built for (ROCm torch: rocdl; otherwise, or without torch: nvvm)."""
+    backend = os.environ.get(BACKEND_ENV)
+    if not backend:
+        torch = torch_cuda()
+        backend = "rocdl" if torch is not None and getattr(torch.version, "hip", None) else "nvvm"
+    return get_driver(backend)
 
 
 def _reset_drivers() -> None:

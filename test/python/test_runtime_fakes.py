@@ -542,6 +542,32 @@ def test_get_driver_is_a_lazy_singleton(fake_cuda, fake_hip):
         get_driver("spirv")
 
 
+def test_default_driver_follows_the_environment_then_torch(monkeypatch, fake_cuda, fake_hip):
+    monkeypatch.setenv("MORI_COMPILER_BACKEND", "hip")
+    assert driver_mod.default_driver() is get_driver("rocdl")
+    monkeypatch.setenv("MORI_COMPILER_BACKEND", "spirv")
+    with pytest.raises(ValueError, match="unknown GPU backend 'spirv'"):
+        driver_mod.default_driver()
+    monkeypatch.delenv("MORI_COMPILER_BACKEND")
+    assert driver_mod.default_driver() is get_driver("nvvm")  # no torch: CUDA
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(is_available=lambda: True)
+    torch.version = types.SimpleNamespace(hip="6.2")
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    assert driver_mod.default_driver() is get_driver("rocdl")  # a ROCm build of torch: HIP
+    torch.version.hip = None
+    assert driver_mod.default_driver() is get_driver("nvvm")
+
+
+def test_shmem_init_without_a_driver_uses_the_default_one(monkeypatch, fake_cuda, fake_hip):
+    monkeypatch.setenv("MORI_COMPILER_BACKEND", "rocdl")
+    shmem.shmem_init_virtual(2, device=0, heap_size=HEAP)
+    assert shmem.current_state().driver is get_driver("rocdl")
+    shmem.shmem_finalize()
+    shmem.shmem_init_comm(OneRank(), heap_size=HEAP)
+    assert shmem.current_state().driver is get_driver("rocdl") and shmem.current_state().mode == "multiprocess"
+
+
 def test_context_primary_retained_when_none_is_current(fake_cuda, gpu):
     drv = get_driver("nvvm")
     assert drv.device == 0

@@ -1,6 +1,7 @@
-"""Symmetric memory (runtime/shmem.py) over a fake driver: the heap allocator, virtual PEs, the
-multi-process logic with a fake torch.distributed (ranks simulated by threads of this process), the
-device state and every error path. No GPU and no torch needed.
+"""Symmetric memory over a fake driver, through the public API (runtime/shmem.py) and ShmemState: the
+heap allocator (runtime/heap_allocator.py), virtual PEs, the multi-process logic (runtime/shmem_comm.py)
+with a fake torch.distributed (ranks simulated by threads of this process), the device state, tensor
+views and every error path. No GPU and no torch needed.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import pytest
 
 from mori_compiler.lib_bitcode.state import (FLAG_VIRTUAL_PES, MAX_PES, STATE_SIZE, SYNC_RESERVED_BYTES,
                                              WAIT_REPORT_FORMAT, WAIT_REPORT_SIZE, unpack_state)  # fmt: skip
-from mori_compiler.runtime import shmem
+from mori_compiler.runtime import shmem, shmem_comm
 from mori_compiler.runtime.driver import Driver, Function, Module
-from mori_compiler.runtime.shmem import HeapAllocator, ShmemError, ShmemOutOfMemoryError, ShmemState, ShmemStateError
+from mori_compiler.runtime.heap_allocator import HeapAllocator
+from mori_compiler.runtime.shmem import ShmemError, ShmemOutOfMemoryError, ShmemState, ShmemStateError
 
 HEAP = 1 << 20  # 1 MiB per PE in these tests
 
@@ -419,7 +421,7 @@ class FakeWorld:
 @pytest.fixture
 def world(monkeypatch):
     # every simulated rank is a thread of this process: let the same-process check see threads
-    monkeypatch.setattr(shmem, "_process_identity", threading.get_ident)
+    monkeypatch.setattr(shmem_comm, "process_identity", threading.get_ident)
 
     def make(world_size, **kw):
         w = FakeWorld(world_size, **kw)
