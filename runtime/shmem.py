@@ -90,7 +90,8 @@ def _device_index(device) -> int | None:
         return None
     if isinstance(device, int):
         return device
-    index = getattr(device, "index", None)  # torch.device
+    # a torch.device has an index; a str's "index" is its method
+    index = None if isinstance(device, str) else getattr(device, "index", None)
     if index is not None:
         return int(index)
     text = str(device)

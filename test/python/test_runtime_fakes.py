@@ -561,8 +561,14 @@ def test_default_driver_follows_the_environment_then_torch(monkeypatch, fake_cud
 
 def test_shmem_init_without_a_driver_uses_the_default_one(monkeypatch, fake_cuda, fake_hip):
     monkeypatch.setenv("MORI_COMPILER_BACKEND", "rocdl")
-    shmem.shmem_init_virtual(2, device=0, heap_size=HEAP)
+    shmem.shmem_init_virtual(2, device="cuda:0", heap_size=HEAP)
     assert shmem.current_state().driver is get_driver("rocdl")
+    shmem.shmem_finalize()
+    with pytest.raises(shmem.ShmemError, match="cannot tell which GPU 'gpu-one' is"):
+        shmem.shmem_init_virtual(2, device="gpu-one", heap_size=HEAP)
+    assert shmem.current_state() is None
+    shmem.shmem_init_virtual(2, device=types.SimpleNamespace(index=1), heap_size=HEAP)  # a torch.device
+    assert shmem.current_state().driver.device == 1
     shmem.shmem_finalize()
     shmem.shmem_init_comm(OneRank(), heap_size=HEAP)
     assert shmem.current_state().driver is get_driver("rocdl") and shmem.current_state().mode == "multiprocess"
