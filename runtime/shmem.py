@@ -13,10 +13,10 @@ per PE), and a symmetric object lives at the same offset in every PE's heap. Two
   (the symmetric handle); ``shmem_ptr_p2p(ptr, 0, p)`` gives PE p's copy; ``shmem_mype()`` is 0.
 
 ``shmem_malloc`` / ``shmem_free`` are collective in multi-process mode: every PE must call them, in the same
-order, with the same sizes; a mismatch raises on every PE (MORI would corrupt memory silently).
-``shmem_buffer_register`` only records a buffer: registered buffers are not symmetric and cannot be used
-with the address-based device API, which works only on heap addresses. Misuse raises ``ShmemError`` (a
-ValueError) or ``ShmemStateError`` (a RuntimeError) with a message saying what to do.
+order, with the same sizes and alignments; a mismatch raises on every PE (MORI would corrupt memory
+silently). ``shmem_buffer_register`` only records a buffer: registered buffers are not symmetric and cannot
+be used with the address-based device API, which works only on heap addresses. Misuse raises
+``ShmemError`` (a ValueError) or ``ShmemStateError`` (a RuntimeError) with a message saying what to do.
 
 This module keeps the process-global state and the API over it; the rest lives by concern:
 

@@ -1,9 +1,8 @@
-"""One initialized shmem: the PEs, the memory it owns, addresses, allocation and the device state.
+"""One initialized shmem (``ShmemState``): the PEs, the memory it owns, addresses, allocation, device state.
 
-``ShmemState`` holds every PE's heap as mapped in this process (``heap_bases[pe]``; 0: unmapped), the
-allocator that gives the same offsets on every PE, and the device-resident tables the device state points
-to. ``runtime/shmem.py`` keeps one process-global instance for its module-level API; tests create several
-(one per simulated process).
+``heap_bases[pe]`` is every PE's heap as mapped in this process (0: unmapped); the allocator
+(runtime/heap_allocator.py) gives the same offsets on every PE. ``runtime/shmem.py`` keeps the
+process-global instance its API works on.
 
 Who owns what memory (all released by ``finalize``, or by a failed construction, in ``_release``):
 
@@ -21,9 +20,10 @@ Who owns what memory (all released by ``finalize``, or by a failed construction,
 * **device tables**, owned in both modes: the table of every PE's heap base (8 bytes each, as mapped here)
   and the bounded-wait report, both read by the device library through the state snapshot.
 
-Every heap's first ``SYNC_RESERVED_BYTES`` (the device barrier's words) are zeroed at init. The device
-library reads its state (``mori_compiler_shmem_state``, lib_bitcode/state.py) from every loaded code object;
-``device_state_bytes()`` is the snapshot to write there (runtime/launcher.py does it).
+Every heap's first ``SYNC_RESERVED_BYTES`` (the device barrier's words; the snapshot's ``sync_words`` points
+at this PE's) are zeroed at init. The device library reads its state (``mori_compiler_shmem_state``: layout in
+lib_bitcode/state.py, rules in docs/device-abi.md) from every loaded code object; ``device_state_bytes()`` is
+the snapshot to write there (runtime/launcher.py does it).
 
 ``buffer_register`` only records a buffer (as MORI does for RDMA registration): registered buffers are not
 symmetric and cannot be used with the address-based device API (puts/gets/``ptr_p2p``), which works only on
