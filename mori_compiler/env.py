@@ -10,7 +10,8 @@
 |                          | find_bitcode() returns it)                                     |                            |
 | MORI_GPU_ARCHS           | default target of find_bitcode() (first entry)                 | gfx942                     |
 | MORI_SHMEM_HEAP_SIZE     | symmetric heap bytes per PE (K/M/G suffixes; runtime)          | 1G                         |
-| MORI_COMPILER_BACKEND    | runtime driver: cuda or hip                                    | from the bundle's target   |
+| MORI_COMPILER_BACKEND    | driver of a shmem init that names none: cuda or hip            | hip with a ROCm torch,     |
+|                          | (bundles always use their own target's driver)                 | else cuda                  |
 | MORI_COMPILER_WAIT_LIMIT | bounded-wait debug mode: polls before a wait reports (runtime) | 0 (wait forever)           |
 | MORI_COMPILER_TRACEBACK  | CLIs print the Python traceback of an internal error           | unset                      |
 """
