@@ -47,8 +47,8 @@ def _every_pe(b: Builder):
 def lower_signal_all(op: ir.Operation, rw: rewrite.PatternRewriter) -> None:
     op = op.operation
     flags, value = op.operands
-    with op.location:  # the ambient location: Builder's regions take their block arguments' locations from it
-        b = Builder(op.block, before=op)
+    with op.location:  # everything built here (ops, loop variables) is located at the op it replaces
+        b = Builder(op.block, before=op, loc=op.location)
         mori_shmem.fence(**b.at())
         slot = b.gep(flags, mori_shmem.my_pe(**b.at()), b.i64)
         with _every_pe(b) as q:
@@ -60,7 +60,7 @@ def lower_wait_all(op: ir.Operation, rw: rewrite.PatternRewriter) -> None:
     op = op.operation
     flags, value = op.operands
     with op.location:
-        b = Builder(op.block, before=op)
+        b = Builder(op.block, before=op, loc=op.location)
         before = b.subi(value, b.const_i64(1))
         with _every_pe(b) as q:
             slot = b.gep(flags, b.index_cast(b.i32, q), b.i64)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mori_compiler.ep_schema import TOKEN_BYTES, Buffer, KernelSignature, Param
-
-MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a wave (wave32 on gfx12)
+from mori_compiler.ep_schema import MAX_WORLD_SIZE, TOKEN_BYTES, Buffer, KernelSignature, Param
 
 
 @dataclass(frozen=True)
