@@ -19,7 +19,7 @@ Two device libraries can be linked into a kernel:
   ROCm install is needed. Its state global ``_ZN4mori5shmem15globalGpuStatesE`` stays exported (in the code
   object's dynamic symbol table): load such a code object with HIP's module API and call
   ``mori.shmem.shmem_module_init(hip_module)`` (it must return 0) after MORI's own shmem init, then launch
-  (device-abi.md §3 and §4.5).
+  (docs/device-abi.md §3.1 and §4.3).
 
 Built bitcode files in the cache (the library, the lowering support, prepared copies) are verified on every use
 and rebuilt when damaged (``cached.py``).

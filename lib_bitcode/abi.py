@@ -2,7 +2,7 @@
 
 Everything in ``mori_compiler`` that names a MORI device function (the dialect lowering, the link checks,
 the stub bitcode for tests) reads this table; nothing else spells a symbol or a signature. The source is
-``shared/spec/device-abi.md`` §1.2 (functions), §1.3 (enums) and §3 (the state global).
+``docs/device-abi.md`` §1.2 (functions), §1.3 (enums) and §3.1 (the state global).
 
 How the table is built
 ----------------------
@@ -68,7 +68,7 @@ FAMILIES = (
 )
 
 # ----------------------------------------------------------------------------------------------------------
-# Enums and constants (spec §1.3, §3)
+# Enums and constants (docs/device-abi.md §1.3, §3)
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -114,7 +114,7 @@ class TransportType(enum.IntEnum):
 
 #: Mangled name of ``mori::shmem::globalGpuStates``, the per-code-object device state (addrspace 1).
 MORI_STATE_SYMBOL = "_ZN4mori5shmem15globalGpuStatesE"
-#: ``sizeof(mori::shmem::GpuStates)`` under LP64 in the layout of device-abi.md §3: the least a MORI bitcode
+#: ``sizeof(mori::shmem::GpuStates)`` under LP64 in the layout of docs/device-abi.md §3.1: the least a MORI bitcode
 #: defines (MORI 1.2.4's, with more fields, is 200 bytes).
 MORI_STATE_SIZE = 80
 
@@ -179,7 +179,7 @@ class AbiParam:
 
 @dataclass(frozen=True)
 class AbiFunction:
-    """One exported function of the device bitcode (a row of device-abi.md §1.2)."""
+    """One exported function of the device bitcode (a row of docs/device-abi.md §1.2)."""
 
     index: int
     symbol: str

@@ -6,7 +6,7 @@ fills it after loading a code object (``cuModuleGetGlobal`` / ``hipModuleGetGlob
 offsets below (a test checks that they agree).
 
 MORI's own bitcode uses ``_ZN4mori5shmem15globalGpuStatesE`` (80 bytes) instead, filled by
-``mori.shmem.shmem_module_init(hipModule)`` (device-abi.md §3); a code object linked with MORI's
+``mori.shmem.shmem_module_init(hipModule)`` (docs/device-abi.md §3.1); a code object linked with MORI's
 bitcode is initialized that way.
 """
 

@@ -6,7 +6,7 @@ llvmlite module with every device function internalized and inlined, or a clear 
 * a code object version that differs from the bitcode's (``amdhsa_code_object_version`` flag);
 * symbols still undefined after linking (lld would accept them silently; the load would fail later).
 
-This does what MLIR's ROCDL serializer would do (toolchain.md §4.2): set triple and data layout, add the
+This does what MLIR's ROCDL serializer would do (docs/toolchain.md §2): set triple and data layout, add the
 code-object-version module flag, link, internalize everything but the kernels and the device-state
 globals the runtime fills (they must stay exported), then run the O-level pipeline.
 """

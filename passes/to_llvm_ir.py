@@ -4,7 +4,7 @@ Input: a builtin.module holding exactly one gpu.module whose body is in the LLVM
 rocdl/nvvm stage). Output: LLVM IR text of that gpu.module plus the names of its kernels.
 
 MLIR translates only builtin modules, so the gpu.module body is re-homed into a fresh builtin.module
-first (toolchain.md §5 item 8). Kernels are the llvm.funcs marked ``rocdl.kernel`` or ``nvvm.kernel``.
+first (docs/toolchain.md §2). Kernels are the llvm.funcs marked ``rocdl.kernel`` or ``nvvm.kernel``.
 Before translating, it refuses (with the op's location) what LLVM would abort on or what cannot make a
 code object: ops left unlowered, a gpu.module without kernels, symbol names the target cannot hold.
 """

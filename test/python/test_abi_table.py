@@ -1,4 +1,4 @@
-"""The device ABI table (lib_bitcode/abi.py) against device-abi.md §1.2/§1.3, and the stub bitcode."""
+"""The device ABI table (lib_bitcode/abi.py) against docs/device-abi.md §1.2/§1.3, and the stub bitcode."""
 
 from __future__ import annotations
 
@@ -10,16 +10,14 @@ import pytest
 from mori_compiler.lib_bitcode import abi
 from mori_compiler.lib_bitcode.stub import STUB_MY_PE, STUB_N_PES, stub_llvm_ir, write_stub_bitcode
 
-SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec" / "device-abi.md"
+SPEC = Path(__file__).resolve().parents[2] / "docs" / "device-abi.md"
 TRIPLES = ("amdgcn-amd-amdhsa", "nvptx64-nvidia-cuda")
 NO_METADATA = {"long_p", "longlong_p", "char_p", "short_p", "uint_p", "ulong_p", "ulonglong_p", "uchar_p",
                "ushort_p"}
 
 
 def _spec_text() -> str:
-    if not SPEC.is_file():
-        pytest.skip(f"device ABI spec not found at {SPEC}")
-    return SPEC.read_text(encoding="utf-8")
+    return SPEC.read_text(encoding="utf-8")  # the repository's own ABI document: always present
 
 
 def _section(text: str, heading: str) -> str:

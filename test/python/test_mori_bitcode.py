@@ -1,7 +1,7 @@
 """MORI's real device bitcode links every kernel family, through every documented switch (CPU only).
 
 The fixtures are MORI 1.2.4's own ``libmori_shmem_device.bc`` for gfx942, code object v6 and v5 (built as
-``/work/shared/spec/mori-bitcode.md`` describes). They are looked up in ``$MORI_TEST_MORI_BC_DIR``, else in
+docs/device-abi.md §4.1 describes). They are looked up in ``$MORI_TEST_MORI_BC_DIR``, else in
 ``../shared/mori_bc`` beside the repository (where CI has them); without them the module is skipped with that
 reason. Each family (the built-in shmem examples, EP IntraNode, IntraNodeLL, AsyncLL in its three notification
 modes) is compiled once per code object version, v6 with the v6 bitcode and v5 with the cov5 one; between them

@@ -1,6 +1,6 @@
 // Every device ABI function linked into one kernel (the built-in example shmem_all_ops) compiles for each
 // target with no undefined symbol, and the device library's atomics, immediate puts, signals, waits and
-// fences carry system scope on every target (device-abi.md §2.14; lib_bitcode/sources/prelude_*.ll).
+// fences carry system scope on every target (docs/device-abi.md §2.11; lib_bitcode/sources/prelude_*.ll).
 // RUN: mori-compile shmem_all_ops --target=gfx942 --emit=isa -o - | FileCheck %s --check-prefix=GFX9
 // RUN: mori-compile shmem_all_ops --target=gfx950 --emit=isa -o - | FileCheck %s --check-prefix=GFX9
 // RUN: mori-compile shmem_all_ops --target=gfx1250 --emit=isa -o - | FileCheck %s --check-prefix=GFX1250
