@@ -34,6 +34,11 @@ MAX_BLOCKS = 1024  # device-barrier epoch slots per PE: the largest grid a combi
 MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a wave (wave32 on gfx12)
 
 
+def dtypes_within(dtypes: tuple[str, ...], max_token_bytes: int) -> list[str]:
+    """The dtypes of ``dtypes`` whose elements fit in ``max_token_bytes`` (the token buffers' element size)."""
+    return [d for d in dtypes if TOKEN_BYTES[d] <= max_token_bytes]
+
+
 class EpDispatchCombineKernelType(enum.IntEnum):
     """MORI's kernel types (values as MORI's enum). Implemented: IntraNode, IntraNodeLL, AsyncLL."""
 
@@ -77,6 +82,14 @@ class EpSizes:
                    token_bytes=cfg.max_token_type_size, scale_bytes=cfg.scale_dim * cfg.scale_type_size,
                    external_input=bool(cfg.use_external_inp_buf))  # fmt: skip
 
+    @classmethod
+    def for_routing(cls, world_size: int, top_k: int, experts_per_rank: int, max_tokens_per_rank: int,
+                    max_total_recv: int = 0) -> "EpSizes":
+        """The sizes routing and the index encodings need (the reference model): no token rows (hidden 0)."""
+        return cls(world_size=world_size, hidden=0, top_k=top_k, experts_per_rank=experts_per_rank,
+                   max_tokens_per_rank=max_tokens_per_rank,
+                   max_recv_per_rank=recv_per_rank(max_tokens_per_rank, max_total_recv, world_size))  # fmt: skip
+
     @property
     def send_stride(self) -> int:  # S = W * M: the source-position encoding's stride
         return self.world_size * self.max_tokens_per_rank
@@ -90,6 +103,10 @@ class EpSizes:
         return self.world_size * self.recv_capacity
 
     @property
+    def null_src(self) -> int:  # the source-position code that decodes to pe == W
+        return self.world_size * self.send_stride
+
+    @property
     def row_bytes(self) -> int:  # one token row at the widest dtype
         return self.hidden * self.token_bytes
 
@@ -100,8 +117,14 @@ class EpSizes:
     def fwd_code(self, pe: int, slot: int) -> int:
         return pe * self.recv_capacity + slot
 
+    def decode_fwd(self, code: int) -> tuple[int, int]:  # (pe, slot)
+        return divmod(code, self.recv_capacity)
+
     def src_pos(self, pe: int, token: int) -> int:
         return pe * self.send_stride + token
+
+    def decode_src_pos(self, code: int) -> tuple[int, int]:  # (pe, token)
+        return divmod(code, self.send_stride)
 
 
 def recv_per_rank(max_tokens: int, max_total_recv: int, world_size: int) -> int:
@@ -211,13 +234,22 @@ def _b(name: str, buffer: str | None = None) -> Param:
 _N = Param("n", "i32")  # tokens of this PE's call
 
 
+LEGS = ("dispatch", "combine")
+
+
 @dataclass(frozen=True)
 class KernelSignature:
-    """The parameters of the kernels ``ep_<family>_<dtype>``, in order."""
+    """The parameters of the kernels ``ep_<family>_<dtype>``, in order, and where the family comes from:
+    the ``mori_ep`` op ``op`` (with ``zero_copy`` for the combine's two forms), the ``leg`` it runs
+    (dispatch or combine: its dtypes) and the kernel types ``kinds`` that launch it."""
 
     family: str
     params: tuple[Param, ...]
     doc: str
+    op: str = ""
+    leg: str = "dispatch"
+    kinds: frozenset = frozenset()
+    zero_copy: int | None = None
 
     def kernel_name(self, dtype: str) -> str:
         return f"ep_{self.family}_{dtype}"
@@ -254,45 +286,55 @@ _DISPATCH = _TOKENS_IN + (
 )  # fmt: skip
 
 KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
-    KernelSignature("dispatch", _DISPATCH, "IntraNode dispatch: one warp per token"),
-    KernelSignature("dispatch_ll", _DISPATCH, "IntraNodeLL dispatch: one block per token"),
+    KernelSignature("dispatch", _DISPATCH, "IntraNode dispatch: one warp per token", "dispatch", "dispatch",
+                    frozenset({KernelType.IntraNode})),
+    KernelSignature("dispatch_ll", _DISPATCH, "IntraNodeLL dispatch: one block per token", "dispatch_ll", "dispatch",
+                    frozenset({KernelType.IntraNodeLL})),
     KernelSignature("combine_pull", (
         Param("inp_w"), _b("reg_x"), _b("reg_w"), _b("fwd"), _N, _b("total"), _b("out", "out_c"), Param("out_w"),
         _b("zero_row"), _b("bar_slots"), _b("bar_epochs"),
-    ), "zero-copy combine: sums rows read from the peers' registered buffers"),
+    ), "zero-copy combine: sums rows read from the peers' registered buffers", "combine", "combine", _SYNC, 1),
     KernelSignature("combine_push", (
         Param("inp"), Param("inp_w"), _b("stage_x"), _b("stage_w"), _b("src_pos"), _b("fwd"), _N, _b("total"),
         _b("out", "out_c"), Param("out_w"), _b("zero_row"), _b("grid_ctr", "combine_grid"), _b("bar_slots"),
         _b("bar_epochs"),
-    ), "push combine: rows written to their owners' staging rows, then summed locally"),
+    ), "push combine: rows written to their owners' staging rows, then summed locally", "combine", "combine", _SYNC, 0),
     KernelSignature("async_dispatch_send", _TOKENS_IN + (
         _b("out_x", "a_rx"), _b("out_w", "a_rw"), _b("out_s", "a_rs"), _b("out_idx", "a_ridx"),
         _b("src_pos", "a_rpos"), _b("cnt", "a_cnt"), _b("sig", "a_sig"), _b("rounds", "a_rounds"), _b("fwd"),
         _b("status"), _b("grid_ctr", "a_grid"),
-    ), "AsyncLL dispatch send phase"),
+    ), "AsyncLL dispatch send phase", "dispatch_send", "dispatch", _ASYNC),
     KernelSignature("async_dispatch_recv", (
         _b("rx", "a_rx"), _b("rw", "a_rw"), _b("rs", "a_rs"), _b("ridx", "a_ridx"), _b("rpos", "a_rpos"),
         _b("cnt", "a_cnt"), _b("sig", "a_sig"), _b("rounds", "a_rounds"), _b("grid_ctr", "a_grid"), _b("out_x"),
         _b("out_w"), _b("out_s"), _b("out_idx"), _b("src_pos"), _b("rmap"), _b("total"),
-    ), "AsyncLL dispatch receive phase"),
+    ), "AsyncLL dispatch receive phase", "dispatch_recv", "dispatch", _ASYNC),
     KernelSignature("async_combine_send", (
         Param("inp"), Param("inp_w"), _b("cx", "a_cx"), _b("cw", "a_cw"), _b("rmap"), _b("total"),
         _b("csig", "a_csig"), _b("rounds", "a_rounds"), _b("grid_ctr", "a_grid"),
-    ), "AsyncLL combine send phase"),
+    ), "AsyncLL combine send phase", "combine_send", "combine", _ASYNC),
     KernelSignature("async_combine_recv", (
         _b("cx", "a_cx"), _b("cw", "a_cw"), _b("fwd"), _N, _b("csig", "a_csig"), _b("rounds", "a_rounds"),
         _b("grid_ctr", "a_grid"), _b("out", "out_c"), Param("out_w"), _b("zero_row"),
-    ), "AsyncLL combine receive phase"),
+    ), "AsyncLL combine receive phase", "combine_recv", "combine", _ASYNC),
 )}  # fmt: skip
 
 # Which mori_ep op becomes which kernel family (combine: by its zero_copy attribute).
-OP_FAMILIES = {"dispatch": "dispatch", "dispatch_ll": "dispatch_ll", "dispatch_send": "async_dispatch_send",
-               "dispatch_recv": "async_dispatch_recv", "combine_send": "async_combine_send",
-               "combine_recv": "async_combine_recv"}  # fmt: skip
+OP_FAMILIES = {sig.op: family for family, sig in KERNELS.items() if sig.zero_copy is None}
 
 
 def combine_family(zero_copy: bool) -> str:
-    return "combine_pull" if zero_copy else "combine_push"
+    return next(f for f, sig in KERNELS.items() if sig.op == "combine" and sig.zero_copy == int(bool(zero_copy)))
+
+
+def families(kind: KernelType, leg: str) -> list[KernelSignature]:
+    """The kernel families kernel type ``kind`` launches on ``leg``, in the bundle's order."""
+    return [sig for sig in KERNELS.values() if kind in sig.kinds and sig.leg == leg]
+
+
+def leg_dtypes(leg: str, max_token_bytes: int) -> list[str]:
+    """The token dtypes a bundle compiles ``leg`` for, given the token buffers' element size."""
+    return dtypes_within(DISPATCH_DTYPES if leg == "dispatch" else COMBINE_DTYPES, max_token_bytes)
 
 
 def kernel_signature(kernel_name: str) -> tuple[KernelSignature, str]:
@@ -308,6 +350,7 @@ def kernel_signature(kernel_name: str) -> tuple[KernelSignature, str]:
 
 def _check_table() -> None:
     for sig in KERNELS.values():
+        assert sig.leg in LEGS and sig.op and sig.kinds, sig.family
         for p in sig.params:
             assert p.type in PARAM_TYPES, (sig.family, p)
             assert p.buffer is None or p.buffer in BUFFER_NAMES, (sig.family, p)

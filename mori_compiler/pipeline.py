@@ -21,6 +21,7 @@ from .errors import MoriCompilerError, with_filename
 from .options import CompileOptions, device_bitcode  # noqa: F401 (device_bitcode: re-exported)
 from .pass_pipeline import build_pass_manager
 from .passes import codegen, device_link
+from .passes.gpu_kernels import signatures_of_module
 from .passes.to_llvm_ir import gpu_module_to_llvm_ir
 from .targets import GPUTarget
 
@@ -111,8 +112,8 @@ class CompileResult:
     kernels: tuple[str, ...] = ()
     bitcode: tuple[str, ...] = ()
     timings: dict[str, float] = field(default_factory=dict)
-    signatures: dict = field(default_factory=dict)  # kernel name -> KernelInfo, read after the ep stage
-    signature_problems: dict = field(default_factory=dict)  # kernel name -> why it has no KernelInfo
+    signatures: dict = field(default_factory=dict)  # kernel name -> gpu_kernels.KernelSignature, after the ep stage
+    signature_problems: dict = field(default_factory=dict)  # kernel name -> why it has no signature
 
 
 def stage_output(result: CompileResult) -> str | bytes:
@@ -178,8 +179,6 @@ def compile_source(
                 err.location,
             ) from None
         if stage == "ep":  # host-visible kernel signatures, before argument tables replace them
-            from .cache import signatures_of_module
-
             result.signatures = signatures_of_module(module, strict=False, problems=result.signature_problems)
         if lap(stage):
             result.mlir = str(module)

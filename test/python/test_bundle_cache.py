@@ -62,14 +62,15 @@ def test_bundle_json_fields(tmp_path, example_source):
     b = cache.compile_bundle(example_source, CompileOptions(target="gfx942"), config={"kernel": "ring"},
                              cache_root=tmp_path)  # fmt: skip
     meta = json.loads((b.path / "bundle.json").read_text())
-    assert meta["format"] == rt.BUNDLE_FORMAT == 2
+    assert meta["format"] == rt.BUNDLE_FORMAT == 3
     assert meta["key"] == b.key == b.path.name
     assert meta["target"] == "gfx942" and meta["backend"] == "rocdl" and meta["binary"] == "kernels.hsaco"
     assert meta["compiler"] == cache.toolchain_fingerprint()
     kernel = meta["kernels"]["ring_put_signal"]
     assert [p["type"] for p in kernel["params"]] == ["ptr", "ptr", "ptr", "i64", "i64"]
     assert [p["size"] for p in kernel["params"]] == [8, 8, 8, 8, 8]
-    assert [p["name"] for p in kernel["params"]] == ["arg0", "arg1", "arg2", "arg3", "arg4"]
+    assert [p["name"] for p in kernel["params"]] == ["arg0", "arg1", "arg2", "arg3", "arg4"]  # no mori.name
+    assert [p["named"] for p in kernel["params"]] == [False] * 5
     assert kernel["block"] == [256, 1, 1]
     assert meta["state_globals"] == [{"symbol": STATE_SYMBOL, "size": STATE_SIZE}]
     assert meta["config"]["kernel"] == "ring"
@@ -247,7 +248,7 @@ def test_load_corrupt_json(published):
 
 def test_load_wrong_format(published):
     _rewrite_meta(published, lambda m: m.update(format=1))
-    with pytest.raises(BundleError, match="has format 1, this runtime reads 2"):
+    with pytest.raises(BundleError, match="has format 1, this runtime reads 3"):
         load_bundle(published)
     _rewrite_meta(published, lambda m: m.pop("format"))
     with pytest.raises(BundleError, match="has format None"):
