@@ -220,11 +220,14 @@ PARAM_TYPES = ("ptr", "i32")
 @dataclass(frozen=True)
 class Param:
     """A kernel parameter: ``name`` (as in the gpu.func and bundle.json), ``type`` ("ptr" or "i32"), and
-    ``buffer``, the symmetric buffer the host passes (None: a call argument the host passes by name)."""
+    ``buffer``, the symmetric buffer the host passes (None: a call argument the host passes by name).
+    An ``optional`` buffer is passed unless the call gives the parameter as 0 (a null pointer: the
+    combine's output weights when the caller has no weights)."""
 
     name: str
     type: str = "ptr"
     buffer: str | None = None
+    optional: bool = False
 
 
 def _b(name: str, buffer: str | None = None) -> Param:
@@ -232,6 +235,7 @@ def _b(name: str, buffer: str | None = None) -> Param:
 
 
 _N = Param("n", "i32")  # tokens of this PE's call
+_OUT_CW = Param("out_w", "ptr", "out_cw", optional=True)  # the combine's output weights; null without weights
 
 
 LEGS = ("dispatch", "combine")
@@ -267,16 +271,24 @@ class KernelSignature:
         """The parameters the host passes by name (not symmetric buffers)."""
         return tuple(p.name for p in self.params if p.buffer is None)
 
+    @property
+    def optional_buffers(self) -> tuple[str, ...]:
+        """The buffer parameters a call may give as 0 (null) by name."""
+        return tuple(p.name for p in self.params if p.optional)
+
     def arguments(self, buffer_address: Callable[[str], int], values: dict) -> tuple:
         """The launch arguments in parameter order: each buffer's address (``buffer_address(name)``) and
-        each call argument from ``values`` by name; a missing or unknown name is a ValueError."""
-        unknown = set(values) - set(self.call_arguments)
+        each call argument from ``values`` by name (an optional buffer: 0 from ``values``, else its
+        address); a missing or unknown name, or an optional buffer given as other than 0, is a ValueError."""
+        unknown = set(values) - set(self.call_arguments) - set(self.optional_buffers)
         missing = [n for n in self.call_arguments if n not in values]
-        if unknown or missing:
+        not_null = [n for n in self.optional_buffers if values.get(n, 0) != 0]
+        if unknown or missing or not_null:
             raise ValueError(f"kernels ep_{self.family}_*: " + "; ".join(
                 ([f"missing call arguments {', '.join(missing)}"] if missing else [])
-                + ([f"unknown arguments {', '.join(sorted(unknown))}"] if unknown else [])))  # fmt: skip
-        return tuple(buffer_address(p.buffer) if p.buffer is not None else values[p.name] for p in self.params)
+                + ([f"unknown arguments {', '.join(sorted(unknown))}"] if unknown else [])
+                + ([f"{', '.join(not_null)} may only be given as 0 (null)"] if not_null else [])))  # fmt: skip
+        return tuple(values[p.name] if p.name in values else buffer_address(p.buffer) for p in self.params)
 
 
 _TOKENS_IN = (Param("x"), Param("w"), Param("s"), Param("idx"), _N)  # rows, weights, scales, expert ids, count
@@ -291,12 +303,12 @@ KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
     KernelSignature("dispatch_ll", _DISPATCH, "IntraNodeLL dispatch: one block per token", "dispatch_ll", "dispatch",
                     frozenset({KernelType.IntraNodeLL})),
     KernelSignature("combine_pull", (
-        Param("inp_w"), _b("reg_x"), _b("reg_w"), _b("fwd"), _N, _b("total"), _b("out", "out_c"), Param("out_w"),
+        Param("inp_w"), _b("reg_x"), _b("reg_w"), _b("fwd"), _N, _b("total"), _b("out", "out_c"), _OUT_CW,
         _b("zero_row"), _b("bar_slots"), _b("bar_epochs"),
     ), "zero-copy combine: sums rows read from the peers' registered buffers", "combine", "combine", _SYNC, 1),
     KernelSignature("combine_push", (
         Param("inp"), Param("inp_w"), _b("stage_x"), _b("stage_w"), _b("src_pos"), _b("fwd"), _N, _b("total"),
-        _b("out", "out_c"), Param("out_w"), _b("zero_row"), _b("grid_ctr", "combine_grid"), _b("bar_slots"),
+        _b("out", "out_c"), _OUT_CW, _b("zero_row"), _b("grid_ctr", "combine_grid"), _b("bar_slots"),
         _b("bar_epochs"),
     ), "push combine: rows written to their owners' staging rows, then summed locally", "combine", "combine", _SYNC, 0),
     KernelSignature("async_dispatch_send", _TOKENS_IN + (
@@ -315,7 +327,7 @@ KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
     ), "AsyncLL combine send phase", "combine_send", "combine", _ASYNC),
     KernelSignature("async_combine_recv", (
         _b("cx", "a_cx"), _b("cw", "a_cw"), _b("fwd"), _N, _b("csig", "a_csig"), _b("rounds", "a_rounds"),
-        _b("grid_ctr", "a_grid"), _b("out", "out_c"), Param("out_w"), _b("zero_row"),
+        _b("grid_ctr", "a_grid"), _b("out", "out_c"), _OUT_CW, _b("zero_row"),
     ), "AsyncLL combine receive phase", "combine_recv", "combine", _ASYNC),
 )}  # fmt: skip
 
@@ -354,6 +366,7 @@ def _check_table() -> None:
         for p in sig.params:
             assert p.type in PARAM_TYPES, (sig.family, p)
             assert p.buffer is None or p.buffer in BUFFER_NAMES, (sig.family, p)
+            assert not p.optional or p.buffer is not None, (sig.family, p)
         assert len(set(sig.names)) == len(sig.names), sig.family
 
 

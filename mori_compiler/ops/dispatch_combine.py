@@ -280,18 +280,19 @@ class EpDispatchCombineOp:
         calls = []
         for pe, (y, w, n, out_w) in rows:
             if external:
-                calls.append((pe, {"inp": y.data_ptr(), "inp_w": w, "n": n, "out_w": out_w}))
+                calls.append((pe, {"inp": y.data_ptr(), "inp_w": w, "n": n, **out_w}))
             else:
                 reg = self.get_registered_combine_input_buffer(y.dtype, pe=pe)
                 if y.data_ptr() != reg.data_ptr():  # not written in place: copy into the registered buffer
                     reg[: y.shape[0]].copy_(y)
-                calls.append((pe, {"inp_w": w, "n": n, "out_w": out_w}))
+                calls.append((pe, {"inp_w": w, "n": n, **out_w}))
         self.launches.launch(combine_family(zero_copy=not external), dtype, calls, blocks)
         return results if self.virtual else results[0]
 
     def _combine_inputs(self, input, weights, indices, block_num, warp_per_block):
-        """Checks every PE's combine arguments; returns (dtype, [(pe, (input, weights address, n, out_w
-        address))], the per-PE result views, grid blocks)."""
+        """Checks every PE's combine arguments; returns (dtype, [(pe, (input, weights address, n, the
+        output-weights argument: {} for the buffer, {"out_w": 0} for none))], the per-PE result views, grid
+        blocks)."""
         import torch
 
         c = self.config
@@ -312,7 +313,7 @@ class EpDispatchCombineOp:
                 raise ValueError(f"input[{pe}] has {y.shape[0]} rows, more than the receive capacity {c.max_recv}")
             if w is not None:
                 self._check_tensor(w, f"weights[{pe}]", ndim=2, dtypes=(torch.float32,), dim1=c.num_experts_per_token)
-            out_w = self.buffers.address("out_cw", pe) if w is not None else 0
+            out_w = {} if w is not None else {"out_w": 0}  # the output weights buffer, or null
             rows.append((pe, (y, 0 if w is None else w.data_ptr(), n, out_w)))
             M, K = c.max_num_inp_token_per_rank, c.num_experts_per_token
             out = self._view("out_c", pe, (M * c.hidden_dim * y.element_size(),), torch.uint8).view(y.dtype)
@@ -343,7 +344,7 @@ class EpDispatchCombineOp:
         self._phases.before_recv("combine")
         blocks = self._grid(block_num)
         dtype, rows = self._pending["combine"]
-        calls = [(pe, {"n": n, "out_w": out_w}) for pe, n, out_w in rows]
+        calls = [(pe, {"n": n, **out_w}) for pe, n, out_w in rows]
         self.launches.launch("async_combine_recv", dtype, calls, blocks)
         self._phases.after_recv("combine")
 

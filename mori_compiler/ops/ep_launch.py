@@ -33,9 +33,9 @@ def bundle_problems(bundle, planned: list[PlannedKernel]) -> list[str]:
             continue
         for i, (got, want) in enumerate(zip(info.params, sig.params)):
             if got.type != want.type or (got.named and got.name != want.name):
-                shown = got.name if got.named else f"unnamed parameter {i}"
-                problems.append(f"{where}: parameter {i} is '{shown}' ({got.type}); the EP schema's {sig.family} "
-                                f"kernels expect '{want.name}' ({want.type}) there")  # fmt: skip
+                shown = f"'{got.name}' ({got.type})" if got.named else f"an unnamed {got.type}"
+                problems.append(f"{where}: parameter {i} is {shown}; the EP schema's {sig.family} kernels expect "
+                                f"'{want.name}' ({want.type}) there")  # fmt: skip
     return problems
 
 
