@@ -39,7 +39,8 @@ class EpBuffers:
         try:
             return self.handles[name]
         except KeyError:
-            raise KeyError(f"no symmetric buffer '{name}' for this kernel type (has: {', '.join(self.handles)})") from None
+            raise KeyError(f"no symmetric buffer '{name}' for this kernel type "
+                           f"(has: {', '.join(self.handles)})") from None
 
     def address(self, name: str, pe: int) -> int:
         """The device address of buffer ``name`` on PE ``pe`` (what a kernel launched for ``pe`` is passed)."""
