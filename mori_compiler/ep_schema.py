@@ -53,13 +53,19 @@ class EpDispatchCombineKernelType(enum.IntEnum):
 KernelType = EpDispatchCombineKernelType
 
 
+# The mori_ep attributes every EP op carries that are the EpSizes fields of the same name (the op's bundle
+# source writes them, the kernel generators read them back with EpSizes.from_attributes).
+SIZE_ATTRIBUTES = ("world_size", "hidden", "top_k", "experts_per_rank", "max_tokens_per_rank", "max_recv_per_rank")
+
+
 @dataclass(frozen=True)
 class EpSizes:
     """The compile-time sizes of one EP configuration, in the kernels' terms.
 
     W world_size, H hidden, K top_k, Er experts_per_rank, M max_tokens_per_rank, Rp max_recv_per_rank
-    (receive slots per source PE), token_bytes (bytes per element of the widest token dtype),
-    scale_bytes (bytes of one token's scales).
+    (receive slots per source PE), token_bytes (bytes per element of a token row: the widest token dtype
+    for the host, which sizes the buffers by it; the kernel's dtype for a kernel, whose rows are packed
+    at its own dtype), scale_bytes (bytes of one token's scales).
     """
 
     world_size: int
@@ -81,6 +87,13 @@ class EpSizes:
                                                    cfg.world_size),
                    token_bytes=cfg.max_token_type_size, scale_bytes=cfg.scale_dim * cfg.scale_type_size,
                    external_input=bool(cfg.use_external_inp_buf))  # fmt: skip
+
+    @classmethod
+    def from_attributes(cls, ints: dict, dtype: str) -> "EpSizes":
+        """Of one kernel: from its mori_ep op's integer attributes (``SIZE_ATTRIBUTES``, ``scale_bytes``)
+        and its dtype."""
+        return cls(**{name: ints[name] for name in SIZE_ATTRIBUTES}, token_bytes=TOKEN_BYTES[dtype],
+                   scale_bytes=ints.get("scale_bytes", 0))  # fmt: skip
 
     @classmethod
     def for_routing(cls, world_size: int, top_k: int, experts_per_rank: int, max_tokens_per_rank: int,

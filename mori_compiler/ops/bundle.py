@@ -12,12 +12,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from mori_compiler.ep_schema import LEGS, MAX_BLOCKS, EpSizes, KernelSignature, families, leg_dtypes
+from mori_compiler.ep_schema import LEGS, MAX_BLOCKS, SIZE_ATTRIBUTES, EpSizes, KernelSignature, families, leg_dtypes
 
 from .config import EpDispatchCombineConfig, EpDispatchCombineKernelType, validate_config
-
-# The mori_ep attributes every EP op carries, each the EpSizes field of its name.
-_SIZE_ATTRIBUTES = ("world_size", "hidden", "top_k", "experts_per_rank", "max_tokens_per_rank", "max_recv_per_rank")
 
 
 @dataclass(frozen=True)
@@ -41,7 +38,7 @@ def kernel_plan(cfg: EpDispatchCombineConfig) -> list[PlannedKernel]:
 
 def _op_text(kernel: PlannedKernel, sizes: EpSizes, cfg: EpDispatchCombineConfig, wave_size: int, asyncll) -> str:
     sig = kernel.signature
-    attrs = [f"{name} = {getattr(sizes, name)} : i64" for name in _SIZE_ATTRIBUTES]
+    attrs = [f"{name} = {getattr(sizes, name)} : i64" for name in SIZE_ATTRIBUTES]
     attrs += [f"warps_per_block = {cfg.warp_num_per_block} : i64", f"wave_size = {wave_size} : i64",
               f'dtype = "{kernel.dtype}"']  # fmt: skip
     if sig.leg == "dispatch":

@@ -126,3 +126,27 @@ def test_leg_dtypes_follow_the_token_size():
     assert S.leg_dtypes("dispatch", 1) == ["fp8_e4m3fn", "fp8_e4m3fnuz"]
     assert S.leg_dtypes("dispatch", 2) == ["bf16", "fp8_e4m3fn", "fp8_e4m3fnuz"]
     assert S.leg_dtypes("combine", 4) == ["bf16", "f32"] and S.leg_dtypes("combine", 1) == []
+
+
+def test_sizes_survive_the_op_level_ir():
+    """config -> EpSizes -> the mori_ep attributes of the bundle source -> EpSizes of each kernel."""
+    from mori_compiler._mlir import new_context
+    from mori_compiler.dialects import mori_ep, registry
+    from mori_compiler.ops.asyncll import AsyncLLOptions
+    from mori_compiler.ops.bundle import kernel_module_source, kernel_plan
+
+    for kind in IMPLEMENTED:
+        cfg = _config(kind, cap=300, tok=4)
+        host = cfg.sizes
+        with new_context() as ctx:
+            module = registry.parse_source(kernel_module_source(cfg, 64, AsyncLLOptions()), ctx)
+            ops = list(module.body.operations[0].regions[0].blocks[0].operations)
+            assert len(ops) == len(kernel_plan(cfg))
+            for op, planned in zip(ops, kernel_plan(cfg)):
+                assert op.operation.name == f"mori_ep.{planned.signature.op}"
+                dtype = op.operation.attributes["dtype"].value
+                assert dtype == planned.dtype
+                kernel = S.EpSizes.from_attributes(mori_ep.int_attributes(op.operation), dtype)
+                assert [getattr(kernel, f) for f in S.SIZE_ATTRIBUTES] == [getattr(host, f) for f in S.SIZE_ATTRIBUTES]
+                assert kernel.token_bytes == S.TOKEN_BYTES[dtype]
+                assert kernel.scale_bytes == (host.scale_bytes if planned.signature.leg == "dispatch" else 0)
