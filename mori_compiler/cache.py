@@ -39,7 +39,8 @@ COMPILER_VERSION = f"mori_compiler {__version__} (bundle format {BUNDLE_FORMAT})
 
 # What generates code: every file of these packages, and these modules (all under mori_compiler).
 _CODEGEN_PACKAGES = ("passes", "dialects")
-_CODEGEN_MODULES = ("pipeline.py", "pass_pipeline.py", "options.py", "targets.py", "_mlir.py")
+# ep_schema.py: the kernel generators build the EP kernels' parameters from it.
+_CODEGEN_MODULES = ("pipeline.py", "pass_pipeline.py", "options.py", "targets.py", "_mlir.py", "ep_schema.py")
 
 
 def codegen_source_files() -> list[Path]:

@@ -4,12 +4,16 @@ Standard library only (the runtime and the reference model import it without MLI
 
 * the token dtypes and the limits that size device structures (``MAX_BLOCKS``, ``MAX_WORLD_SIZE``);
 * ``EpSizes``: the sizes a configuration derives (S, R, Rp, the null forward code, ...), with the index
-  encodings the kernels write and the host and the reference model read;
-* ``BUFFERS``: the symmetric buffer table (name, size rule, zeroed at allocation, kernel types using it);
-* ``KERNELS``: every EP kernel's signature as named, typed parameters, each either a symmetric buffer
-  (the host passes that buffer's address on the launching PE) or a call argument (the host passes it by
-  name). Kernel generators build their ``gpu.func`` headers from it, the bundle records the names, and
-  the op's launches are checked against the bundle by name.
+  encodings the kernels write and the host and the reference model read; ``SIZE_ATTRIBUTES``, the
+  mori_ep op attributes that carry them from the op (``EpSizes.from_config``) to the kernel generators
+  (``EpSizes.from_attributes``);
+* ``BUFFERS``: the symmetric buffer table (name, size rule, zeroed at allocation, kernel types using it),
+  ``buffers_for(kind, sizes)`` the buffers of one kernel type;
+* ``KERNELS``: every EP kernel family's signature as named, typed parameters, each either a symmetric
+  buffer (the host passes that buffer's address on the launching PE) or a call argument (the host passes
+  it by name), with the mori_ep op it comes from, its leg and the kernel types launching it
+  (``families(kind, leg)``). Kernel generators build their ``gpu.func`` headers from it, the bundle
+  records the names, and the op's launches are checked against the bundle by name.
 
 Index encodings (docs/ep-protocols.md):
 

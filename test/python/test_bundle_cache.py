@@ -143,8 +143,8 @@ def test_bundle_key_follows_the_compilers_own_sources(tmp_path, monkeypatch):
     """A changed lowering (same version number) must not reuse binaries of the old one."""
     files = cache.codegen_source_files()
     names = {(f.parent.name, f.name) for f in files}
-    assert {("passes", "ep_ll_kernels.py"), ("passes", "ep_blocks.py"), ("dialects", "mori_ep.irdl.mlir"),
-            ("mori_compiler", "pipeline.py")} <= names  # fmt: skip
+    assert {("passes", "ep_ll_kernels.py"), ("passes", "gpu_kernels.py"), ("dialects", "mori_ep.irdl.mlir"),
+            ("mori_compiler", "pipeline.py"), ("mori_compiler", "ep_schema.py")} <= names  # fmt: skip
     digest = cache.compiler_source_digest()
     assert digest in cache.toolchain_fingerprint()
     copy = tmp_path / files[-1].name
