@@ -28,6 +28,7 @@ Index encodings (docs/ep-protocols.md):
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -275,37 +276,46 @@ class KernelSignature:
     def kernel_name(self, dtype: str) -> str:
         return f"ep_{self.family}_{dtype}"
 
-    @property
+    @functools.cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
 
-    @property
+    @functools.cached_property
     def types(self) -> tuple[str, ...]:
         return tuple(p.type for p in self.params)
 
-    @property
+    @functools.cached_property  # (cached: read on every launch)
     def call_arguments(self) -> tuple[str, ...]:
         """The parameters the host passes by name (not symmetric buffers)."""
         return tuple(p.name for p in self.params if p.buffer is None)
 
-    @property
+    @functools.cached_property
     def optional_buffers(self) -> tuple[str, ...]:
         """The buffer parameters a call may give as 0 (null) by name."""
         return tuple(p.name for p in self.params if p.optional)
+
+    @functools.cached_property
+    def _slots(self) -> tuple[tuple[str, str | None], ...]:
+        return tuple((p.name, p.buffer) for p in self.params)
 
     def arguments(self, buffer_address: Callable[[str], int], values: dict) -> tuple:
         """The launch arguments in parameter order: each buffer's address (``buffer_address(name)``) and
         each call argument from ``values`` by name (an optional buffer: 0 from ``values``, else its
         address); a missing or unknown name, or an optional buffer given as other than 0, is a ValueError."""
+        given = len(values) - sum(1 for n in self.optional_buffers if n in values)
+        if given != len(self.call_arguments) or not all(n in values for n in self.call_arguments) or any(
+                values.get(n, 0) != 0 for n in self.optional_buffers):  # fmt: skip
+            self._refuse(values)
+        return tuple(values[name] if name in values else buffer_address(buffer) for name, buffer in self._slots)
+
+    def _refuse(self, values: dict) -> None:
         unknown = set(values) - set(self.call_arguments) - set(self.optional_buffers)
         missing = [n for n in self.call_arguments if n not in values]
         not_null = [n for n in self.optional_buffers if values.get(n, 0) != 0]
-        if unknown or missing or not_null:
-            raise ValueError(f"kernels ep_{self.family}_*: " + "; ".join(
-                ([f"missing call arguments {', '.join(missing)}"] if missing else [])
-                + ([f"unknown arguments {', '.join(sorted(unknown))}"] if unknown else [])
-                + ([f"{', '.join(not_null)} may only be given as 0 (null)"] if not_null else [])))  # fmt: skip
-        return tuple(values[p.name] if p.name in values else buffer_address(p.buffer) for p in self.params)
+        raise ValueError(f"kernels ep_{self.family}_*: " + "; ".join(
+            ([f"missing call arguments {', '.join(missing)}"] if missing else [])
+            + ([f"unknown arguments {', '.join(sorted(unknown))}"] if unknown else [])
+            + ([f"{', '.join(not_null)} may only be given as 0 (null)"] if not_null else [])))  # fmt: skip
 
 
 _TOKENS_IN = (Param("x"), Param("w"), Param("s"), Param("idx"), _N)  # rows, weights, scales, expert ids, count
