@@ -133,6 +133,13 @@ def test_codeobject_is_stdlib_only():
         assert top in stdlib or imported == "mori_compiler.errors", f"codeobject.py:{line}: {imported}"
 
 
+def test_ep_schema_is_stdlib_only():
+    # The compiler, the runtime, the op and the reference model all read it, each without the others.
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    for line, imported, _ in _imports("mori_compiler.ep_schema", MODULES["mori_compiler.ep_schema"]):
+        assert imported.split(".")[0] in stdlib, f"ep_schema.py:{line}: {imported}"
+
+
 def test_import_resolution_is_right():
     # Relative imports resolve against the package (for __init__.py: the package itself).
     found = {imp for _, imp, _ in _imports("mori_compiler.dialects.registry", MODULES["mori_compiler.dialects.registry"])}
