@@ -4,7 +4,7 @@ Config (issue 4): 8 virtual PEs, hidden 7168, top-8, 256 experts (32 per PE), ra
 128 / 512 / 4096, dispatch bf16 and fp8 (e4m3fn), combine bf16 (zero-copy), launch geometry from --blocks /
 --warps. Each leg is captured in its own CUDA graph and replayed (median of --reps replays, CUDA events).
 
-Reported per leg: µs; GB/s in MORI's accounting (ep-semantics.md §5.2: total_recv x H x elem / t per rank,
+Reported per leg: µs; GB/s in MORI's accounting (docs/ep-protocols.md: total_recv x H x elem / t per rank,
 mean over ranks); the roofline ratio ("vs copy"): the leg's bytes, each received row read once and written
 once (performance-anchors.md), per second (all PEs run on this one GPU) over the device-to-device copy's
 read + write bytes per second, measured in the same run; and "physical": the bytes the kernel's own loads

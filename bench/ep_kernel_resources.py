@@ -19,7 +19,7 @@ import sys
 
 
 def variants():
-    from mori_compiler.ops.dispatch_combine import EpDispatchCombineConfig, EpDispatchCombineKernelType
+    from mori_compiler.ops.config import EpDispatchCombineConfig, EpDispatchCombineKernelType
 
     def cfg(kind):
         return EpDispatchCombineConfig(data_type="bf16", rank=0, world_size=8, hidden_dim=7168, scale_dim=56,
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the table as JSON here")
     args = ap.parse_args(argv)
     from mori_compiler.codeobject import read_amdgpu_code_object
-    from mori_compiler.ops.dispatch_combine import kernel_module_source
+    from mori_compiler.ops.bundle import kernel_module_source
     from mori_compiler.options import CompileOptions
     from mori_compiler.pipeline import compile_source
     from mori_compiler.targets import get_target

@@ -3,7 +3,7 @@
 Config: one GPU, 8 virtual PEs, hidden 7168, top-8, 256 experts (32 per PE), random routing, 128 tokens per
 PE; dispatch bf16 and fp8 (e4m3fn), combine bf16. Every leg is captured in its own CUDA graph and replayed
 (median of --reps replays, CUDA events); AsyncLL legs are send + recv, also reported per phase, for each
-notification mode. Per leg: µs, GB/s in MORI's accounting (ep-semantics.md §5.2) and the roofline ratio
+notification mode. Per leg: µs, GB/s in MORI's accounting (docs/ep-protocols.md) and the roofline ratio
 (bytes the kernels read + write per second over the device-to-device copy's, measured in the same run).
 
 Overlap (AsyncLL): t(send; matmul; recv) against t(send; recv) + t(matmul), all graphs, same stream; and

@@ -11,7 +11,7 @@ slowest rank's). Ours: the kernel types in --kinds. Baseline, as a PyTorch user 
 would write it: per destination a padded [M, H] slab (tokens deduplicated per destination, in token
 order), one NCCL ``all_to_all_single`` for the token counts and one for the slabs, then a local compaction
 of the valid rows (dispatch); combine sends the rows back the same way and sums them per token.
-GB/s per rank in MORI's accounting (ep-semantics.md §5.2): total_recv x H x elem / t. Also the
+GB/s per rank in MORI's accounting (docs/ep-protocols.md): total_recv x H x elem / t. Also the
 device-to-device copy bandwidth of GPU 0.
 
 Environment kept as issue 6 asks: NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,

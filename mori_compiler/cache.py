@@ -27,16 +27,20 @@ from . import __version__
 from .env import cache_dir, exclusive_lock, installed_version
 from .errors import MoriCompilerError
 from .options import CompileOptions
-from .runtime.bundle import (Bundle, BundleError, DamagedBundleWarning, KernelInfo, KernelParam, bundle_dir, discard,
-                             find_bundle, find_bundle_by_request, index_path, indexed_key, publish_bundle,
-                             record_request, request_key)  # fmt: skip
+from .runtime.bundle import (BUNDLE_FORMAT, Bundle, BundleError, DamagedBundleWarning, KernelInfo, KernelParam,
+                             bundle_dir, discard, find_bundle, find_bundle_by_request, index_path, indexed_key,
+                             publish_bundle, record_request, request_key)  # fmt: skip
 
-COMPILER_VERSION = f"mori_compiler {__version__}"
+# In the request key (runtime lookups) and, through toolchain_fingerprint, the bundle key: a bundle of
+# another format is then never looked up (format 3 records parameter names; a format-2 bundle's positional
+# arg<i> must not be read as names), rather than found, refused and rebuilt with a warning.
+COMPILER_VERSION = f"mori_compiler {__version__} (bundle format {BUNDLE_FORMAT})"
 
 
 # What generates code: every file of these packages, and these modules (all under mori_compiler).
 _CODEGEN_PACKAGES = ("passes", "dialects")
-_CODEGEN_MODULES = ("pipeline.py", "pass_pipeline.py", "options.py", "targets.py", "_mlir.py")
+# ep_schema.py: the kernel generators build the EP kernels' parameters from it.
+_CODEGEN_MODULES = ("pipeline.py", "pass_pipeline.py", "options.py", "targets.py", "_mlir.py", "ep_schema.py")
 
 
 def codegen_source_files() -> list[Path]:
@@ -69,7 +73,7 @@ def compiler_source_digest() -> str:
 def toolchain_fingerprint() -> str:
     """Versions (and the compiler's source digest) that change generated code; read once per process,
     without importing MLIR (the cache is consulted before the compiler is loaded)."""
-    return (f"mori_compiler {__version__} ({compiler_source_digest()}); "
+    return (f"{COMPILER_VERSION} ({compiler_source_digest()}); "
             f"mlir {installed_version('mlir', 'xtc-mlir-python-bindings')}; "
             f"llvmlite {installed_version('llvmlite', 'llvmlite')}")  # fmt: skip
 
@@ -85,27 +89,10 @@ def bundle_key(source: str, options: CompileOptions, bitcode_paths, extra: dict 
     return h.hexdigest()
 
 
-def signatures_of_module(module, *, strict: bool = True, problems: dict | None = None) -> dict[str, KernelInfo]:
-    """KernelInfo of every gpu.func kernel of an MLIR module (ptr/integer/float parameters only; with
-    ``strict=False`` kernels with other parameter types are left out instead of rejected, and the reason is
-    stored in ``problems[name]`` when a dict is given)."""
-    from .passes.gpu_kernels import gpu_kernels, kernel_param_types
-
-    kernels = {}
-    for fn in gpu_kernels(module.operation):
-        name = fn.attributes["sym_name"].value
-        types, problem = kernel_param_types(fn, role="bundles support")
-        if problem:
-            if strict:
-                raise MoriCompilerError(problem)
-            if problems is not None:
-                problems[name] = problem
-            continue
-        block = None
-        if "known_block_size" in fn.attributes:
-            block = tuple(int(x) for x in fn.attributes["known_block_size"])
-        kernels[name] = KernelInfo(name, tuple(KernelParam(f"arg{i}", ty) for i, ty in enumerate(types)), block)
-    return kernels
+def kernel_info(signature) -> KernelInfo:
+    """The runtime's KernelInfo of a compiled kernel's signature (passes.gpu_kernels.KernelSignature)."""
+    params = tuple(KernelParam(p.name, p.type, p.named) for p in signature.params)
+    return KernelInfo(signature.name, params, signature.block)
 
 
 def bundle_request(source: str, options: CompileOptions, config: dict | None = None) -> str:
@@ -231,7 +218,7 @@ def _compile_and_publish(root: Path, key: str, source: str, options: CompileOpti
     state = [{"symbol": STATE_SYMBOL, "size": STATE_SIZE}] if not options.bitcode and options.device_library else []
     return publish_bundle(
         root, key, target=options.target, backend=options.gpu_target.backend, binary=result.binary,
-        kernels=list(signatures.values()), state_globals=state, compiler=toolchain_fingerprint(),
+        kernels=[kernel_info(s) for s in signatures.values()], state_globals=state, compiler=toolchain_fingerprint(),
         config=_recorded_config(source, options, config), virtual_pes=options.virtual_pes,
     )  # fmt: skip
 

@@ -4,12 +4,16 @@ Standard library only (the runtime and the reference model import it without MLI
 
 * the token dtypes and the limits that size device structures (``MAX_BLOCKS``, ``MAX_WORLD_SIZE``);
 * ``EpSizes``: the sizes a configuration derives (S, R, Rp, the null forward code, ...), with the index
-  encodings the kernels write and the host and the reference model read;
-* ``BUFFERS``: the symmetric buffer table (name, size rule, zeroed at allocation, kernel types using it);
-* ``KERNELS``: every EP kernel's signature as named, typed parameters, each either a symmetric buffer
-  (the host passes that buffer's address on the launching PE) or a call argument (the host passes it by
-  name). Kernel generators build their ``gpu.func`` headers from it, the bundle records the names, and
-  the op's launches are checked against the bundle by name.
+  encodings the kernels write and the host and the reference model read; ``SIZE_ATTRIBUTES``, the
+  mori_ep op attributes that carry them from the op (``EpSizes.from_config``) to the kernel generators
+  (``EpSizes.from_attributes``);
+* ``BUFFERS``: the symmetric buffer table (name, size rule, zeroed at allocation, kernel types using it),
+  ``buffers_for(kind, sizes)`` the buffers of one kernel type;
+* ``KERNELS``: every EP kernel family's signature as named, typed parameters, each either a symmetric
+  buffer (the host passes that buffer's address on the launching PE) or a call argument (the host passes
+  it by name), with the mori_ep op it comes from, its leg and the kernel types launching it
+  (``families(kind, leg)``). Kernel generators build their ``gpu.func`` headers from it, the bundle
+  records the names, and the op's launches are checked against the bundle by name.
 
 Index encodings (docs/ep-protocols.md):
 
@@ -24,6 +28,7 @@ Index encodings (docs/ep-protocols.md):
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +37,11 @@ DISPATCH_DTYPES = ("bf16", "f32", "fp8_e4m3fn", "fp8_e4m3fnuz")
 COMBINE_DTYPES = ("bf16", "f32")
 MAX_BLOCKS = 1024  # device-barrier epoch slots per PE: the largest grid a combine may use
 MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a wave (wave32 on gfx12)
+
+
+def dtypes_within(dtypes: tuple[str, ...], max_token_bytes: int) -> list[str]:
+    """The dtypes of ``dtypes`` whose elements fit in ``max_token_bytes`` (the token buffers' element size)."""
+    return [d for d in dtypes if TOKEN_BYTES[d] <= max_token_bytes]
 
 
 class EpDispatchCombineKernelType(enum.IntEnum):
@@ -48,13 +58,19 @@ class EpDispatchCombineKernelType(enum.IntEnum):
 KernelType = EpDispatchCombineKernelType
 
 
+# The mori_ep attributes every EP op carries that are the EpSizes fields of the same name (the op's bundle
+# source writes them, the kernel generators read them back with EpSizes.from_attributes).
+SIZE_ATTRIBUTES = ("world_size", "hidden", "top_k", "experts_per_rank", "max_tokens_per_rank", "max_recv_per_rank")
+
+
 @dataclass(frozen=True)
 class EpSizes:
     """The compile-time sizes of one EP configuration, in the kernels' terms.
 
     W world_size, H hidden, K top_k, Er experts_per_rank, M max_tokens_per_rank, Rp max_recv_per_rank
-    (receive slots per source PE), token_bytes (bytes per element of the widest token dtype),
-    scale_bytes (bytes of one token's scales).
+    (receive slots per source PE), token_bytes (bytes per element of a token row: the widest token dtype
+    for the host, which sizes the buffers by it; the kernel's dtype for a kernel, whose rows are packed
+    at its own dtype), scale_bytes (bytes of one token's scales).
     """
 
     world_size: int
@@ -77,6 +93,21 @@ class EpSizes:
                    token_bytes=cfg.max_token_type_size, scale_bytes=cfg.scale_dim * cfg.scale_type_size,
                    external_input=bool(cfg.use_external_inp_buf))  # fmt: skip
 
+    @classmethod
+    def from_attributes(cls, ints: dict, dtype: str) -> "EpSizes":
+        """Of one kernel: from its mori_ep op's integer attributes (``SIZE_ATTRIBUTES``, ``scale_bytes``)
+        and its dtype."""
+        return cls(**{name: ints[name] for name in SIZE_ATTRIBUTES}, token_bytes=TOKEN_BYTES[dtype],
+                   scale_bytes=ints.get("scale_bytes", 0))  # fmt: skip
+
+    @classmethod
+    def for_routing(cls, world_size: int, top_k: int, experts_per_rank: int, max_tokens_per_rank: int,
+                    max_total_recv: int = 0) -> "EpSizes":
+        """The sizes routing and the index encodings need (the reference model): no token rows (hidden 0)."""
+        return cls(world_size=world_size, hidden=0, top_k=top_k, experts_per_rank=experts_per_rank,
+                   max_tokens_per_rank=max_tokens_per_rank,
+                   max_recv_per_rank=recv_per_rank(max_tokens_per_rank, max_total_recv, world_size))  # fmt: skip
+
     @property
     def send_stride(self) -> int:  # S = W * M: the source-position encoding's stride
         return self.world_size * self.max_tokens_per_rank
@@ -90,6 +121,10 @@ class EpSizes:
         return self.world_size * self.recv_capacity
 
     @property
+    def null_src(self) -> int:  # the source-position code that decodes to pe == W
+        return self.world_size * self.send_stride
+
+    @property
     def row_bytes(self) -> int:  # one token row at the widest dtype
         return self.hidden * self.token_bytes
 
@@ -100,8 +135,14 @@ class EpSizes:
     def fwd_code(self, pe: int, slot: int) -> int:
         return pe * self.recv_capacity + slot
 
+    def decode_fwd(self, code: int) -> tuple[int, int]:  # (pe, slot)
+        return divmod(code, self.recv_capacity)
+
     def src_pos(self, pe: int, token: int) -> int:
         return pe * self.send_stride + token
+
+    def decode_src_pos(self, code: int) -> tuple[int, int]:  # (pe, token)
+        return divmod(code, self.send_stride)
 
 
 def recv_per_rank(max_tokens: int, max_total_recv: int, world_size: int) -> int:
@@ -197,11 +238,14 @@ PARAM_TYPES = ("ptr", "i32")
 @dataclass(frozen=True)
 class Param:
     """A kernel parameter: ``name`` (as in the gpu.func and bundle.json), ``type`` ("ptr" or "i32"), and
-    ``buffer``, the symmetric buffer the host passes (None: a call argument the host passes by name)."""
+    ``buffer``, the symmetric buffer the host passes (None: a call argument the host passes by name).
+    An ``optional`` buffer is passed unless the call gives the parameter as 0 (a null pointer: the
+    combine's output weights when the caller has no weights)."""
 
     name: str
     type: str = "ptr"
     buffer: str | None = None
+    optional: bool = False
 
 
 def _b(name: str, buffer: str | None = None) -> Param:
@@ -209,42 +253,69 @@ def _b(name: str, buffer: str | None = None) -> Param:
 
 
 _N = Param("n", "i32")  # tokens of this PE's call
+_OUT_CW = Param("out_w", "ptr", "out_cw", optional=True)  # the combine's output weights; null without weights
+
+
+LEGS = ("dispatch", "combine")
 
 
 @dataclass(frozen=True)
 class KernelSignature:
-    """The parameters of the kernels ``ep_<family>_<dtype>``, in order."""
+    """The parameters of the kernels ``ep_<family>_<dtype>``, in order, and where the family comes from:
+    the ``mori_ep`` op ``op`` (with ``zero_copy`` for the combine's two forms), the ``leg`` it runs
+    (dispatch or combine: its dtypes) and the kernel types ``kinds`` that launch it."""
 
     family: str
     params: tuple[Param, ...]
     doc: str
+    op: str = ""
+    leg: str = "dispatch"
+    kinds: frozenset = frozenset()
+    zero_copy: int | None = None
 
     def kernel_name(self, dtype: str) -> str:
         return f"ep_{self.family}_{dtype}"
 
-    @property
+    @functools.cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
 
-    @property
+    @functools.cached_property
     def types(self) -> tuple[str, ...]:
         return tuple(p.type for p in self.params)
 
-    @property
+    @functools.cached_property  # (cached: read on every launch)
     def call_arguments(self) -> tuple[str, ...]:
         """The parameters the host passes by name (not symmetric buffers)."""
         return tuple(p.name for p in self.params if p.buffer is None)
 
+    @functools.cached_property
+    def optional_buffers(self) -> tuple[str, ...]:
+        """The buffer parameters a call may give as 0 (null) by name."""
+        return tuple(p.name for p in self.params if p.optional)
+
+    @functools.cached_property
+    def _slots(self) -> tuple[tuple[str, str | None], ...]:
+        return tuple((p.name, p.buffer) for p in self.params)
+
     def arguments(self, buffer_address: Callable[[str], int], values: dict) -> tuple:
         """The launch arguments in parameter order: each buffer's address (``buffer_address(name)``) and
-        each call argument from ``values`` by name; a missing or unknown name is a ValueError."""
-        unknown = set(values) - set(self.call_arguments)
+        each call argument from ``values`` by name (an optional buffer: 0 from ``values``, else its
+        address); a missing or unknown name, or an optional buffer given as other than 0, is a ValueError."""
+        given = len(values) - sum(1 for n in self.optional_buffers if n in values)
+        if given != len(self.call_arguments) or not all(n in values for n in self.call_arguments) or any(
+                values.get(n, 0) != 0 for n in self.optional_buffers):  # fmt: skip
+            self._refuse(values)
+        return tuple(values[name] if name in values else buffer_address(buffer) for name, buffer in self._slots)
+
+    def _refuse(self, values: dict) -> None:
+        unknown = set(values) - set(self.call_arguments) - set(self.optional_buffers)
         missing = [n for n in self.call_arguments if n not in values]
-        if unknown or missing:
-            raise ValueError(f"kernels ep_{self.family}_*: " + "; ".join(
-                ([f"missing call arguments {', '.join(missing)}"] if missing else [])
-                + ([f"unknown arguments {', '.join(sorted(unknown))}"] if unknown else [])))  # fmt: skip
-        return tuple(buffer_address(p.buffer) if p.buffer is not None else values[p.name] for p in self.params)
+        not_null = [n for n in self.optional_buffers if values.get(n, 0) != 0]
+        raise ValueError(f"kernels ep_{self.family}_*: " + "; ".join(
+            ([f"missing call arguments {', '.join(missing)}"] if missing else [])
+            + ([f"unknown arguments {', '.join(sorted(unknown))}"] if unknown else [])
+            + ([f"{', '.join(not_null)} may only be given as 0 (null)"] if not_null else [])))  # fmt: skip
 
 
 _TOKENS_IN = (Param("x"), Param("w"), Param("s"), Param("idx"), _N)  # rows, weights, scales, expert ids, count
@@ -254,45 +325,55 @@ _DISPATCH = _TOKENS_IN + (
 )  # fmt: skip
 
 KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
-    KernelSignature("dispatch", _DISPATCH, "IntraNode dispatch: one warp per token"),
-    KernelSignature("dispatch_ll", _DISPATCH, "IntraNodeLL dispatch: one block per token"),
+    KernelSignature("dispatch", _DISPATCH, "IntraNode dispatch: one warp per token", "dispatch", "dispatch",
+                    frozenset({KernelType.IntraNode})),
+    KernelSignature("dispatch_ll", _DISPATCH, "IntraNodeLL dispatch: one block per token", "dispatch_ll", "dispatch",
+                    frozenset({KernelType.IntraNodeLL})),
     KernelSignature("combine_pull", (
-        Param("inp_w"), _b("reg_x"), _b("reg_w"), _b("fwd"), _N, _b("total"), _b("out", "out_c"), Param("out_w"),
+        Param("inp_w"), _b("reg_x"), _b("reg_w"), _b("fwd"), _N, _b("total"), _b("out", "out_c"), _OUT_CW,
         _b("zero_row"), _b("bar_slots"), _b("bar_epochs"),
-    ), "zero-copy combine: sums rows read from the peers' registered buffers"),
+    ), "zero-copy combine: sums rows read from the peers' registered buffers", "combine", "combine", _SYNC, 1),
     KernelSignature("combine_push", (
         Param("inp"), Param("inp_w"), _b("stage_x"), _b("stage_w"), _b("src_pos"), _b("fwd"), _N, _b("total"),
-        _b("out", "out_c"), Param("out_w"), _b("zero_row"), _b("grid_ctr", "combine_grid"), _b("bar_slots"),
+        _b("out", "out_c"), _OUT_CW, _b("zero_row"), _b("grid_ctr", "combine_grid"), _b("bar_slots"),
         _b("bar_epochs"),
-    ), "push combine: rows written to their owners' staging rows, then summed locally"),
+    ), "push combine: rows written to their owners' staging rows, then summed locally", "combine", "combine", _SYNC, 0),
     KernelSignature("async_dispatch_send", _TOKENS_IN + (
         _b("out_x", "a_rx"), _b("out_w", "a_rw"), _b("out_s", "a_rs"), _b("out_idx", "a_ridx"),
         _b("src_pos", "a_rpos"), _b("cnt", "a_cnt"), _b("sig", "a_sig"), _b("rounds", "a_rounds"), _b("fwd"),
         _b("status"), _b("grid_ctr", "a_grid"),
-    ), "AsyncLL dispatch send phase"),
+    ), "AsyncLL dispatch send phase", "dispatch_send", "dispatch", _ASYNC),
     KernelSignature("async_dispatch_recv", (
         _b("rx", "a_rx"), _b("rw", "a_rw"), _b("rs", "a_rs"), _b("ridx", "a_ridx"), _b("rpos", "a_rpos"),
         _b("cnt", "a_cnt"), _b("sig", "a_sig"), _b("rounds", "a_rounds"), _b("grid_ctr", "a_grid"), _b("out_x"),
         _b("out_w"), _b("out_s"), _b("out_idx"), _b("src_pos"), _b("rmap"), _b("total"),
-    ), "AsyncLL dispatch receive phase"),
+    ), "AsyncLL dispatch receive phase", "dispatch_recv", "dispatch", _ASYNC),
     KernelSignature("async_combine_send", (
         Param("inp"), Param("inp_w"), _b("cx", "a_cx"), _b("cw", "a_cw"), _b("rmap"), _b("total"),
         _b("csig", "a_csig"), _b("rounds", "a_rounds"), _b("grid_ctr", "a_grid"),
-    ), "AsyncLL combine send phase"),
+    ), "AsyncLL combine send phase", "combine_send", "combine", _ASYNC),
     KernelSignature("async_combine_recv", (
         _b("cx", "a_cx"), _b("cw", "a_cw"), _b("fwd"), _N, _b("csig", "a_csig"), _b("rounds", "a_rounds"),
-        _b("grid_ctr", "a_grid"), _b("out", "out_c"), Param("out_w"), _b("zero_row"),
-    ), "AsyncLL combine receive phase"),
+        _b("grid_ctr", "a_grid"), _b("out", "out_c"), _OUT_CW, _b("zero_row"),
+    ), "AsyncLL combine receive phase", "combine_recv", "combine", _ASYNC),
 )}  # fmt: skip
 
 # Which mori_ep op becomes which kernel family (combine: by its zero_copy attribute).
-OP_FAMILIES = {"dispatch": "dispatch", "dispatch_ll": "dispatch_ll", "dispatch_send": "async_dispatch_send",
-               "dispatch_recv": "async_dispatch_recv", "combine_send": "async_combine_send",
-               "combine_recv": "async_combine_recv"}  # fmt: skip
+OP_FAMILIES = {sig.op: family for family, sig in KERNELS.items() if sig.zero_copy is None}
 
 
 def combine_family(zero_copy: bool) -> str:
-    return "combine_pull" if zero_copy else "combine_push"
+    return next(f for f, sig in KERNELS.items() if sig.op == "combine" and sig.zero_copy == int(bool(zero_copy)))
+
+
+def families(kind: KernelType, leg: str) -> list[KernelSignature]:
+    """The kernel families kernel type ``kind`` launches on ``leg``, in the bundle's order."""
+    return [sig for sig in KERNELS.values() if kind in sig.kinds and sig.leg == leg]
+
+
+def leg_dtypes(leg: str, max_token_bytes: int) -> list[str]:
+    """The token dtypes a bundle compiles ``leg`` for, given the token buffers' element size."""
+    return dtypes_within(DISPATCH_DTYPES if leg == "dispatch" else COMBINE_DTYPES, max_token_bytes)
 
 
 def kernel_signature(kernel_name: str) -> tuple[KernelSignature, str]:
@@ -308,9 +389,11 @@ def kernel_signature(kernel_name: str) -> tuple[KernelSignature, str]:
 
 def _check_table() -> None:
     for sig in KERNELS.values():
+        assert sig.leg in LEGS and sig.op and sig.kinds, sig.family
         for p in sig.params:
             assert p.type in PARAM_TYPES, (sig.family, p)
             assert p.buffer is None or p.buffer in BUFFER_NAMES, (sig.family, p)
+            assert not p.optional or p.buffer is not None, (sig.family, p)
         assert len(set(sig.names)) == len(sig.names), sig.family
 
 

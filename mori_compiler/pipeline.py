@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 from ._mlir import ir, new_context
 from .codeobject import check_no_undefined_symbols
-from .dialects import registry
-from .errors import MoriCompilerError, with_filename
+from .dialects import input_checks, registry
+from .errors import MoriCompilerError, one_line, with_filename
 from .options import CompileOptions, device_bitcode  # noqa: F401 (device_bitcode: re-exported)
 from .pass_pipeline import build_pass_manager
 from .passes import codegen, device_link
+from .passes.gpu_kernels import signatures_of_module
 from .passes.to_llvm_ir import gpu_module_to_llvm_ir
 from .targets import GPUTarget
 
@@ -111,8 +112,8 @@ class CompileResult:
     kernels: tuple[str, ...] = ()
     bitcode: tuple[str, ...] = ()
     timings: dict[str, float] = field(default_factory=dict)
-    signatures: dict = field(default_factory=dict)  # kernel name -> KernelInfo, read after the ep stage
-    signature_problems: dict = field(default_factory=dict)  # kernel name -> why it has no KernelInfo
+    signatures: dict = field(default_factory=dict)  # kernel name -> gpu_kernels.KernelSignature, after the ep stage
+    signature_problems: dict = field(default_factory=dict)  # kernel name -> why it has no signature
 
 
 def stage_output(result: CompileResult) -> str | bytes:
@@ -135,15 +136,53 @@ def _check_stage(name: str, target: GPUTarget) -> None:
         raise MoriCompilerError(f"unknown stage '{name}' for target {target.name}; stages: {', '.join(names)}")
 
 
+def _raise_problems(errors: list[str]) -> None:
+    """One MoriCompilerError for located problems (``file:line:col: message`` each), one line per problem."""
+    if errors:
+        errors = [one_line(e) for e in errors]
+        loc, _, msg = errors[0].partition(": ")
+        raise MoriCompilerError("\n".join([msg] + errors[1:]), loc)
+
+
+def _copy_of_built_module(module: ir.Module, filename: str) -> tuple[ir.Module, ir.Context]:
+    """A checked copy of a module built in Python, in its context (the caller's module is left as it is).
+
+    The checks ``registry.parse_source`` makes of text, where they apply to a built module: the structural
+    checks (inputs MLIR would abort on), the project ops against their IRDL constraints, then MLIR's
+    verifier. The context gets the project dialects (idempotent) and runs on the calling thread, which the
+    Python passes need (see ``_mlir.new_context``)."""
+    ctx = module.context
+    ctx.enable_multithreading(False)
+    registry.load_all(ctx)
+    where = lambda op: registry.format_location(op.location, filename)  # noqa: E731
+    _raise_problems(input_checks.structural_problems(module.operation, where)
+                    or registry.verify_project_ops(module.operation, filename))  # fmt: skip
+    try:
+        module.operation.verify()
+    except ir.MLIRError as exc:
+        raise registry.diagnostics_message(exc, filename) from None
+    with ctx:
+        copy = ir.Module.create(module.operation.location)
+        for name in module.operation.attributes:
+            copy.operation.attributes[name] = module.operation.attributes[name]
+        for op in module.body.operations:
+            op.operation.clone(ip=ir.InsertionPoint(copy.body))
+    return copy, ctx
+
+
 def compile_source(
-    source: str,
+    source: str | ir.Module,
     options: CompileOptions | None = None,
     *,
     filename: str = "-",
     stop_after: str | None = None,
     want_assembly: bool = False,
 ) -> CompileResult:
-    """Compile MLIR text holding one gpu.module through the pipeline (up to ``stop_after``)."""
+    """Compile one gpu.module through the pipeline (up to ``stop_after``): MLIR text, or an ``ir.Module``
+    built in Python (e.g. with dialects/builder.py; checked as text is, and compiled from a copy, so the
+    caller's module is not lowered; ``filename`` names it in messages)."""
+    if not isinstance(source, (str, ir.Module)):
+        raise MoriCompilerError(f"compile_source takes MLIR text or an mlir.ir.Module, not {type(source).__name__}")
     options = options or CompileOptions()
     target = options.gpu_target
     final = stage_names(target)[-1]
@@ -159,8 +198,11 @@ def compile_source(
         clock = now
         return stage == stop_after
 
-    ctx = new_context()
-    module = registry.parse_source(source, ctx, filename)
+    if isinstance(source, ir.Module):
+        module, ctx = _copy_of_built_module(source, filename)
+    else:
+        ctx = new_context()
+        module = registry.parse_source(source, ctx, filename)
     if lap("mori"):
         result.mlir = str(module)
         return result
@@ -178,8 +220,6 @@ def compile_source(
                 err.location,
             ) from None
         if stage == "ep":  # host-visible kernel signatures, before argument tables replace them
-            from .cache import signatures_of_module
-
             result.signatures = signatures_of_module(module, strict=False, problems=result.signature_problems)
         if lap(stage):
             result.mlir = str(module)

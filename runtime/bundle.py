@@ -7,14 +7,20 @@ standard library. The compiler side (mori_compiler/cache.py) writes bundles thro
 which builds the directory under a temporary name and renames it into place, so a reader sees either
 no bundle or a complete one.
 
-``bundle.json`` (format 2)::
+``bundle.json`` (format 3)::
 
-    {"format": 2, "key": "<sha256>", "compiler": "mori_compiler 0.1.0 (...)",
+    {"format": 3, "key": "<sha256>", "compiler": "mori_compiler 0.1.0 (...)",
      "target": "sm_90", "backend": "nvvm", "binary": "kernels.ptx", "binary_sha256": "<sha256>",
-     "kernels": {"ring_put_signal": {"params": [{"name": "arg0", "type": "ptr", "size": 8}, ...],
+     "kernels": {"ep_dispatch_bf16": {"params": [{"name": "x", "named": true, "type": "ptr", "size": 8}, ...],
+                                      "block": [512, 1, 1]},
+                 "ring_put_signal": {"params": [{"name": "arg0", "named": false, "type": "ptr", "size": 8}, ...],
                                      "block": [256, 1, 1]}},
      "state_globals": [{"symbol": "mori_compiler_shmem_state", "size": 64}],
      "config": {...the compile options and whatever built the kernels...}}
+
+A parameter's ``name`` is the kernel's own (the ``mori.name`` argument attribute; every EP kernel names its
+parameters as the EP schema does) where ``named`` is true, else its position ``arg<i>``. Format 3 added
+``named``: format-2 bundles recorded only positions, and are refused rather than read as named.
 
 The index ``<cache>/index/<request>`` holds the key of the bundle built for a request (``request_key``):
 what a runtime without the compiler looks bundles up by.
@@ -42,7 +48,7 @@ from mori_compiler.env import write_atomically
 from mori_compiler.lib_bitcode.kernel_abi import PARAM_SIZES
 from mori_compiler.targets import TARGETS
 
-BUNDLE_FORMAT = 2
+BUNDLE_FORMAT = 3  # 3: parameter names recorded (``named``)
 METADATA_FILE = "bundle.json"
 BINARY_FILES = {"rocdl": "kernels.hsaco", "nvvm": "kernels.ptx"}
 _HEX = frozenset("0123456789abcdef")
@@ -70,6 +76,7 @@ def is_key(text) -> bool:
 class KernelParam:
     name: str
     type: str  # one of PARAM_SIZES
+    named: bool = False  # the name is the kernel's (mori.name), not the positional arg<i>
 
     @property
     def size(self) -> int:
@@ -173,7 +180,7 @@ def _metadata_dict(key, target, backend, binary_file, binary_sha256, kernels, st
         "binary": binary_file,
         "binary_sha256": binary_sha256,
         "kernels": {
-            k.name: {"params": [{"name": p.name, "type": p.type, "size": p.size} for p in k.params],
+            k.name: {"params": [{"name": p.name, "named": p.named, "type": p.type, "size": p.size} for p in k.params],
                      "block": list(k.block) if k.block else None}
             for k in kernels
         },  # fmt: skip
@@ -200,7 +207,12 @@ def _parse_kernel(path: Path, name, k) -> KernelInfo:
         if "size" in p and p["size"] != PARAM_SIZES[p["type"]]:
             raise BundleError(f"bundle {path}: kernel '{name}' parameter {i} of type {p['type']} has size "
                               f"{p['size']!r}, not {PARAM_SIZES[p['type']]}", path)  # fmt: skip
-        params.append(KernelParam(str(p.get("name", f"arg{i}")), p["type"]))
+        if not isinstance(p.get("name"), str) or not p["name"] or not isinstance(p.get("named"), bool):
+            raise BundleError(f"bundle {path}: kernel '{name}' parameter {i} needs a name (a non-empty string) and "
+                              "named (true or false)", path)  # fmt: skip
+        if p["named"] and any(q.named and q.name == p["name"] for q in params):
+            raise BundleError(f"bundle {path}: kernel '{name}' names two parameters '{p['name']}'", path)
+        params.append(KernelParam(p["name"], p["type"], p["named"]))
     block = k.get("block")
     if block is not None and not (isinstance(block, list) and len(block) == 3
                                   and all(_is_int(b) and b > 0 for b in block)):  # fmt: skip

@@ -1,4 +1,7 @@
-"""Which kernel bundle an EP op loads: the mori_ep module of a config, its kernel names, and ``ep_bundle``.
+"""Which kernel bundle an EP op loads: the mori_ep module of a config, its kernels, and ``ep_bundle``.
+
+The kernels of a config are the EP schema's families of its kernel type (ep_schema.KERNELS), each for the
+dtypes of its leg; their names are ``KernelSignature.kernel_name``.
 
 Kept apart from the op (dispatch_combine.py) because it is the warm-start path: a process that finds the
 bundle in the cache imports this, the config and the cache, and neither the op, torch nor the compiler.
@@ -7,45 +10,44 @@ bundle in the cache imports this, the config and the cache, and neither the op, 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
-from .config import (COMBINE_DTYPES, DISPATCH_DTYPES, MAX_BLOCKS, _TOKEN_BYTES, EpDispatchCombineConfig,
-                     EpDispatchCombineKernelType, validate_config)  # fmt: skip
+from mori_compiler.ep_schema import LEGS, MAX_BLOCKS, SIZE_ATTRIBUTES, EpSizes, KernelSignature, families, leg_dtypes
+
+from .config import EpDispatchCombineConfig, EpDispatchCombineKernelType, validate_config
 
 
-def _kernel_plan(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None) -> tuple[list[str], list[str]]:
-    """The mori_ep ops of every kernel this config can launch, and the names of the kernels they become."""
+@dataclass(frozen=True)
+class PlannedKernel:
+    """One kernel of a config's bundle: its family's signature (ep_schema.KERNELS) and its token dtype."""
+
+    signature: KernelSignature
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        return self.signature.kernel_name(self.dtype)
+
+
+def kernel_plan(cfg: EpDispatchCombineConfig) -> list[PlannedKernel]:
+    """Every kernel ``cfg`` can launch, in the bundle's order: per leg, per dtype, the kernel type's families."""
     kind = EpDispatchCombineKernelType(cfg.kernel_type)
-    common = (f"world_size = {cfg.world_size} : i64, hidden = {cfg.hidden_dim} : i64, top_k = "
-              f"{cfg.num_experts_per_token} : i64, experts_per_rank = {cfg.num_experts_per_rank} : i64, "
-              f"max_tokens_per_rank = {cfg.max_num_inp_token_per_rank} : i64, max_recv_per_rank = "
-              f"{cfg.max_recv_per_rank} : i64, warps_per_block = {cfg.warp_num_per_block} : i64, "
-              f"wave_size = {wave_size} : i64")  # fmt: skip
-    scale_bytes = cfg.scale_dim * cfg.scale_type_size
-    dispatch_dtypes = [d for d in DISPATCH_DTYPES if _TOKEN_BYTES[d] <= cfg.max_token_type_size]
-    combine_dtypes = [d for d in COMBINE_DTYPES if _TOKEN_BYTES[d] <= cfg.max_token_type_size]
-    ops, names = [], []
-    if kind == EpDispatchCombineKernelType.AsyncLL:
-        mode = ", ".join(f"{k} = {v} : i64" for k, v in asyncll.ir_attributes().items())
-        for dtype in dispatch_dtypes:
-            for half in ("dispatch_send", "dispatch_recv"):
-                ops.append(f'    "mori_ep.{half}"() {{{common}, dtype = "{dtype}", scale_bytes = {scale_bytes} : i64, '
-                           f"{mode}}} : () -> ()")  # fmt: skip
-                names.append(f"ep_async_{half}_{dtype}")
-        for dtype in combine_dtypes:
-            for half in ("combine_send", "combine_recv"):
-                ops.append(f'    "mori_ep.{half}"() {{{common}, dtype = "{dtype}", {mode}}} : () -> ()')
-                names.append(f"ep_async_{half}_{dtype}")
-    else:
-        dispatch = "dispatch_ll" if kind == EpDispatchCombineKernelType.IntraNodeLL else "dispatch"
-        for dtype in dispatch_dtypes:
-            ops.append(f'    "mori_ep.{dispatch}"() {{{common}, dtype = "{dtype}", scale_bytes = {scale_bytes} : i64}} : () -> ()')
-            names.append(f"ep_{dispatch}_{dtype}")
-        for dtype in combine_dtypes:
-            for zero_copy in (1, 0):
-                ops.append(f'    "mori_ep.combine"() {{{common}, dtype = "{dtype}", zero_copy = {zero_copy} : i64, '
-                           f"max_blocks = {MAX_BLOCKS} : i64}} : () -> ()")  # fmt: skip
-                names.append(f"ep_combine_{'pull' if zero_copy else 'push'}_{dtype}")
-    return ops, names
+    return [PlannedKernel(sig, dtype) for leg in LEGS for dtype in leg_dtypes(leg, cfg.max_token_type_size)
+            for sig in families(kind, leg)]  # fmt: skip
+
+
+def _op_text(kernel: PlannedKernel, sizes: EpSizes, cfg: EpDispatchCombineConfig, wave_size: int, asyncll) -> str:
+    sig = kernel.signature
+    attrs = [f"{name} = {getattr(sizes, name)} : i64" for name in SIZE_ATTRIBUTES]
+    attrs += [f"warps_per_block = {cfg.warp_num_per_block} : i64", f"wave_size = {wave_size} : i64",
+              f'dtype = "{kernel.dtype}"']  # fmt: skip
+    if sig.leg == "dispatch":
+        attrs.append(f"scale_bytes = {sizes.scale_bytes} : i64")
+    if sig.zero_copy is not None:
+        attrs += [f"zero_copy = {sig.zero_copy} : i64", f"max_blocks = {MAX_BLOCKS} : i64"]
+    if EpDispatchCombineKernelType.AsyncLL in sig.kinds:
+        attrs += [f"{k} = {v} : i64" for k, v in asyncll.ir_attributes().items()]
+    return f'    "mori_ep.{sig.op}"() {{{", ".join(attrs)}}} : () -> ()'
 
 
 def _module_name(kind: EpDispatchCombineKernelType) -> str:
@@ -54,17 +56,18 @@ def _module_name(kind: EpDispatchCombineKernelType) -> str:
 
 
 def kernel_module_source(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None) -> str:
-    """The mori_ep module of every kernel this config can launch (one bundle, one module load). For
-    AsyncLL, ``asyncll`` (an AsyncLLOptions) sets the halves' notification mode."""
-    ops, _ = _kernel_plan(cfg, wave_size, asyncll)
-    body = "\n".join(ops)
+    """The mori_ep module of every kernel this config can launch (one bundle, one module load): the op-level
+    IR, one op per kernel, its attributes the config's EpSizes. For AsyncLL, ``asyncll`` (an
+    AsyncLLOptions) sets the halves' notification mode."""
+    sizes = cfg.sizes
+    body = "\n".join(_op_text(k, sizes, cfg, wave_size, asyncll) for k in kernel_plan(cfg))
     name = _module_name(EpDispatchCombineKernelType(cfg.kernel_type))
     return f"module attributes {{gpu.container_module}} {{\n  gpu.module @{name} {{\n{body}\n  }}\n}}\n"
 
 
-def kernel_names(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None) -> list[str]:
+def kernel_names(cfg: EpDispatchCombineConfig) -> list[str]:
     """The kernels the bundle of ``cfg`` holds (the names the op launches)."""
-    return _kernel_plan(cfg, wave_size, asyncll)[1]
+    return [k.name for k in kernel_plan(cfg)]
 
 
 def _bitcode_paths(bitcode) -> tuple[str, ...]:
@@ -108,4 +111,4 @@ def ep_bundle(config: EpDispatchCombineConfig, target: str, *, virtual_pes: bool
     choice = {} if bitcode is None else {"bitcode": _bitcode_paths(bitcode)}
     options = CompileOptions(target=gpu_target.name, virtual_pes=virtual_pes, **choice)
     return get_bundle(source, options, cache_root=cache_root, what=f"EP {kind.name} kernels ({gpu_target.name})",
-                      kernels=kernel_names(config, gpu_target.wave_size, asyncll))  # fmt: skip
+                      kernels=kernel_names(config))  # fmt: skip

@@ -1,6 +1,8 @@
 """The EP configuration (MORI's ``EpDispatchCombineConfig`` and kernel-type enum) and its validation.
 
-Standard library only: the op, the CLI's ``--precompile`` and the reference model all read it.
+Standard library only: the op, the CLI's ``--precompile`` and the reference model all read it. What the
+kernels, the buffers and the launches must agree on (dtypes, limits, the kernel-type enum, the derived
+sizes) is the EP schema's (mori_compiler/ep_schema.py), re-exported here under MORI's names.
 ``validate_config`` is table-driven (``_RULES``: each field's type and range, with the reason for each
 bound), then checks the relations between fields; fields only MORI's inter-node kernels read must keep
 their defaults (``rdma_block_num`` 0, ``num_qp_per_pe`` 1), so that no value is silently ignored.
@@ -8,28 +10,15 @@ their defaults (``rdma_block_num`` 0, ``num_qp_per_pe`` 1), so that no value is 
 
 from __future__ import annotations
 
-import enum
 import numbers
 import sys
 from dataclasses import dataclass
 
-DISPATCH_DTYPES = ("bf16", "f32", "fp8_e4m3fn", "fp8_e4m3fnuz")
-COMBINE_DTYPES = ("bf16", "f32")
-_TOKEN_BYTES = {"bf16": 2, "f32": 4, "fp8_e4m3fn": 1, "fp8_e4m3fnuz": 1}
-MAX_BLOCKS = 1024  # device-barrier epoch slots per PE: the largest grid a combine may use
+from mori_compiler.ep_schema import (COMBINE_DTYPES, DISPATCH_DTYPES, MAX_BLOCKS, MAX_WORLD_SIZE,  # noqa: F401
+                                     TOKEN_BYTES, EpDispatchCombineKernelType, EpSizes, families, recv_per_rank)
+
 _TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "fp8_e4m3fn",
                       "float8_e4m3fnuz": "fp8_e4m3fnuz"}  # fmt: skip
-
-
-class EpDispatchCombineKernelType(enum.IntEnum):
-    """MORI's kernel types (values as MORI's enum). Implemented: IntraNode, IntraNodeLL, AsyncLL."""
-
-    IntraNode = 0
-    InterNode = 1
-    InterNodeV1 = 2
-    InterNodeV1LL = 3
-    AsyncLL = 4
-    IntraNodeLL = 5
 
 
 @dataclass
@@ -62,17 +51,20 @@ class EpDispatchCombineConfig:
 
     @property
     def max_recv_per_rank(self) -> int:  # Rp
-        m = self.max_num_inp_token_per_rank
-        cap = self.max_total_recv_tokens
-        return min(-(-cap // self.world_size), m) if cap > 0 else m
+        return recv_per_rank(self.max_num_inp_token_per_rank, self.max_total_recv_tokens, self.world_size)
 
     @property
     def max_recv(self) -> int:  # R
-        return self.world_size * self.max_recv_per_rank
+        return self.sizes.recv_capacity
+
+    @property
+    def sizes(self) -> EpSizes:
+        """The kernels' sizes of this configuration (the EP schema's ``EpSizes``)."""
+        return EpSizes.from_config(self)
 
 
-IMPLEMENTED = (EpDispatchCombineKernelType.IntraNode, EpDispatchCombineKernelType.IntraNodeLL,
-               EpDispatchCombineKernelType.AsyncLL)  # fmt: skip
+# The kernel types with kernels: those the EP schema gives a dispatch.
+IMPLEMENTED = tuple(k for k in EpDispatchCombineKernelType if families(k, "dispatch"))
 
 
 def _dtype_name(dtype) -> str:
@@ -92,8 +84,7 @@ class ConfigError(ValueError, TypeError):
         self.problems = problems
 
 
-# Upper bounds, and why:
-MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a wave (wave32 on gfx12)
+# Upper bounds, and why (MAX_WORLD_SIZE and MAX_BLOCKS: the EP schema's):
 MAX_HIDDEN_DIM = 2**16  # a token row is at most 256 KiB (f32); the largest MoE models use 7168
 MAX_TOKENS_PER_RANK = 2**16  # receive slots = world_size * tokens <= 2**21, times top-k < 2**27: the
 #                              kernels' token, slot and (token, k) indices are 32-bit

@@ -18,7 +18,12 @@ phases as separate kernels: ``dispatch_send()``/``dispatch_recv()``, ``combine_s
 with independent work in between; ``dispatch``/``combine`` run both; output rows grouped by source PE).
 AsyncLL's notification mode (mori_compiler/ops/asyncll.py) is resolved once, at construction.
 
-Semantics (ep-semantics.md §2): a token goes once to each destination PE among its top-k experts
+The op is the argument checks and the calls; the rest has its own module: the configuration and its
+validation (config.py), the bundle and its mori_ep source (bundle.py), the symmetric buffers
+(ep_buffers.py), the launches by parameter name, checked against the bundle (ep_launch.py), and the
+standard-MoE layout (standard_moe.py). What they agree on is the EP schema (mori_compiler/ep_schema.py).
+
+Semantics (docs/ep-protocols.md): a token goes once to each destination PE among its top-k experts
 (lowest k represents it); outputs are views of persistent buffers that the next call overwrites; rows
 ``[0, total_recv)`` are valid, in arrival order; ``combine`` sums, in fp32, the rows returned by the
 token's destination PEs (routing weights are not applied) and the weight rows likewise.
@@ -28,9 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from .bundle import ep_bundle, kernel_module_source, kernel_names  # noqa: F401
-from .config import (COMBINE_DTYPES, DISPATCH_DTYPES, IMPLEMENTED, MAX_BLOCKS, _TOKEN_BYTES,
-                     EpDispatchCombineConfig, EpDispatchCombineKernelType, _dtype_name, validate_config)  # noqa: F401
+from mori_compiler.ep_schema import combine_family, families
+
+from . import standard_moe
+from .bundle import ep_bundle, kernel_module_source, kernel_names, kernel_plan  # noqa: F401 (re-exported)
+from .config import (COMBINE_DTYPES, DISPATCH_DTYPES, IMPLEMENTED, MAX_BLOCKS,  # noqa: F401 (re-exported)
+                     EpDispatchCombineConfig, EpDispatchCombineKernelType, _dtype_name, validate_config)
 
 
 class EpDispatchCombineOp:
@@ -45,10 +53,11 @@ class EpDispatchCombineOp:
         import torch
 
         from mori_compiler.runtime import shmem
-        from mori_compiler.runtime.launcher import KernelSet
         from mori_compiler.targets import get_target
 
         from .asyncll import AsyncLLOptions, PhaseTracker, resolve
+        from .ep_buffers import EpBuffers
+        from .ep_launch import EpLaunches
 
         self.config = config
         self.validate = validate
@@ -65,13 +74,27 @@ class EpDispatchCombineOp:
         if self.kernel_type == EpDispatchCombineKernelType.AsyncLL:
             self.asyncll = asyncll if isinstance(asyncll, AsyncLLOptions) else resolve(**(asyncll or {}))
             self._phases = PhaseTracker()
+        self.sizes = config.sizes
         self.bundle = ep_bundle(config, self.target.name, virtual_pes=self.virtual, asyncll=self.asyncll)
-        self._alloc()
-        self.kernels = KernelSet(self.bundle)
+        plan = kernel_plan(config)
+        if not self.is_async:
+            self._dispatch_family = families(self.kernel_type, "dispatch")[0].family
+        self.buffers = EpBuffers(self.kernel_type, self.sizes, self._pes(), virtual=self.virtual)
+        threads = config.warp_num_per_block * self.target.wave_size
+        try:  # the bundle is checked against the EP schema before it is loaded
+            self.launches = EpLaunches(self.bundle, plan, self.buffers, block_threads=threads, virtual=self.virtual)
+        except BaseException:
+            self.close()
+            raise
         torch.cuda.synchronize()  # every PE's buffers are zeroed before any peer can write into them
         shmem.shmem_barrier_all()
         self._last_n = [0] * self.n_local
         self._pending: dict = {}  # AsyncLL: what a recv launch needs from its send (dtype, grid, results)
+
+    @property
+    def kernels(self):
+        """The loaded bundle (a runtime KernelSet: ``synchronize()``, ``check_waits()``)."""
+        return self.launches.kernels
 
     @property
     def is_async(self) -> bool:
@@ -87,59 +110,8 @@ class EpDispatchCombineOp:
 
         return list(range(self.config.world_size)) if self.virtual else [shmem.shmem_mype()]
 
-    def _buffer_sizes(self) -> tuple[dict[str, int], tuple[str, ...]]:
-        """Bytes of every symmetric buffer this kernel type uses, and the names that start zeroed."""
-        c = self.config
-        W, K, M, R, H = c.world_size, c.num_experts_per_token, c.max_num_inp_token_per_rank, c.max_recv, c.hidden_dim
-        tok, sb = H * c.max_token_type_size, c.scale_dim * c.scale_type_size
-        sizes = {
-            "out_x": R * tok, "out_w": R * K * 4, "out_s": max(R * sb, 16), "out_idx": R * K * 4, "src_pos": R * 4,
-            "fwd": M * K * 4, "total": 16, "status": 16, "reg_x": R * tok, "out_c": M * tok, "out_cw": M * K * 4,
-            "zero_row": max(tok, 4 * K, 16),
-        }  # fmt: skip
-        zeroed = ["total", "status", "zero_row", "fwd"]
-        if self.is_async:
-            # Per round parity (2) and source PE (W): Rp records to receive and Rp rows to combine.
-            slots = 2 * W * c.max_recv_per_rank
-            sizes |= {
-                "a_rx": slots * tok, "a_rw": slots * K * 4, "a_rs": max(slots * sb, 16), "a_ridx": slots * K * 4,
-                "a_rpos": slots * 4, "a_cx": slots * tok, "a_cw": slots * K * 4, "rmap": R * 4,
-                "a_cnt": 2 * W * 4, "a_sig": 2 * W * 8, "a_csig": 2 * W * 8, "a_rounds": 32, "a_grid": 16,
-            }  # fmt: skip
-            zeroed += ["a_cnt", "a_sig", "a_csig", "a_rounds", "a_grid"]
-        else:
-            push = W * M if c.use_external_inp_buf else 1
-            sizes |= {
-                "slot_ctrs": 16, "signals": 8 * W, "dispatch_grid": 16, "round_ctr": 16, "dest_ctr": 4 * W,
-                "reg_w": R * K * 4, "stage_x": push * tok, "stage_w": push * K * 4, "combine_grid": 16,
-                "bar_slots": 8 * MAX_BLOCKS * W, "bar_epochs": 8 * MAX_BLOCKS,
-            }  # fmt: skip
-            zeroed += ["slot_ctrs", "signals", "dispatch_grid", "round_ctr", "dest_ctr", "combine_grid", "bar_slots",
-                       "bar_epochs"]  # fmt: skip
-        return sizes, tuple(zeroed)
-
-    def _alloc(self) -> None:
-        import torch
-
-        from mori_compiler.runtime import shmem
-
-        sizes, zeroed = self._buffer_sizes()
-        self._sizes = sizes
-        self.buffers = {name: shmem.shmem_malloc_align(256, size) for name, size in sizes.items()}
-        for name in zeroed:
-            for pe in self._pes():
-                shmem.shmem_tensor(self.buffers[name], (sizes[name],), torch.uint8, pe=pe).zero_()
-
-    def _addr(self, name: str, pe: int) -> int:
-        from mori_compiler.runtime import shmem
-
-        handle = self.buffers[name]
-        return shmem.shmem_ptr_p2p(handle, 0, pe) if self.virtual else handle
-
     def _view(self, name: str, pe: int, shape, dtype):
-        from mori_compiler.runtime import shmem
-
-        return shmem.shmem_tensor(self.buffers[name], shape, dtype, pe=pe if self.virtual else None)
+        return self.buffers.view(name, pe, shape, dtype)
 
     # ---- argument checks ---------------------------------------------------------------------------
     def _per_pe(self, value, what: str) -> list:
@@ -213,17 +185,12 @@ class EpDispatchCombineOp:
             return results
         dtype, tokens, results, blocks = self._dispatch_inputs(input, weights, scales, indices, block_num,
                                                                warp_per_block)  # fmt: skip
-        a = self._addr
-        args = [(x, w, s, idx, n, a("out_x", pe), a("out_w", pe), a("out_s", pe), a("out_idx", pe), a("src_pos", pe),
-                 a("slot_ctrs", pe), a("signals", pe), a("dispatch_grid", pe), a("round_ctr", pe), a("fwd", pe),
-                 a("dest_ctr", pe), a("total", pe), a("status", pe)) for pe, (x, w, s, idx, n) in tokens]  # fmt: skip
-        ll = self.kernel_type == EpDispatchCombineKernelType.IntraNodeLL
-        self._launch(f"ep_dispatch_{'ll_' if ll else ''}{dtype}", args, blocks)
+        self.launches.launch(self._dispatch_family, dtype, tokens, blocks)
         return results if self.virtual else results[0]
 
     def _dispatch_inputs(self, input, weights, scales, indices, block_num, warp_per_block):
-        """Checks every PE's dispatch arguments; returns (dtype, [(pe, (x, w, s, idx, n) addresses)], the
-        per-PE result views, grid blocks)."""
+        """Checks every PE's dispatch arguments; returns (dtype, [(pe, the dispatch kernels' call arguments
+        x, w, s, idx, n by name)], the per-PE result views, grid blocks)."""
         import torch
 
         c = self.config
@@ -256,8 +223,8 @@ class EpDispatchCombineOp:
             if x.device.index != torch.cuda.current_device():
                 raise ValueError(f"input[{pe}] is on {x.device}, the op runs on cuda:{torch.cuda.current_device()}")
             self._last_n[i] = n
-            tokens.append((pe, (x.data_ptr(), 0 if w is None else w.data_ptr(), 0 if s is None else s.data_ptr(),
-                                idx.data_ptr(), n)))  # fmt: skip
+            tokens.append((pe, {"x": x.data_ptr(), "w": 0 if w is None else w.data_ptr(),
+                                "s": 0 if s is None else s.data_ptr(), "idx": idx.data_ptr(), "n": n}))  # fmt: skip
             R, K = c.max_recv, c.num_experts_per_token
             results.append((
                 self._view("out_x", pe, (R * c.hidden_dim * x.element_size(),), torch.uint8).view(x.dtype).view(R, c.hidden_dim),
@@ -278,11 +245,7 @@ class EpDispatchCombineOp:
         self._phases.before_send("dispatch")
         dtype, tokens, results, blocks = self._dispatch_inputs(input, weights, scales, indices, block_num,
                                                                warp_per_block)  # fmt: skip
-        a = self._addr
-        args = [(x, w, s, idx, n, a("a_rx", pe), a("a_rw", pe), a("a_rs", pe), a("a_ridx", pe), a("a_rpos", pe),
-                 a("a_cnt", pe), a("a_sig", pe), a("a_rounds", pe), a("fwd", pe), a("status", pe), a("a_grid", pe))
-                for pe, (x, w, s, idx, n) in tokens]  # fmt: skip
-        self._launch(f"ep_async_dispatch_send_{dtype}", args, blocks)
+        self.launches.launch("async_dispatch_send", dtype, tokens, blocks)
         self._phases.after_send("dispatch")
         self._pending["dispatch"] = dtype
         return results if self.virtual else results[0]
@@ -294,11 +257,8 @@ class EpDispatchCombineOp:
                                "dispatch_send (= dispatch) completes the whole exchange")  # fmt: skip
         self._phases.before_recv("dispatch")
         blocks = self._grid(block_num)
-        a = self._addr
-        args = [(a("a_rx", pe), a("a_rw", pe), a("a_rs", pe), a("a_ridx", pe), a("a_rpos", pe), a("a_cnt", pe),
-                 a("a_sig", pe), a("a_rounds", pe), a("a_grid", pe), a("out_x", pe), a("out_w", pe), a("out_s", pe),
-                 a("out_idx", pe), a("src_pos", pe), a("rmap", pe), a("total", pe)) for pe in self._pes()]  # fmt: skip
-        self._launch(f"ep_async_dispatch_recv_{self._pending['dispatch']}", args, blocks)
+        calls = [(pe, {}) for pe in self._pes()]  # buffers only
+        self.launches.launch("async_dispatch_recv", self._pending["dispatch"], calls, blocks)
         self._phases.after_recv("dispatch")
 
     # ---- combine -----------------------------------------------------------------------------------
@@ -317,25 +277,22 @@ class EpDispatchCombineOp:
             raise ValueError("use_external_inp_buf=1 needs the op built with config.use_external_inp_buf=True "
                              "(the push staging buffer)")  # fmt: skip
         dtype, rows, results, blocks = self._combine_inputs(input, weights, indices, block_num, warp_per_block)
-        a = self._addr
-        args = []
+        calls = []
         for pe, (y, w, n, out_w) in rows:
             if external:
-                args.append((y.data_ptr(), w, a("stage_x", pe), a("stage_w", pe), a("src_pos", pe), a("fwd", pe), n,
-                             a("total", pe), a("out_c", pe), out_w, a("zero_row", pe), a("combine_grid", pe),
-                             a("bar_slots", pe), a("bar_epochs", pe)))  # fmt: skip
+                calls.append((pe, {"inp": y.data_ptr(), "inp_w": w, "n": n, **out_w}))
             else:
                 reg = self.get_registered_combine_input_buffer(y.dtype, pe=pe)
                 if y.data_ptr() != reg.data_ptr():  # not written in place: copy into the registered buffer
                     reg[: y.shape[0]].copy_(y)
-                args.append((w, a("reg_x", pe), a("reg_w", pe), a("fwd", pe), n, a("total", pe), a("out_c", pe),
-                             out_w, a("zero_row", pe), a("bar_slots", pe), a("bar_epochs", pe)))  # fmt: skip
-        self._launch(f"ep_combine_{'push' if external else 'pull'}_{dtype}", args, blocks)
+                calls.append((pe, {"inp_w": w, "n": n, **out_w}))
+        self.launches.launch(combine_family(zero_copy=not external), dtype, calls, blocks)
         return results if self.virtual else results[0]
 
     def _combine_inputs(self, input, weights, indices, block_num, warp_per_block):
-        """Checks every PE's combine arguments; returns (dtype, [(pe, (input, weights address, n, out_w
-        address))], the per-PE result views, grid blocks)."""
+        """Checks every PE's combine arguments; returns (dtype, [(pe, (input, weights address, n, the
+        output-weights argument: {} for the buffer, {"out_w": 0} for none))], the per-PE result views, grid
+        blocks)."""
         import torch
 
         c = self.config
@@ -356,7 +313,7 @@ class EpDispatchCombineOp:
                 raise ValueError(f"input[{pe}] has {y.shape[0]} rows, more than the receive capacity {c.max_recv}")
             if w is not None:
                 self._check_tensor(w, f"weights[{pe}]", ndim=2, dtypes=(torch.float32,), dim1=c.num_experts_per_token)
-            out_w = self._addr("out_cw", pe) if w is not None else 0
+            out_w = {} if w is not None else {"out_w": 0}  # the output weights buffer, or null
             rows.append((pe, (y, 0 if w is None else w.data_ptr(), n, out_w)))
             M, K = c.max_num_inp_token_per_rank, c.num_experts_per_token
             out = self._view("out_c", pe, (M * c.hidden_dim * y.element_size(),), torch.uint8).view(y.dtype)
@@ -373,10 +330,8 @@ class EpDispatchCombineOp:
                                 use_external_inp_buf, call_reset)  # fmt: skip
         self._phases.before_send("combine")
         dtype, rows, results, blocks = self._combine_inputs(input, weights, indices, block_num, warp_per_block)
-        a = self._addr
-        args = [(y.data_ptr(), w, a("a_cx", pe), a("a_cw", pe), a("rmap", pe), a("total", pe), a("a_csig", pe),
-                 a("a_rounds", pe), a("a_grid", pe)) for pe, (y, w, n, out_w) in rows]  # fmt: skip
-        self._launch(f"ep_async_combine_send_{dtype}", args, blocks)
+        calls = [(pe, {"inp": y.data_ptr(), "inp_w": w}) for pe, (y, w, n, out_w) in rows]
+        self.launches.launch("async_combine_send", dtype, calls, blocks)
         self._phases.after_send("combine")
         self._pending["combine"] = (dtype, [(pe, n, out_w) for pe, (y, w, n, out_w) in rows])
         return results if self.virtual else results[0]
@@ -389,47 +344,19 @@ class EpDispatchCombineOp:
         self._phases.before_recv("combine")
         blocks = self._grid(block_num)
         dtype, rows = self._pending["combine"]
-        a = self._addr
-        args = [(a("a_cx", pe), a("a_cw", pe), a("fwd", pe), n, a("a_csig", pe), a("a_rounds", pe), a("a_grid", pe),
-                 a("out_c", pe), out_w, a("zero_row", pe)) for pe, n, out_w in rows]  # fmt: skip
-        self._launch(f"ep_async_combine_recv_{dtype}", args, blocks)
+        calls = [(pe, {"n": n, **out_w}) for pe, n, out_w in rows]
+        self.launches.launch("async_combine_recv", dtype, calls, blocks)
         self._phases.after_recv("combine")
 
-    # ---- standard-MoE (DeepEP) layout -------------------------------------------------------------------
-    # Per local expert e, the received (row, k) pairs whose expert is e, in (row, k) order:
-    # packed_recv_x[e, j] = out[row], packed_recv_src_info[e, j] = row (our convention: the recv row),
-    # packed_recv_count[e] = the number of pairs. Built with device tensor ops only (no host sync).
-
-    def _local_pairs(self, out_idx, total, rank: int):
-        import torch
-
-        c = self.config
-        R, K, Er = out_idx.shape[0], c.num_experts_per_token, c.num_experts_per_rank
-        rows = torch.arange(R, device=out_idx.device)
-        valid = (rows < total.to(rows.dtype)).unsqueeze(1) & (out_idx >= 0) & (out_idx // Er == rank)
-        expert = torch.where(valid, out_idx % Er, torch.full_like(out_idx, Er)).reshape(-1).long()
-        onehot = torch.nn.functional.one_hot(expert, Er + 1).int()
-        pos = (torch.cumsum(onehot, 0) - 1).gather(1, expert.unsqueeze(1)).squeeze(1)
-        counts = onehot[:, :Er].sum(0, dtype=torch.int32)
-        return valid.reshape(-1), expert, pos, counts, rows.repeat_interleave(K)
-
+    # ---- standard-MoE (DeepEP) layout: standard_moe.py ------------------------------------------------
     def convert_dispatch_output(self, dispatch_out_x, dispatch_out_topk_idx, *, pe: int | None = None):
         """(packed_recv_x [Er, W*M, H], packed_recv_count [Er], packed_recv_src_info [Er, W*M],
         packed_recv_layout_range (empty)) from a dispatch's outputs (one PE's, ``pe`` with virtual PEs)."""
         import torch
 
-        c = self.config
         rank = self._pes()[0] if pe is None else pe
         total = self._view("total", rank, (1,), torch.int32)
-        valid, expert, pos, counts, rows = self._local_pairs(dispatch_out_topk_idx, total, rank)
-        cap, H, Er = c.world_size * c.max_num_inp_token_per_rank, c.hidden_dim, c.num_experts_per_rank
-        dev = dispatch_out_x.device
-        packed = torch.zeros((Er + 1, cap, H), dtype=dispatch_out_x.dtype, device=dev)
-        src_info = torch.full((Er + 1, cap), -1, dtype=torch.int32, device=dev)
-        slot = torch.where(valid, pos, torch.zeros_like(pos)).clamp_(max=cap - 1)
-        packed[expert, slot] = dispatch_out_x[rows]
-        src_info[expert, slot] = rows.to(torch.int32)
-        return packed[:Er], counts, src_info[:Er], torch.empty(0, dtype=torch.int64, device=dev)
+        return standard_moe.dispatch_output_to_standard(self.sizes, dispatch_out_x, dispatch_out_topk_idx, total, rank)
 
     def convert_combine_input(self, packed_recv_x, packed_recv_src_info, packed_recv_layout_range, *,
                               pe: int | None = None):  # fmt: skip
@@ -437,22 +364,13 @@ class EpDispatchCombineOp:
         w[i, k] * packed_recv_x[e_k][position of row i] (fp32 accumulate), ready for a zero-copy combine."""
         import torch
 
-        c = self.config
         rank = self._pes()[0] if pe is None else pe
-        R, K = c.max_recv, c.num_experts_per_token
+        R, K = self.sizes.recv_capacity, self.sizes.top_k
         out_idx = self._view("out_idx", rank, (R, K), torch.int32)
         out_w = self._view("out_w", rank, (R, K), torch.float32)
         total = self._view("total", rank, (1,), torch.int32)
-        valid, expert, pos, _, rows = self._local_pairs(out_idx, total, rank)
-        cap = packed_recv_x.shape[1]
-        slot = torch.where(valid, pos, torch.zeros_like(pos)).clamp_(max=cap - 1)
-        e = torch.where(valid, expert, torch.zeros_like(expert))
-        contrib = packed_recv_x[e, slot].float() * (out_w.reshape(-1) * valid).unsqueeze(1)
-        acc = torch.zeros((R, c.hidden_dim), dtype=torch.float32, device=packed_recv_x.device)
-        acc.index_add_(0, rows, contrib)
         reg = self.get_registered_combine_input_buffer(packed_recv_x.dtype, pe=rank)
-        reg.copy_(acc.to(packed_recv_x.dtype))
-        return reg
+        return standard_moe.standard_to_combine_input(self.sizes, packed_recv_x, out_idx, out_w, total, rank, reg)
 
     def dispatch_standard_moe(self, input, weights, scales, indices, **kwargs):
         """dispatch, then the DeepEP layout of its output (per PE with virtual PEs)."""
@@ -474,15 +392,7 @@ class EpDispatchCombineOp:
         out = [(o, None) for o, _ in res]
         return out if self.virtual else out[0]
 
-    # ---- launch and state ----------------------------------------------------------------------------
-    def _launch(self, kernel: str, per_pe_args: list, blocks: int) -> None:
-        threads = self.config.warp_num_per_block * self.target.wave_size
-        if self.virtual:
-            self.kernels.launch_virtual(kernel, per_pe_args, grid=(blocks, 1), block=(threads, 1, 1))
-        else:
-            self.kernels.launch(kernel, list(per_pe_args[0]), grid=(blocks, 1, 1), block=(threads, 1, 1),
-                                cooperative=True)  # fmt: skip
-
+    # ---- state -------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Nothing to do on the device: every kernel leaves its counters ready for the next call (as
         MORI's). AsyncLL refuses while a send waits for its recv (the peers' notifications are in flight)."""
@@ -530,16 +440,9 @@ class EpDispatchCombineOp:
 
     def close(self) -> None:
         """Free the op's symmetric buffers (every PE must close its ops in the same order)."""
-        from mori_compiler.runtime import shmem
-
         buffers, self.buffers = getattr(self, "buffers", None), None
-        if buffers is None or shmem.current_state() is None:
-            return
-        import torch
-
-        torch.cuda.synchronize()
-        for handle in reversed(list(buffers.values())):
-            shmem.shmem_free(handle)
+        if buffers is not None:
+            buffers.free()
 
     def config_dict(self) -> dict:
         mode = {"asyncll": self.asyncll.as_dict()} if self.asyncll else {}

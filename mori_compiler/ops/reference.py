@@ -1,7 +1,8 @@
 """A pure-NumPy reference model of MORI-EP dispatch/combine and the correctness oracle of its tests.
 
-Everything here follows ``ep-semantics.md`` §0 (index encodings), §2 (routing, layout, counts, source
-positions, combine reduction, the reference model of §2.9) and §4 (the oracle). NumPy is the only
+Everything here follows docs/ep-protocols.md: the index encodings, routing, layout, counts, source
+positions, the combine reduction, the reference model and the oracle. The sizes and encodings are the EP
+schema's (``EpShape.sizes``, an ``ep_schema.EpSizes``), so the oracle reads what the kernels write. NumPy is the only
 dependency: functions take and return NumPy arrays. Callers holding torch tensors convert them with
 ``t.cpu().numpy()``; torch has no NumPy bfloat16/float8, so for those dtypes callers pass either
 
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
+from mori_compiler.ep_schema import EpSizes
 
 __all__ = [
     "EpShape", "route", "destinations", "unique_dest_count", "expected_recv_counts", "RecvOverflow",
@@ -85,43 +88,47 @@ class EpShape:
         """Global expert count W * Er."""
         return self.W * self.Er
 
+    @functools.cached_property
+    def sizes(self) -> EpSizes:
+        """The EP schema's sizes and index encodings of this shape (no token rows)."""
+        return EpSizes.for_routing(self.W, self.K, self.Er, self.M, int(self.max_total_recv_tokens))
+
     @property
     def S(self) -> int:
         """MaxNumTokensToSend = W * M, the FlatTokenIndex stride."""
-        return self.W * self.M
+        return self.sizes.send_stride
 
     @property
     def Rp(self) -> int:
         """Receive capacity per source: min(ceil(cap / W), M) with a cap, else M."""
-        cap = int(self.max_total_recv_tokens)
-        return min(-(-cap // self.W), self.M) if cap > 0 else self.M
+        return self.sizes.max_recv_per_rank
 
     @property
     def R(self) -> int:
         """Rows of every receive buffer: W * Rp."""
-        return self.W * self.Rp
+        return self.sizes.recv_capacity
 
     @property
     def null_fwd(self) -> int:
         """Null of our forward map ``pe * R + slot``."""
-        return self.W * self.R
+        return self.sizes.null_fwd
 
     @property
     def null_src(self) -> int:
         """Null FlatTokenIndex ``W * S`` (decodes to pe == W)."""
-        return self.W * self.S
+        return self.sizes.null_src
 
     def encode_src(self, src_rank: int, src_tok: int) -> int:
-        return int(src_rank) * self.S + int(src_tok)
+        return self.sizes.src_pos(int(src_rank), int(src_tok))
 
     def decode_src(self, pos: int) -> tuple[int, int]:
-        return int(pos) // self.S, int(pos) % self.S
+        return self.sizes.decode_src_pos(int(pos))
 
     def encode_fwd(self, pe: int, slot: int) -> int:
-        return int(pe) * self.R + int(slot)
+        return self.sizes.fwd_code(int(pe), int(slot))
 
     def decode_fwd(self, value: int) -> tuple[int, int]:
-        return int(value) // self.R, int(value) % self.R
+        return self.sizes.decode_fwd(int(value))
 
 
 # ---- input normalisation --------------------------------------------------------------------------------
@@ -404,7 +411,7 @@ def check_dispatch(rank: int, out_x, out_w, out_s, out_idx, src_pos, total_recv,
     if pos_all.shape[0] < total:
         raise AssertionError(f"rank {rank}: src_pos has {pos_all.shape[0]} entries, fewer than total_recv={total}")
     pos = pos_all[:total]
-    decoded = [(int(p) // shape.S, int(p) % shape.S) for p in pos]
+    decoded = [shape.decode_src(p) for p in pos]
 
     if total != want_n:
         got_keys = set(decoded)
@@ -576,7 +583,7 @@ def convert_dispatch_output_ref(out_x, out_idx, total_recv, rank: int, shape: Ep
     out_x = np.asarray(out_x)
     total = int(np.asarray(total_recv).reshape(-1)[0])
     idx = _indices(np.asarray(out_idx)[:total], shape, "out_idx")
-    cap = shape.W * shape.M
+    cap = shape.S
     H = out_x.shape[1:] if out_x.ndim >= 2 else (0,)
     packed_x = np.zeros((shape.Er, cap, *H), dtype=out_x.dtype)
     count = np.zeros(shape.Er, dtype=np.int32)

@@ -62,14 +62,15 @@ def test_bundle_json_fields(tmp_path, example_source):
     b = cache.compile_bundle(example_source, CompileOptions(target="gfx942"), config={"kernel": "ring"},
                              cache_root=tmp_path)  # fmt: skip
     meta = json.loads((b.path / "bundle.json").read_text())
-    assert meta["format"] == rt.BUNDLE_FORMAT == 2
+    assert meta["format"] == rt.BUNDLE_FORMAT == 3
     assert meta["key"] == b.key == b.path.name
     assert meta["target"] == "gfx942" and meta["backend"] == "rocdl" and meta["binary"] == "kernels.hsaco"
     assert meta["compiler"] == cache.toolchain_fingerprint()
     kernel = meta["kernels"]["ring_put_signal"]
     assert [p["type"] for p in kernel["params"]] == ["ptr", "ptr", "ptr", "i64", "i64"]
     assert [p["size"] for p in kernel["params"]] == [8, 8, 8, 8, 8]
-    assert [p["name"] for p in kernel["params"]] == ["arg0", "arg1", "arg2", "arg3", "arg4"]
+    assert [p["name"] for p in kernel["params"]] == ["arg0", "arg1", "arg2", "arg3", "arg4"]  # no mori.name
+    assert [p["named"] for p in kernel["params"]] == [False] * 5
     assert kernel["block"] == [256, 1, 1]
     assert meta["state_globals"] == [{"symbol": STATE_SYMBOL, "size": STATE_SIZE}]
     assert meta["config"]["kernel"] == "ring"
@@ -142,8 +143,8 @@ def test_bundle_key_follows_the_compilers_own_sources(tmp_path, monkeypatch):
     """A changed lowering (same version number) must not reuse binaries of the old one."""
     files = cache.codegen_source_files()
     names = {(f.parent.name, f.name) for f in files}
-    assert {("passes", "ep_ll_kernels.py"), ("passes", "ep_blocks.py"), ("dialects", "mori_ep.irdl.mlir"),
-            ("mori_compiler", "pipeline.py")} <= names  # fmt: skip
+    assert {("passes", "ep_ll_kernels.py"), ("passes", "gpu_kernels.py"), ("dialects", "mori_ep.irdl.mlir"),
+            ("mori_compiler", "pipeline.py"), ("mori_compiler", "ep_schema.py")} <= names  # fmt: skip
     digest = cache.compiler_source_digest()
     assert digest in cache.toolchain_fingerprint()
     copy = tmp_path / files[-1].name
@@ -247,11 +248,68 @@ def test_load_corrupt_json(published):
 
 def test_load_wrong_format(published):
     _rewrite_meta(published, lambda m: m.update(format=1))
-    with pytest.raises(BundleError, match="has format 1, this runtime reads 2"):
+    with pytest.raises(BundleError, match="has format 1, this runtime reads 3"):
         load_bundle(published)
     _rewrite_meta(published, lambda m: m.pop("format"))
     with pytest.raises(BundleError, match="has format None"):
         load_bundle(published)
+
+
+def test_a_format_2_bundle_is_never_read_as_named(published):
+    # Format 2 recorded positions (arg0, ...) as names: refused, not read as the kernel's own names.
+    def to_format_2(meta):
+        meta["format"] = 2
+        for k in meta["kernels"].values():
+            for p in k["params"]:
+                p.pop("named")
+
+    _rewrite_meta(published, to_format_2)
+    with pytest.raises(BundleError, match="has format 2, this runtime reads 3"):
+        load_bundle(published)
+    # Neither is it looked up: the format is part of the request and bundle keys.
+    assert f"bundle format {rt.BUNDLE_FORMAT}" in cache.COMPILER_VERSION
+    assert cache.COMPILER_VERSION in cache.toolchain_fingerprint()
+
+
+@pytest.mark.parametrize("param, problem", [
+    ({"type": "ptr", "named": True}, "parameter 0 needs a name"),
+    ({"name": "x", "type": "ptr"}, "parameter 0 needs a name .* and named"),
+    ({"name": "x", "type": "ptr", "named": "yes"}, "parameter 0 needs a name .* and named"),
+    ({"name": "", "type": "ptr", "named": True}, "parameter 0 needs a name"),
+])  # fmt: skip
+def test_load_refuses_malformed_parameter_names(published, param, problem):
+    _rewrite_meta(published, lambda m: m["kernels"]["k"].update(params=[param]))
+    with pytest.raises(BundleError, match=f"kernel 'k' {problem}"):
+        load_bundle(published)
+
+
+def test_load_refuses_a_name_given_twice(published):
+    twice = [{"name": "x", "type": "ptr", "named": True}, {"name": "x", "type": "i64", "named": True}]
+    _rewrite_meta(published, lambda m: m["kernels"]["k"].update(params=twice))
+    with pytest.raises(BundleError, match="kernel 'k' names two parameters 'x'"):
+        load_bundle(published)
+
+
+def test_parameter_names_go_into_the_bundle(tmp_path):
+    source = """module attributes {gpu.container_module} {
+  gpu.module @m {
+    gpu.func @k(%dst: !llvm.ptr {mori.name = "dst"}, %n: i32, %src: !llvm.ptr {mori.name = "src"}) kernel {
+      gpu.return
+    }
+  }
+}
+"""
+    b = cache.compile_bundle(source, CompileOptions(target="sm_90"), cache_root=tmp_path)
+    assert b.kernel("k").params == (KernelParam("dst", "ptr", True), KernelParam("arg1", "i32", False),
+                                    KernelParam("src", "ptr", True))  # fmt: skip
+    meta = json.loads((b.path / "bundle.json").read_text())
+    assert [(p["name"], p["named"]) for p in meta["kernels"]["k"]["params"]] == [
+        ("dst", True), ("arg1", False), ("src", True)]
+    for bad, problem in (('{mori.name = 3}', "mori.name must be a non-empty string, got 3"),
+                         ('{mori.name = "dst"}', "names two parameters 'dst'")):  # fmt: skip
+        with pytest.raises(cache.MoriCompilerError, match=f"kernel 'k' (parameter 1: )?{problem}"):
+            cache.compile_bundle(source.replace("%n: i32", f"%n: i32 {bad}"), CompileOptions(target="sm_90"),
+                                 cache_root=tmp_path)  # fmt: skip
 
 
 def test_load_missing_binary(published):
@@ -363,6 +421,23 @@ def test_ep_bundle_expects_the_kernels_its_source_defines(asked, kind):
     compiled = pipeline.compile_source(source, options, stop_after="ep")
     assert sorted(kwargs["kernels"]) == sorted(compiled.signatures)
     assert len(kwargs["kernels"]) >= 4
+
+
+@pytest.mark.parametrize("kind", ["IntraNode", "IntraNodeLL", "AsyncLL"])
+def test_ep_kernels_take_the_schemas_parameters(kind):
+    """Every kernel of a config's bundle has the parameters the EP schema gives its family (what the op's
+    launches pass by name): count, types, and names where the kernel names them."""
+    from types import SimpleNamespace
+
+    from mori_compiler.ops.asyncll import AsyncLLOptions
+    from mori_compiler.ops.bundle import kernel_module_source, kernel_plan
+    from mori_compiler.ops.ep_launch import bundle_problems
+
+    cfg = _ep_config(kind)
+    source = kernel_module_source(cfg, 32, AsyncLLOptions() if kind == "AsyncLL" else None)
+    compiled = pipeline.compile_source(source, CompileOptions(target="sm_90"), stop_after="ep")
+    bundle = SimpleNamespace(key="0" * 64, kernels={n: cache.kernel_info(s) for n, s in compiled.signatures.items()})
+    assert bundle_problems(bundle, kernel_plan(cfg)) == []
 
 
 @pytest.mark.parametrize("bad", [dict(target=["gfx942"]), dict(target=5), dict(cache_root=3),

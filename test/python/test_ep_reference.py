@@ -1,4 +1,4 @@
-"""The NumPy EP reference model and oracle (mori_compiler/ops/reference.py) against ep-semantics.md §2 and §4.
+"""The NumPy EP reference model and oracle (mori_compiler/ops/reference.py) against docs/ep-protocols.md.
 
 Property tests over many seeded routings, a small §2.9 dispatch/combine simulator with a shuffled arrival
 order (written here, independently of the module) whose output the oracles must accept, corruptions of it

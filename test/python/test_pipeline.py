@@ -408,3 +408,62 @@ def test_link_error_is_a_toolchain_error(fresh_lld_lookup, monkeypatch, tmp_path
     monkeypatch.setenv("MORI_COMPILER_LLD", str(fake))
     with pytest.raises(ToolchainError, match="ld.lld failed .*boom"):
         codegen.link_code_object(b"\x7fELF")
+
+
+# ----------------------------------------------------------------------------------------------------
+# compile_source of a module built in Python (dialects/builder.py): no text in between
+# ----------------------------------------------------------------------------------------------------
+
+
+def _built_put_kernel(*, misplaced_op: bool = False, bad_shmem_type: bool = False) -> ir.Module:
+    """``put_next(dst, value)``: PE p stores ``value`` into ``dst`` on PE (p + 1) % n, built with the Builder."""
+    from mori_compiler._mlir import new_context
+    from mori_compiler.dialects import mori_shmem
+    from mori_compiler.dialects.builder import Builder, new_kernel
+
+    ctx = new_context()
+    registry.load_all(ctx)
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        module.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
+        gpu_module = ir.Operation.create("gpu.module", attributes={"sym_name": ir.StringAttr.get("m")}, regions=1,
+                                         ip=ir.InsertionPoint(module.body))  # fmt: skip
+        body = gpu_module.regions[0].blocks.append()
+        b = Builder(body)
+        if misplaced_op:
+            b.const_i32(1)  # an op directly in the gpu.module
+        _, entry = new_kernel(body, "put_next", [b.ptr, b.i32], block_size=(64, 1, 1), param_names=["dst", "value"])
+        k = Builder(entry)
+        me, n = mori_shmem.my_pe(**k.at()), mori_shmem.n_pes(**k.at())
+        nxt = k.remui(k.addi(me, k.const_i32(1)), n)
+        value = entry.arguments[1]
+        if bad_shmem_type:
+            value = k.const_i64(7)  # mori_shmem.p with c_type int32 takes an i32 value
+        mori_shmem.p(entry.arguments[0], value, nxt, c_type="int32", **k.at())
+        k.gpu_return()
+    return module
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx942"])
+def test_compile_source_takes_a_built_module(target):
+    module = _built_put_kernel()
+    before = str(module)
+    result = pipeline.compile_source(module, CompileOptions(target=target))
+    assert result.kernels == ("put_next",)
+    sig = result.signatures["put_next"]
+    assert [(p.name, p.type, p.named) for p in sig.params] == [("dst", "ptr", True), ("value", "i32", True)]
+    assert sig.block == (64, 1, 1)
+    if target == "sm_90":
+        assert ".entry put_next" in result.binary.decode()
+    else:
+        assert "put_next" in {s.name for s in read_elf_symbols(result.binary)}
+    assert str(module) == before  # compiled from a copy: the caller's module is not lowered
+
+
+def test_built_module_gets_the_checks_of_text():
+    with pytest.raises(MoriCompilerError, match="cannot stand directly in a gpu.module"):
+        pipeline.compile_source(_built_put_kernel(misplaced_op=True), CompileOptions(target="sm_90"))
+    with pytest.raises(MoriCompilerError, match="mori_shmem.p"):
+        pipeline.compile_source(_built_put_kernel(bad_shmem_type=True), CompileOptions(target="sm_90"))
+    with pytest.raises(MoriCompilerError, match="MLIR text or an mlir.ir.Module, not bytes"):
+        pipeline.compile_source(b"module {}", CompileOptions(target="sm_90"))

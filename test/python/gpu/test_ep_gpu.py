@@ -1,4 +1,4 @@
-"""EP IntraNode dispatch/combine on a GPU against the oracle of ep-semantics.md §4.
+"""EP IntraNode dispatch/combine on a GPU against the oracle of docs/ep-protocols.md.
 
 Virtual PEs (2, 4, 8) in one process: every PE's inputs are regenerated from fixed seeds on the host, the
 outputs are poisoned before each call, and every received row is compared bit-exactly with its source
@@ -103,7 +103,7 @@ def run_round(op, shape, *, routing: str, counts: str, dtype: str, combine_dtype
     ss = [torch.from_numpy(v).cuda() for v in s_np] if scales else None
     for p in range(n_pes):  # poison every output row the kernels may write
         for name in ("out_x", "out_w", "out_idx", "src_pos", "out_c", "out_cw"):
-            op._view(name, p, (op._sizes[name],), torch.uint8).fill_(0xA5)
+            op.buffers.view(name, p, (op.buffers.sizes[name],), torch.uint8).fill_(0xA5)
     outs = op.dispatch(xs, ws, ss, idxs)
     if not check:
         return outs
@@ -323,10 +323,10 @@ def test_standard_moe_layout(pes):
         torch.cuda.synchronize()
         for p in range(pes):
             packed, counts, src_info, _ = conv[p]
-            out_idx = op._view("out_idx", p, (cfg.max_recv, 4), torch.int32).cpu().numpy()
-            out_x = op._view("out_x", p, (cfg.max_recv * cfg.hidden_dim * 2,), torch.uint8).view(torch.bfloat16)
+            out_idx = op.buffers.view("out_idx", p, (cfg.max_recv, 4), torch.int32).cpu().numpy()
+            out_x = op.buffers.view("out_x", p, (cfg.max_recv * cfg.hidden_dim * 2,), torch.uint8).view(torch.bfloat16)
             out_x = out_x.view(cfg.max_recv, cfg.hidden_dim).float().cpu().numpy()
-            total = int(op._view("total", p, (1,), torch.int32).item())
+            total = int(op.buffers.view("total", p, (1,), torch.int32).item())
             rx, rc, rs = ref.convert_dispatch_output_ref(out_x, out_idx, total, p, shape)
             assert counts.cpu().tolist() == rc.tolist(), f"PE {p} expert counts"
             assert np.array_equal(src_info.cpu().numpy(), rs), f"PE {p} src info"

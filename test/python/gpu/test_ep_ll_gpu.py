@@ -1,6 +1,6 @@
 """The low-latency kernel types on a GPU: IntraNodeLL and AsyncLL (all three notification modes).
 
-Same oracle as test_ep_gpu.py (ep-semantics.md §4): poisoned outputs, every received row bit-exact with its
+Same oracle as test_ep_gpu.py (docs/ep-protocols.md): poisoned outputs, every received row bit-exact with its
 source token, combine with the identity expert = U·x and U·w; AsyncLL rows grouped by source PE. Plus
 repeated rounds, graph capture of each AsyncLL phase, a compute kernel between send and recv, and the
 phase-order and option errors.

@@ -1,5 +1,5 @@
 """EP dispatch/combine (IntraNode, IntraNodeLL, AsyncLL) across real GPUs: one PE per process (torch.multiprocessing), shmem heaps
-shared through CUDA IPC, the same oracle as the virtual-PE tests (ep-semantics.md §4).
+shared through CUDA IPC, the same oracle as the virtual-PE tests (docs/ep-protocols.md).
 
 Needs at least two GPUs of one host (skips with the reason otherwise); runs on 2, 4 and 8 when present.
 Every process regenerates all PEs' inputs from the shared seeds and checks its own outputs.
