@@ -153,7 +153,7 @@ def _plan_entry(entry: dict, index: int):
     from mori_compiler.errors import MoriCompilerError
     from mori_compiler.ops.asyncll import AsyncLLOptionError, resolve
     from mori_compiler.ops.config import ConfigError, EpDispatchCombineKernelType, validate_config
-    from mori_compiler.ops.dispatch_combine import ep_bundle
+    from mori_compiler.ops.bundle import ep_bundle
     from mori_compiler.options import CompileOptions
     from mori_compiler.targets import get_target
 
