@@ -1,15 +1,47 @@
-"""STUB (being replaced by the mori_comm dialect helper): typed builders of the generic comm blocks.
+"""The ``mori_comm`` dialect: generic building blocks of GPU communication patterns.
 
-Until the ``mori_comm`` dialect lands these create the blocks under their current ``mori_ep`` names;
-the signatures are final: ``(operands..., *, attributes..., loc, ip)`` like mori_shmem's builders, so a
-generator calls ``mori_comm.row_copy(dst, src, nbytes, pe, **b.at())``.
+Defined in ``mori_comm.irdl.mlir``. Each op is one reusable step of a communication pattern (an EP
+dispatch/combine, an allreduce, an allgather): moving a row, reserving a slot on a peer, a count
+handshake, a barrier, summing rows. ``mori-comm-to-calls`` (passes/comm_to_calls.py) lowers each op into
+a call of a helper function, written there with mori_shmem, gpu, scf, arith and llvm ops and added to
+the gpu.module once per variant:
+
+================= ===================================================== ==================================
+op                semantics                                             helper symbol
+================= ===================================================== ==================================
+row_copy          a warp copies a row to a peer                         ``__mori_comm_row_copy_vec16``,
+                                                                        ``__mori_comm_row_copy``
+row_copy_to_peers a warp copies one row to up to K peers, loading it    ``__mori_comm_row_copy_to_peers_k{K}``
+                  once
+reserve_slot      fetch-add of 1 on a peer's counter (one thread)       ``__mori_comm_reserve_slot``
+count_signal      a warp exchanges counts with every PE, with flow      ``__mori_comm_count_signal_w{W}``
+                  control
+grid_barrier      all blocks of this PE's grid meet                     ``__mori_comm_grid_barrier``
+device_barrier    block b of every PE meets block b of every other PE   ``__mori_comm_device_barrier_w{W}``
+accumulate_rows   a warp sums K rows in fp32                            ``__mori_comm_accumulate_rows_{dtype}_k{K}``
+================= ===================================================== ==================================
+
+Each builder below documents its op: semantics, the ordering contract (who writes, who waits, at which
+scope, in which order) and the mori_shmem ABI functions its helper calls (the rules of those functions:
+docs/device-abi.md). Common to all: the pointers are generic ``!llvm.ptr`` into global memory (kernel
+buffers, the symmetric heap, peer addresses from ``mori_shmem.ptr``), never LDS or scratch; "warp" means
+every lane of one wave (32 or 64, the lowering's ``wave-size``) calls the op with identical operands
+(warp-uniform control flow), "thread" one lane alone, "block" every thread of the block.
+
+The builders take the operands in order, then the attributes and ``loc``/``ip`` as keywords, like
+mori_shmem's: ``mori_comm.row_copy(dest, source, nbytes, pe, **b.at())``.
 """
 
 from __future__ import annotations
 
 from mori_compiler._mlir import ir
 
-DIALECT_PREFIX = "mori_ep"  # becomes "mori_comm"
+from .dialect_base import Dialect
+from .irdl_spec import int_attributes
+
+# The lane-per-peer ops (count_signal, device_barrier, row_copy_to_peers) give each peer one lane of a
+# wave, and the smallest wave (gfx12's wave32) has 32 lanes.
+MAX_LANE_PEERS = 32
 
 
 def _i64(value: int) -> ir.Attribute:
@@ -17,34 +49,156 @@ def _i64(value: int) -> ir.Attribute:
 
 
 def _create(name, operands, attributes=None, results=(), *, loc=None, ip=None) -> ir.Operation:
-    return ir.Operation.create(f"{DIALECT_PREFIX}.{name}", results=list(results), operands=list(operands),
+    return ir.Operation.create(f"{DIALECT_NAME}.{name}", results=list(results), operands=list(operands),
                                attributes=attributes or {}, loc=loc, ip=ip)  # fmt: skip
 
 
 def row_copy(dest, source, nbytes, pe, *, loc=None, ip=None) -> ir.Operation:
+    """``mori_comm.row_copy(dest, source, bytes: i64, pe: i32)``: copy ``bytes`` bytes from the local
+    ``source`` to the symmetric address ``dest`` on PE ``pe``.
+
+    Who: a warp (every lane, identical operands), the lanes striding over the row. Order: none of its
+    own; the stores are non-blocking (or plain stores to the peer's mapped memory), complete and visible
+    to PE ``pe`` only after the caller's ``mori_shmem.fence`` (release, system scope), which must come
+    before whatever signal tells ``pe`` the row is there.
+
+    Helper: ``__mori_comm_row_copy_vec16`` when ``bytes`` is a constant multiple of 16 (the peer address
+    once with ``mori_shmem_ptr``, then rounds of 8 lane-strided 16-byte vector loads in flight before
+    their plain stores), else ``__mori_comm_row_copy`` (``mori_shmem_putmem_nbi_warp``).
+    """
     return _create("row_copy", [dest, source, nbytes, pe], loc=loc, ip=ip)
 
 
 def row_copy_to_peers(dest, source, nbytes, pe, send, *, max_peers: int, loc=None, ip=None) -> ir.Operation:
+    """``mori_comm.row_copy_to_peers(dest, source, bytes: i64, pe: i32, send: i1) {max_peers = K}``: copy
+    one local row to up to K destinations. Lane k < K names destination k: row ``dest`` (a symmetric
+    address) on PE ``pe``, copied when its ``send`` is set; the operands of lanes >= K are ignored.
+
+    Who: a warp (every lane calls it; ``bytes`` and ``source`` identical in all lanes). ``bytes`` must be
+    a constant multiple of 16 (the lowering refuses anything else); K in [1, 32]. Each 16-byte vector of
+    the row is loaded once and stored to every sending destination: the row is read once, not K times.
+    Order: plain stores, published like row_copy's by the caller's release fence.
+
+    Helper: ``__mori_comm_row_copy_to_peers_k{K}`` (``mori_shmem_my_pe``, one ``mori_shmem_ptr`` per lane,
+    the addresses and flags broadcast from lane k; a lane that does not send resolves its own PE).
+    """
     return _create("row_copy_to_peers", [dest, source, nbytes, pe, send], {"max_peers": _i64(max_peers)}, loc=loc, ip=ip)
 
 
 def reserve_slot(counter, pe, *, loc=None, ip=None) -> ir.Value:
+    """``mori_comm.reserve_slot(counter, pe: i32) -> i32``: the old value of PE ``pe``'s 32-bit counter at
+    the symmetric ``counter``, after adding 1 to it: a slot unique among every caller of this round.
+
+    Who: one thread per reservation. Order: relaxed at system scope (the slot is unique, nothing else is
+    published); the data written into the slot is ordered later, by the pattern's handshake (e.g.
+    count_signal's release and acquire fences). The counter is reset by its owner between rounds.
+
+    Helper: ``__mori_comm_reserve_slot`` (``mori_shmem_uint32_atomic_fetch_add_thread``).
+    """
     return _create("reserve_slot", [counter, pe], results=[ir.IntegerType.get_signless(32)], loc=loc, ip=ip).result
 
 
 def count_signal(signals, counts, total, *, world_size: int, loc=None, ip=None) -> ir.Operation:
+    """``mori_comm.count_signal(signals, counts, total) {world_size = W}``: tell every PE p how many items
+    this PE sent it (``counts[p]``, local i32), learn how many each sent us, and store the sum to the
+    local i32 ``*total``. ``signals`` is a symmetric array of W u64 words, zero at allocation.
+
+    Who: one warp; lane p < W talks to PE p (W in [1, 32], at most the wave size). Protocol, per lane p:
+    wait (relaxed system-scope polls) until PE p's ``signals[me]`` is 0, i.e. PE p consumed our previous
+    round (flow control); ``fence`` (release: every store this PE made visible to the warp before the
+    call, e.g. the payload rows behind a grid_barrier, is ordered before the signal); store ``count + 1``
+    into PE p's ``signals[me]`` (relaxed, system scope: 0 means "nothing yet"); reset ``counts[p]`` to 0.
+    Then poll our ``signals[p]`` until it is > 0; ``fence`` (acquire: PE p's payload is visible); reset
+    it to 0 (PE p polls it next round). The warp sums the received counts; lane 0 stores the total.
+
+    Helper: ``__mori_comm_count_signal_w{W}`` (``mori_shmem_my_pe``, ``mori_shmem_ptr``,
+    ``mori_shmem_uint64_wait_until_equals``, ``mori_shmem_uint64_wait_until_greater_than``,
+    ``mori_shmem_fence_thread``, ``mori_shmem_uint64_p``).
+    """
     return _create("count_signal", [signals, counts, total], {"world_size": _i64(world_size)}, loc=loc, ip=ip)
 
 
 def grid_barrier(counter, *, loc=None, ip=None) -> ir.Operation:
+    """``mori_comm.grid_barrier(counter)``: every block of this PE's grid continues once all have
+    arrived. ``counter`` points at two u64 words {arrivals, generation} of this PE, zero once at
+    allocation (never reset by the host: graph-replay safe, any grid size per launch).
+
+    Who: every thread of every block (the block meets with gpu.barrier before and after); all blocks
+    must be co-resident. Order (thread 0 of each block): read the generation g; ``fence`` (release: the
+    block's earlier stores); add 1 to the arrivals (relaxed, system scope). The last block resets the
+    arrivals to 0, fences, and publishes g + 1; the others poll the generation until it passes g. Then
+    ``fence`` (acquire): every block's stores before the barrier are visible to every block after it.
+
+    Helper: ``__mori_comm_grid_barrier`` (``mori_shmem_fence_thread``,
+    ``mori_shmem_uint64_wait_until_greater_than``; the arrival and the publication are
+    ``mori_shmem_uint64_atomic_fetch_add_thread`` / ``mori_shmem_uint64_p`` on this PE (``mori_shmem_my_pe``),
+    or, with the lowering's ``global-address-space``, the relaxed system-scope LLVM atomics those are made
+    of).
+    """
     return _create("grid_barrier", [counter], loc=loc, ip=ip)
 
 
 def device_barrier(slots, epochs, *, world_size: int, max_blocks: int, loc=None, ip=None) -> ir.Operation:
+    """``mori_comm.device_barrier(slots, epochs) {world_size = W, max_blocks = B}``: block b of this PE
+    meets block b of every PE. ``slots`` is a symmetric ``[B][W]`` array of u64 words and ``epochs`` a
+    local ``[B]`` array of u64 words (this PE's epoch per block), all zero once at allocation; the grid
+    must have at most B blocks (a host check at launch).
+
+    Who: every thread of the block (the block meets with gpu.barrier before and after). Order: each
+    thread reads e0 = epochs[b]; thread 0 stores e = e0 + 1 back. Threads p < W: ``fence`` (release:
+    everything this PE's block wrote before the barrier), store e into ``slots[b][me]`` on PE p (relaxed,
+    system scope), poll our ``slots[b][p]`` until it is >= e, ``fence`` (acquire). Epochs only grow and
+    live on the device: graph replay is correct and nothing is reset.
+
+    Helper: ``__mori_comm_device_barrier_w{W}`` (``mori_shmem_my_pe``, ``mori_shmem_fence_thread``,
+    ``mori_shmem_uint64_p``, ``mori_shmem_uint64_wait_until_greater_than``).
+    """
     attrs = {"world_size": _i64(world_size), "max_blocks": _i64(max_blocks)}
     return _create("device_barrier", [slots, epochs], attrs, loc=loc, ip=ip)
 
 
 def accumulate_rows(out, elems, sources, *, dtype: str, loc=None, ip=None) -> ir.Operation:
+    """``mori_comm.accumulate_rows(out, elems: i64, sources...) {dtype}``: ``out[0:elems] =
+    cast(sum_k float(sources[k][0:elems]))``, summed in fp32, rounded once; ``dtype`` is bf16 or f32.
+
+    Who: a warp, lane-strided 16-byte vectors (``elems`` a multiple of 8 for bf16, of 4 for f32: whole
+    vectors); for each vector all K source loads are in flight before the adds. Order: none of its own:
+    the caller has acquired the sources (e.g. after a device_barrier) and publishes ``out`` itself.
+
+    Helper: ``__mori_comm_accumulate_rows_{dtype}_k{K}`` (no ABI call).
+    """
     return _create("accumulate_rows", [out, elems, *sources], {"dtype": ir.StringAttr.get(dtype)}, loc=loc, ip=ip)
+
+
+def extra_verify(op: ir.Operation) -> list[str]:
+    """The ranges IRDL cannot state: integer attributes and their bounds, at least one source row."""
+    op = op.operation
+    name = op.name
+    short = name.split(".", 1)[1]
+    ints = int_attributes(op)
+    errors: list[str] = []
+    for field in op.attributes:
+        if field != "dtype" and field not in ints:
+            errors.append(f"'{name}' attribute '{field}' must be an integer, got {op.attributes[field]}")
+    if errors:
+        return errors
+
+    def need(cond: bool, message: str) -> None:
+        if not cond:
+            errors.append(f"'{name}' {message}")
+
+    if "world_size" in ints:
+        need(1 <= ints["world_size"] <= MAX_LANE_PEERS, f"attribute 'world_size' must be in [1, {MAX_LANE_PEERS}], "
+             f"got {ints['world_size']}")  # fmt: skip
+    if "max_blocks" in ints:
+        need(ints["max_blocks"] >= 1, f"attribute 'max_blocks' must be >= 1, got {ints['max_blocks']}")
+    if short == "row_copy_to_peers" and "max_peers" in ints:
+        need(1 <= ints["max_peers"] <= MAX_LANE_PEERS, f"attribute 'max_peers' must be in [1, {MAX_LANE_PEERS}] "
+             f"(one lane per destination), got {ints['max_peers']}")  # fmt: skip
+    if short == "accumulate_rows":
+        need(len(op.operands) >= 3, "needs at least one source row")
+    return errors
+
+
+DIALECT = Dialect("mori_comm", "mori_comm.irdl.mlir", extra_verify)
+DIALECT_NAME = DIALECT.name

@@ -1,7 +1,7 @@
 """The ``mori_shmem`` dialect: MORI's device shmem primitives.
 
-The ops are defined in ``mori_shmem.irdl.mlir`` (IRDL). This module loads that definition into a
-context, documents each op (semantics, an IR example, the device ABI symbol it lowers to) in a thin
+The ops are defined in ``mori_shmem.irdl.mlir`` (IRDL; ``DIALECT`` loads it, see dialect_base.py). This
+module documents each op (semantics, an IR example, the device ABI symbol it lowers to) in a thin
 builder class, and states the cross-field rules IRDL cannot express (``extra_verify``).
 
 Our abstraction: queue pairs, transports and the address arithmetic of the symmetric heap stay inside
@@ -10,7 +10,7 @@ and *which* PE is the peer. Every op lowers to exactly one ABI function (``SYMBO
 from the op's attributes); the lowering (passes/mori_shmem_to_abi.py) takes the exact C-derived types
 of that function from ``mori_compiler.lib_bitcode.abi``.
 
-Memory ordering contract (device-abi.md §2.14) for code that uses these ops:
+Memory ordering contract (docs/device-abi.md §2.14) for code that uses these ops:
 * ``putmem_nbi``/``put_nbi`` are only ordered by a later ``fence`` (quiet + system-scope fence);
   ``quiet`` alone is *not* a fence.
 * ``putmem_nbi_signal`` publishes its payload before the signal (release at system scope).
@@ -22,35 +22,13 @@ Memory ordering contract (device-abi.md §2.14) for code that uses these ops:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib.resources import files
 from typing import ClassVar
 
 from mori_compiler._mlir import ir
 from mori_compiler.lib_bitcode.abi import SIGNAL_ADD, SIGNAL_SET, AtomicType
 
+from .dialect_base import Dialect
 from .irdl_spec import string_attributes
-
-DIALECT_NAME = "mori_shmem"
-IRDL_FILE = "mori_shmem.irdl.mlir"
-
-
-def irdl_source() -> str:
-    """The dialect's IRDL text (what ``mori-opt --emit-irdl`` prints)."""
-    return files("mori_compiler.dialects").joinpath(IRDL_FILE).read_text(encoding="utf-8")
-
-
-def register_and_load(ctx: ir.Context) -> None:
-    """Load ``mori_shmem`` into ``ctx`` once; safe to call repeatedly.
-
-    A second IRDL load into the same context aborts the process (an MLIR assertion), hence the guard.
-    """
-    if ctx.is_registered_operation("mori_shmem.my_pe"):
-        return
-    from mori_compiler._mlir import irdl
-
-    with ctx, ir.Location.unknown():
-        irdl.load_dialects(ir.Module.parse(irdl_source()))
-
 
 # --------------------------------------------------------------------------------------------------
 # Op classes. Each has NAME, SYMBOL (the ABI function, formatted with the op's string attributes) and,
@@ -272,7 +250,7 @@ OP_CLASSES = (
 )  # fmt: skip
 OP_INFO: dict[str, OpInfo] = {cls.INFO.name: cls.INFO for cls in OP_CLASSES}
 
-# Attribute value → the ABI's atomicType enum value (device-abi.md §1.3), e.g. "fetch_add" → AMO_FETCH_ADD.
+# Attribute value → the ABI's atomicType enum value (docs/device-abi.md §1.3), e.g. "fetch_add" → AMO_FETCH_ADD.
 _AMO_NAMES = ("inc", "set", "add", "and", "or", "xor",
               "fetch", "fetch_inc", "fetch_add", "fetch_and", "fetch_or", "fetch_xor", "swap", "compare_swap")  # fmt: skip
 AMO_ENUM = {n: int(AtomicType["AMO_" + n.upper()]) for n in _AMO_NAMES}
@@ -324,6 +302,10 @@ def extra_verify(op: ir.Operation) -> list[str]:
     elif name in ("mori_shmem.quiet", "mori_shmem.fence") and len(op.operands) > 2:
         errors.append(f"'{name}' takes at most 2 operands (pe, qp), got {len(op.operands)}")
     return errors
+
+
+DIALECT = Dialect("mori_shmem", "mori_shmem.irdl.mlir", extra_verify)
+DIALECT_NAME = DIALECT.name
 
 
 # --------------------------------------------------------------------------------------------------
@@ -447,6 +429,7 @@ def barrier_all(*, scope="thread", loc=None, ip=None) -> ir.Operation:
 
 
 __all__ = [
+    "DIALECT",
     "DIALECT_NAME",
     "OP_CLASSES",
     "OP_INFO",
@@ -463,7 +446,6 @@ __all__ = [
     "get_nbi",
     "getmem",
     "getmem_nbi",
-    "irdl_source",
     "my_pe",
     "n_pes",
     "p",
@@ -474,6 +456,5 @@ __all__ = [
     "putmem_nbi",
     "putmem_nbi_signal",
     "quiet",
-    "register_and_load",
     "wait_until",
 ]

@@ -7,27 +7,16 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Callable
 
 from mori_compiler._mlir import ir, new_context
 from mori_compiler.errors import MoriCompilerError, location_text, one_line
 
-from . import input_checks, irdl_spec, mori_ep, mori_shmem
+from . import input_checks, irdl_spec, mori_comm, mori_ep, mori_shmem
+from .dialect_base import Dialect
 
-
-@dataclass(frozen=True)
-class DialectInfo:
-    name: str
-    irdl_source: Callable[[], str]
-    register_and_load: Callable[[ir.Context], None]
-    extra_verify: Callable[[ir.Operation], list[str]]
-
-
-DIALECTS: tuple[DialectInfo, ...] = (
-    DialectInfo(mori_shmem.DIALECT_NAME, mori_shmem.irdl_source, mori_shmem.register_and_load, mori_shmem.extra_verify),
-    DialectInfo(mori_ep.DIALECT_NAME, mori_ep.irdl_source, mori_ep.register_and_load, mori_ep.extra_verify),
-)
+# Every project dialect (a new one: its IRDL file, a module declaring it with dialect_base.Dialect, and a
+# line here). Lower dialects first: mori_ep expands into mori_comm, which lowers to mori_shmem.
+DIALECTS: tuple[Dialect, ...] = (mori_shmem.DIALECT, mori_comm.DIALECT, mori_ep.DIALECT)
 
 
 def load_all(ctx: ir.Context) -> None:
@@ -50,16 +39,11 @@ def op_specs() -> dict[str, irdl_spec.OpSpec]:
     return specs
 
 
-def format_location(loc: ir.Location, filename: str) -> str:
-    """``file:line:col`` of the file location in ``loc`` (MLIR names a parsed string "-"), else ``filename``."""
-    return location_text(loc, filename)
-
-
 def diagnostics_message(exc: ir.MLIRError, filename: str) -> MoriCompilerError:
     """Turn an MLIRError into one user error carrying every diagnostic with its location."""
     lines = []
     for d in exc.error_diagnostics:
-        lines.append(f"{format_location(d.location, filename)}: {one_line(d.message)}")
+        lines.append(f"{location_text(d.location, filename)}: {one_line(d.message)}")
     if not lines:
         return MoriCompilerError(str(exc), filename)
     first, *rest = lines
@@ -77,7 +61,7 @@ def verify_project_ops(module_op: ir.Operation, filename: str = "-") -> list[str
     def visit(op):  # called by MLIR's walk: no Python recursion however deep the IR nests
         op = op.operation
         if op.name.startswith(prefixes):
-            where = format_location(op.location, filename)
+            where = location_text(op.location, filename)
             spec = specs.get(op.name)
             if spec is None:
                 dialect = op.name.split(".", 1)[0]
@@ -109,7 +93,7 @@ def parse_source(text: str, ctx: ir.Context, filename: str = "-") -> ir.Module:
             except ir.MLIRError as exc:
                 raise diagnostics_message(exc, filename) from None
             errors = input_checks.structural_problems(
-                module.operation, lambda op: format_location(op.location, filename)
+                module.operation, lambda op: location_text(op.location, filename)
             )
             errors = errors or verify_project_ops(module.operation, filename)
     if errors:  # one line per problem: a name or string echoed in a message may hold a newline

@@ -41,7 +41,7 @@ def mlir_stage_pipelines(options: CompileOptions) -> list[tuple[str, str]]:
     if t.is_amdgpu:
         blocks += " global-address-space=true loop-destinations=true"
     stages = [
-        ("ep", f"mori-ep-to-kernels{{{kernels}}},mori-ep-blocks-to-calls{{{blocks}}}"),
+        ("ep", f"mori-ep-to-kernels{{{kernels}}},mori-comm-to-calls{{{blocks}}}"),
         ("abi", "mori-virtual-pe-args,mori-shmem-to-abi" if options.virtual_pes else "mori-shmem-to-abi"),
     ]
     if t.is_amdgpu:

@@ -18,7 +18,7 @@ def _lazy(module: str, cls: str) -> Callable[[], type]:
 ALL_PASSES: dict[str, Callable[[], type]] = {
     "mori-shmem-to-abi": _lazy("mori_shmem_to_abi", "MoriShmemToAbi"),
     "mori-virtual-pe-args": _lazy("virtual_pe_args", "VirtualPeArgs"),
-    "mori-ep-blocks-to-calls": _lazy("ep_blocks", "MoriEpBlocksToCalls"),
+    "mori-comm-to-calls": _lazy("comm_to_calls", "MoriCommToCalls"),
     "mori-ep-to-kernels": _lazy("ep_kernels", "MoriEpToKernels"),
 }
 

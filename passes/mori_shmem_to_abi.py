@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from mori_compiler._mlir import arith, ir, llvm, rewrite
 from mori_compiler.dialects import mori_shmem
-from mori_compiler.errors import MoriCompilerError
+from mori_compiler.errors import MoriCompilerError, location_text
 from mori_compiler.lib_bitcode.abi import AbiFunction, abi_function
 
 _MLIR_TYPE = {"ptr": "!llvm.ptr", "float": "f32", "double": "f64"}
@@ -51,9 +51,7 @@ def llvm_function_type(fn: AbiFunction) -> ir.TypeAttr:
 
 def _where(op) -> str:
     """``-:line:col`` (the driver puts the file name in place of MLIR's "-")."""
-    from mori_compiler.dialects.registry import format_location
-
-    return format_location(op.location, "-")
+    return location_text(op.location, "-")
 
 
 def _symbol_table(op: ir.Operation) -> ir.Operation:

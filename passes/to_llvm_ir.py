@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from mori_compiler._mlir import TranslationError, ir, nested_ops, translate_module_to_llvm_ir
 from mori_compiler.dialects.input_checks import LLVM_MODULE_LEVEL_OPS
 from mori_compiler.dialects.irdl_spec import string_value
-from mori_compiler.errors import MoriCompilerError, one_line
+from mori_compiler.errors import MoriCompilerError, location_text, one_line
 
 KERNEL_MARKERS = ("rocdl.kernel", "nvvm.kernel")
 
@@ -30,9 +30,7 @@ class DeviceModuleIR:
 
 
 def _where(op: ir.Operation, filename: str) -> str:
-    from mori_compiler.dialects.registry import format_location
-
-    return format_location(op.location, filename)
+    return location_text(op.location, filename)
 
 
 def find_gpu_module(module: ir.Module, filename: str = "-") -> ir.Operation:

@@ -9,17 +9,17 @@ import random
 
 NON_UTF8_ARG = os.fsdecode(b"\xff\xfe")  # what Python makes of a non-UTF-8 argv word
 PIPELINES = (
-    "builtin.module(mori-ep-to-kernels{wave-size=64},mori-ep-blocks-to-calls{wave-size=64 vectors-per-lane=1},"
+    "builtin.module(mori-ep-to-kernels{wave-size=64},mori-comm-to-calls{wave-size=64 vectors-per-lane=1},"
     "mori-shmem-to-abi,gpu.module(convert-scf-to-cf,convert-gpu-to-rocdl{chipset=gfx942 index-bitwidth=64}),"
     "rocdl-attach-target{chip=gfx942 abi=600 wave64=true},reconcile-unrealized-casts)",
-    "builtin.module(mori-ep-to-kernels{wave-size=32},mori-ep-blocks-to-calls{wave-size=32 vectors-per-lane=2},"
+    "builtin.module(mori-ep-to-kernels{wave-size=32},mori-comm-to-calls{wave-size=32 vectors-per-lane=2},"
     "mori-shmem-to-abi,gpu.module(convert-scf-to-cf,convert-gpu-to-nvvm{index-bitwidth=64}),"
     "nvvm-attach-target{chip=sm_90 features=+ptx78},reconcile-unrealized-casts)",
-    "mori-ep-blocks-to-calls{wave-size=64 vectors-per-lane=1}", "mori-ep-blocks-to-calls{wave-size=32 vectors-per-lane=2}",
+    "mori-comm-to-calls{wave-size=64 vectors-per-lane=1}", "mori-comm-to-calls{wave-size=32 vectors-per-lane=2}",
     "mori-ep-to-kernels{wave-size=0}", "mori-ep-to-kernels{wave-size=-1}", "mori-ep-to-kernels{wave-size=4294967360}",
     "mori-ep-to-kernels{wave-size=64 wave-size=32}", "mori-ep-to-kernels{wave-size=abc}", "mori-ep-to-kernels{}",
-    "mori-ep-blocks-to-calls{wave-size=64 vectors-per-lane=0}", "mori-ep-blocks-to-calls{vectors-per-lane=-3}",
-    "mori-ep-blocks-to-calls{wave-size=64 vectors-per-lane=1000000}", "mori-shmem-to-abi{chip=gfx900}",
+    "mori-comm-to-calls{wave-size=64 vectors-per-lane=0}", "mori-comm-to-calls{vectors-per-lane=-3}",
+    "mori-comm-to-calls{wave-size=64 vectors-per-lane=1000000}", "mori-shmem-to-abi{chip=gfx900}",
     "mori-shmem-to-abi{chip=}", "mori-shmem-to-abi{nope=1}", "mori-virtual-pe-args{x}", "mori-virtual-pe-args",
     "builtin.module(", "func.func(canonicalize", ",,", "mori-shmem-to-abi,", "gpu.module(mori-shmem-to-abi)",
     "canonicalize{max-iterations=-1}", "canonicalize,cse,symbol-dce", "inline", "convert-scf-to-cf",

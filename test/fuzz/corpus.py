@@ -15,8 +15,8 @@ COMMON_OPT_VARIANTS = (
     [],
     ["-p", "mori-shmem-to-abi"],
     ["--split-input-file", "-p", "mori-shmem-to-abi"],
-    ["-p", "mori-ep-to-kernels{wave-size=64},mori-ep-blocks-to-calls{wave-size=64}", "--split-input-file"],
-    ["-p", "mori-ep-to-kernels{wave-size=32},mori-ep-blocks-to-calls{wave-size=32}"],
+    ["-p", "mori-ep-to-kernels{wave-size=64},mori-comm-to-calls{wave-size=64}", "--split-input-file"],
+    ["-p", "mori-ep-to-kernels{wave-size=32},mori-comm-to-calls{wave-size=32}"],
     ["-p", "mori-virtual-pe-args", "--split-input-file"],
     ["--split-input-file", "--mlir-print-op-generic"],
 )
@@ -110,7 +110,7 @@ DEFECT_SEEDS = {
         "    gpu.func @k() kernel {\n      gpu.return\n    }\n  }\n}\n"),
     "non-UTF-8 dtype": _KERNEL.format(name="k", attrs="", body=(
         "      %n = arith.constant 16 : i64\n"
-        "      \"mori_ep.accumulate_rows\"(%p, %n, %p) {dtype = \"\\c3\\28\"} : (!llvm.ptr, i64, !llvm.ptr) -> ()\n")),
+        "      \"mori_comm.accumulate_rows\"(%p, %n, %p) {dtype = \"\\c3\\28\"} : (!llvm.ptr, i64, !llvm.ptr) -> ()\n")),
 }
 
 
@@ -124,6 +124,6 @@ def compile_seeds(root: Path = REPO_ROOT) -> list[Seed]:
     seeds = example_seeds(root) + defect_seeds()
     for seed in lit_seeds(root):
         for k, chunk in enumerate(seed.data.split(SPLIT_MARKER)):
-            if b"gpu.module" in chunk and (b"mori_shmem." in chunk or b"mori_ep." in chunk):
+            if b"gpu.module" in chunk and (b"mori_shmem." in chunk or b"mori_ep." in chunk or b"mori_comm." in chunk):
                 seeds.append(Seed(f"{seed.name}#{k}", chunk.lstrip(b"\n")))
     return seeds

@@ -47,7 +47,7 @@ NON_UTF8 = (b"\xff", b"\xfe", b"\xc3\x28", b"\xed\xa0\x80", b"\x80", b"\xf4\x90\
 OPS = ('%fz0 = "mori_shmem.my_pe"() : () -> i32', '%fz1 = "mori_shmem.n_pes"() : () -> i32',
        '"mori_shmem.fence"() : () -> ()', '"mori_shmem.quiet"() : () -> ()',
        '"mori_shmem.barrier_all"() : () -> ()', "gpu.barrier", "gpu.return", "return", "func.return",
-       "llvm.return", "scf.yield", '"mori_ep.grid_barrier"(%fz2) : (!llvm.ptr) -> ()',
+       "llvm.return", "scf.yield", '"mori_comm.grid_barrier"(%fz2) : (!llvm.ptr) -> ()',
        "%fz3 = arith.constant 1 : i32", "%fz4 = gpu.thread_id x",
        "gpu.func @fz_k() kernel { gpu.return }", "func.func @fz_f() { return }",
        "gpu.module @fz_m { }", "llvm.func @\"\\ff\"()", "llvm.func @fz_decl(i32) -> i32",
@@ -304,10 +304,10 @@ def strip_comments(rng, data, donors):
 
 OP_NAMES = ('"mori_shmem.my_pe"', '"mori_shmem.n_pes"', '"mori_shmem.fence"', '"mori_shmem.quiet"',
             '"mori_shmem.putmem_nbi"', '"mori_shmem.wait_until"', '"mori_shmem.ptr"', '"mori_shmem.atomic_add"',
-            '"mori_ep.row_copy"', '"mori_ep.reserve_slot"', '"mori_ep.grid_barrier"', '"mori_ep.count_signal"',
-            '"mori_ep.dispatch"', '"mori_ep.combine"', '"mori_ep.accumulate_rows"', '"mori_shmem.nope"',
-            '"mori_ep."', '"gpu.nope"', '"gpu.barrier"', '"gpu.return"', '"func.return"', '"llvm.nope"', '"a"',
-            '"."', '""', '"mori_shmem"', '"arith.addi"', '"scf.yield"', '"builtin.module"')  # fmt: skip
+            '"mori_comm.row_copy"', '"mori_comm.reserve_slot"', '"mori_comm.grid_barrier"', '"mori_comm.count_signal"',
+            '"mori_ep.dispatch"', '"mori_ep.combine"', '"mori_comm.accumulate_rows"', '"mori_shmem.nope"',
+            '"mori_ep."', '"mori_comm."', '"gpu.nope"', '"gpu.barrier"', '"gpu.return"', '"func.return"',
+            '"llvm.nope"', '"a"', '"."', '""', '"mori_shmem"', '"arith.addi"', '"scf.yield"', '"builtin.module"')  # fmt: skip
 _GENERIC_OP = re.compile(r'"[\w.$-]*"(?=\()')
 _ATTR_DICT = re.compile(r"\{(\w+ = [^{}\n]*)\}")
 _OPERANDS = re.compile(r'(?<=")\(((?:%[\w#]+)(?:, %[\w#]+)*)\)')

@@ -475,7 +475,7 @@ def test_opt_list_passes_and_dialects(in_tmp, capsys):
     out = capsys.readouterr().out
     assert "mori-shmem-to-abi" in out and "Input:" in out
     assert mori_opt.entry(["--show-dialects"]) == 0
-    assert capsys.readouterr().out.split() == ["mori_shmem", "mori_ep"]
+    assert capsys.readouterr().out.split() == ["mori_shmem", "mori_comm", "mori_ep"]
 
 
 def test_precompile_ep_configs_are_found_by_the_op(tmp_path, monkeypatch):
@@ -563,12 +563,12 @@ def test_precompile_kernel_file_errors_are_located_in_the_file(in_tmp, capsys):
 
 
 def test_precompile_names_the_entry_on_every_error_line(in_tmp, capsys):
-    (in_tmp / "k.mlir").write_text('gpu.module @m {\n  gpu.func @k() kernel {\n    %x = "mori_ep.count_signal"() : () -> i32'
+    (in_tmp / "k.mlir").write_text('gpu.module @m {\n  gpu.func @k() kernel {\n    %x = "mori_comm.count_signal"() : () -> i32'
                                    "\n    gpu.return\n  }\n}\n")  # fmt: skip
     (in_tmp / "configs.json").write_text(json.dumps([{"kernel": "ring_put_signal"}, {"kernel": "k.mlir"}]))
     assert mori_compile.entry(["--precompile", "configs.json"]) == 1
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(lines) > 1 and all(line.startswith("error: k.mlir:3:10: config 2: 'mori_ep.count_signal' ") for line in lines)
+    assert len(lines) > 1 and all(line.startswith("error: k.mlir:3:10: config 2: 'mori_comm.count_signal' ") for line in lines)
 
 
 def test_precompile_asyncll_entry_is_the_bundle_ep_bundle_builds(tmp_path, monkeypatch, capsys):

@@ -1,4 +1,5 @@
-"""The ``mori_shmem`` dialect: loading, builders, ABI symbols, verification and the lowering to the ABI."""
+"""The project dialects: loading (dialect_base), the ``mori_shmem`` dialect (builders, ABI symbols, verification,
+the lowering to the ABI) and the ``mori_comm`` blocks (builders, verification)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re
 import pytest
 
 from mori_compiler._mlir import arith, func, ir
-from mori_compiler.dialects import irdl_spec, mori_shmem, registry
+from mori_compiler.dialects import irdl_spec, mori_comm, mori_ep, mori_shmem, registry
 from mori_compiler.errors import MoriCompilerError
 from mori_compiler.lib_bitcode.abi import ABI_BY_SYMBOL, ABI_FUNCTIONS, abi_function
 from mori_compiler.pass_pipeline import build_pass_manager
@@ -35,7 +36,7 @@ def _fill(info: mori_shmem.OpInfo, attrs: dict, n_targets: int = 0) -> str:
 @pytest.fixture
 def ctx():
     context = ir.Context()
-    mori_shmem.register_and_load(context)
+    mori_shmem.DIALECT.register_and_load(context)
     return context
 
 
@@ -47,8 +48,8 @@ def ctx():
 def test_load_twice_into_one_context_is_a_no_op():
     context = ir.Context()
     assert not context.is_registered_operation("mori_shmem.my_pe")
-    mori_shmem.register_and_load(context)
-    mori_shmem.register_and_load(context)  # would abort the process without the guard
+    mori_shmem.DIALECT.register_and_load(context)
+    mori_shmem.DIALECT.register_and_load(context)  # would abort the process without the guard
     registry.load_all(context)
     assert context.is_registered_operation("mori_shmem.my_pe")
     assert context.is_registered_operation("mori_shmem.putmem_nbi_signal")
@@ -64,10 +65,41 @@ def test_load_into_two_contexts():
             assert m.operation.verify()
 
 
+def test_every_dialect_is_its_irdl_file(repo_root):
+    """A dialect is declared once (name, IRDL file of the package): the file defines that dialect, loading
+    registers its ops, and a second load is a no-op for each."""
+    assert [d.name for d in registry.DIALECTS] == ["mori_shmem", "mori_comm", "mori_ep"]
+    context = ir.Context()
+    for d in registry.DIALECTS:
+        assert d.irdl_source() == (repo_root / "dialects" / d.irdl_file).read_text()
+        assert f"irdl.dialect @{d.name} {{" in d.irdl_source()
+        assert not d.is_loaded(context)
+        d.register_and_load(context)
+        d.register_and_load(context)
+        assert d.is_loaded(context)
+    for name in registry.op_specs():
+        assert context.is_registered_operation(name), name
+
+
+def test_a_dialect_outside_the_package_is_its_irdl_file(tmp_path):
+    """A dialect written elsewhere (examples/) declares itself with the IRDL file's path."""
+    from mori_compiler.dialects.dialect_base import Dialect
+
+    irdl = tmp_path / "mori_t.irdl.mlir"
+    irdl.write_text("irdl.dialect @mori_t {\n  irdl.operation @nop {\n  }\n}\n")
+    dialect = Dialect("mori_t", irdl)
+    context = ir.Context()
+    dialect.register_and_load(context)
+    dialect.register_and_load(context)
+    assert context.is_registered_operation("mori_t.nop") and dialect.extra_verify(None) == []
+    with pytest.raises(ValueError, match="does not define the dialect 'mori_u'"):
+        Dialect("mori_u", irdl).register_and_load(ir.Context())
+
+
 def test_irdl_source_is_the_packaged_file(repo_root):
-    assert mori_shmem.irdl_source() == (repo_root / "dialects" / "mori_shmem.irdl.mlir").read_text()
+    assert mori_shmem.DIALECT.irdl_source() == (repo_root / "dialects" / "mori_shmem.irdl.mlir").read_text()
     assert registry.emit_irdl().strip() == "\n".join(d.irdl_source() for d in registry.DIALECTS).strip()
-    assert mori_shmem.irdl_source().strip() in registry.emit_irdl()
+    assert mori_shmem.DIALECT.irdl_source().strip() in registry.emit_irdl()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -268,9 +300,9 @@ def _irdl_fields_by_regex(text: str) -> dict[str, dict[str, list[str]]]:
 
 
 def test_read_irdl_reproduces_the_fields():
-    expected = _irdl_fields_by_regex(mori_shmem.irdl_source())
+    expected = _irdl_fields_by_regex(mori_shmem.DIALECT.irdl_source())
     with ir.Context():
-        specs = irdl_spec.read_irdl(ir.Module.parse(mori_shmem.irdl_source()))
+        specs = irdl_spec.read_irdl(ir.Module.parse(mori_shmem.DIALECT.irdl_source()))
     assert set(specs) == set(expected) == set(mori_shmem.OP_INFO)
     for name, spec in specs.items():
         assert [f.name for f in spec.operands] == expected[name]["operands"], name
@@ -499,3 +531,98 @@ def test_parse_source_refuses_what_mlir_would_abort_on(text, needle):
 )  # fmt: skip
 def test_target_symbol_names(name, kernel, nvptx, ok):
     assert (input_checks.target_symbol_problem(name, is_kernel=kernel, nvptx=nvptx) is None) == ok
+
+
+# ----------------------------------------------------------------------------------------------------
+# mori_comm: the generic communication blocks (their lowering: test/lit/Conversion/mori-comm-to-calls*)
+# ----------------------------------------------------------------------------------------------------
+
+# Operands and attributes of each block: what the ops had as mori_ep ops before they moved.
+_COMM_SIGNATURES = {
+    "mori_comm.row_copy": (["dest", "source", "bytes", "pe"], [], []),
+    "mori_comm.row_copy_to_peers": (["dest", "source", "bytes", "pe", "send"], [], ["max_peers"]),
+    "mori_comm.reserve_slot": (["counter", "pe"], ["slot"], []),
+    "mori_comm.count_signal": (["signals", "counts", "total"], [], ["world_size"]),
+    "mori_comm.grid_barrier": (["counter"], [], []),
+    "mori_comm.device_barrier": (["slots", "epochs"], [], ["max_blocks", "world_size"]),
+    "mori_comm.accumulate_rows": (["out", "elems", "sources"], [], ["dtype"]),
+}
+
+
+def test_comm_ops_are_the_generic_blocks_and_mori_ep_keeps_only_ep_ops():
+    specs = registry.op_specs()
+    comm = {n: ([f.name for f in s.operands], [f.name for f in s.results], sorted(s.attributes))
+            for n, s in specs.items() if n.startswith("mori_comm.")}  # fmt: skip
+    assert comm == _COMM_SIGNATURES
+    assert specs["mori_comm.accumulate_rows"].operands[2].variadic
+    assert sorted(n.split(".", 1)[1] for n in specs if n.startswith("mori_ep.")) == sorted(mori_ep.EP_OPS)
+
+
+@pytest.fixture
+def all_ctx():
+    context = ir.Context()
+    registry.load_all(context)
+    return context
+
+
+def test_comm_builders_verify_and_print(all_ctx):
+    def emit_all(v):
+        ptr, n, pe = v["ptr"], v["i64"], v["i32"]
+        with ir.Location.unknown():
+            on = arith.constant(ir.IntegerType.get_signless(1), 1)
+        mori_comm.row_copy(ptr, ptr, n, pe)
+        mori_comm.row_copy_to_peers(ptr, ptr, n, pe, on, max_peers=8)
+        slot = mori_comm.reserve_slot(ptr, pe)
+        assert str(slot.type) == "i32"
+        mori_comm.count_signal(ptr, ptr, ptr, world_size=8)
+        mori_comm.grid_barrier(ptr)
+        mori_comm.device_barrier(ptr, ptr, world_size=4, max_blocks=80)
+        mori_comm.accumulate_rows(ptr, n, [ptr, ptr, ptr], dtype="bf16")
+
+    module = _module_with(all_ctx, emit_all)
+    assert module.operation.verify()
+    assert registry.verify_project_ops(module.operation) == []
+    text = str(module)
+    for name in _COMM_SIGNATURES:
+        assert f'"{name}"' in text, name
+    assert "{max_blocks = 80 : i64, world_size = 4 : i64}" in text and '{dtype = "bf16"}' in text
+    with all_ctx:
+        assert ir.Module.parse(text).operation.verify()
+
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ('"mori_comm.count_signal"(%p, %p, %p) {world_size = 0 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()',
+         "'mori_comm.count_signal' attribute 'world_size' must be in [1, 32], got 0"),
+        ('"mori_comm.device_barrier"(%p, %p) {world_size = 33 : i64, max_blocks = 1 : i64} : (!llvm.ptr, !llvm.ptr) -> ()',
+         "'mori_comm.device_barrier' attribute 'world_size' must be in [1, 32], got 33"),
+        ('"mori_comm.device_barrier"(%p, %p) {world_size = 2 : i64, max_blocks = -1 : i64} : (!llvm.ptr, !llvm.ptr) -> ()',
+         "'mori_comm.device_barrier' attribute 'max_blocks' must be >= 1, got -1"),
+        ('"mori_comm.row_copy_to_peers"(%p, %p, %n, %i, %b) {max_peers = 64 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()',
+         "'mori_comm.row_copy_to_peers' attribute 'max_peers' must be in [1, 32] (one lane per destination), got 64"),
+        ('"mori_comm.row_copy_to_peers"(%p, %p, %n, %i, %b) {max_peers = "8"} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()',
+         "'mori_comm.row_copy_to_peers' attribute 'max_peers' must be an integer, got \"8\""),
+        ('"mori_comm.accumulate_rows"(%p, %n) {dtype = "f32"} : (!llvm.ptr, i64) -> ()',
+         "'mori_comm.accumulate_rows' needs at least one source row"),
+    ],
+)  # fmt: skip
+def test_comm_extra_verify_rules(body, needle):
+    module, op = _first_op(body, "%p: !llvm.ptr, %n: i64, %i: i32, %b: i1")
+    assert mori_comm.extra_verify(op) == [needle]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '"mori_comm.count_signal"(%p, %p, %p) {world_size = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()',
+        '"mori_comm.device_barrier"(%p, %p) {world_size = 1 : i64, max_blocks = 1 : i64} : (!llvm.ptr, !llvm.ptr) -> ()',
+        '"mori_comm.row_copy_to_peers"(%p, %p, %n, %i, %b) {max_peers = 1 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()',
+        '"mori_comm.accumulate_rows"(%p, %n, %p) {dtype = "f32"} : (!llvm.ptr, i64, !llvm.ptr) -> ()',
+        '"mori_comm.grid_barrier"(%p) : (!llvm.ptr) -> ()',
+    ],
+    ids=["count_signal-32", "device_barrier-1", "to_peers-1", "accumulate-1", "grid_barrier"],
+)
+def test_comm_extra_verify_accepts_the_bounds(body):
+    module, op = _first_op(body, "%p: !llvm.ptr, %n: i64, %i: i32, %b: i1")
+    assert mori_comm.extra_verify(op) == []

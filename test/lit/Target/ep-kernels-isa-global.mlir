@@ -23,7 +23,7 @@
 
 // The AMDGPU memory path of the EP kernels (IntraNode, world 8, hidden 7168, top-8; wave64 for gfx942
 // and gfx950, wave32 for gfx1250). The row copies and the combine's accumulate loop address rows as
-// global memory (mori-ep-blocks-to-calls global-address-space: the generic pointers are addrspacecast,
+// global memory (mori-comm-to-calls global-address-space: the generic pointers are addrspacecast,
 // the device ABI keeps its signatures), so they use global_* instructions with rolling waits instead of
 // flat_* ones, and the dispatch's destinations are a loop (loop-destinations). Before: every peer store
 // was a flat_store_dwordx4 and each destination's group of 8 began with s_waitcnt vmcnt(0), 16 drains

@@ -16,7 +16,7 @@
 
 // ---- gfx942: no scratch, no VGPR spill (kernel descriptor, .set symbols, AMDHSA metadata) ---------
 // SGPR spills are allowed when they go to VGPR lanes (private segment 0 says they do). On AMDGPU the
-// grid barrier's 64-bit fetch-add is a global atomic (mori-ep-blocks-to-calls global-address-space), so
+// grid barrier's 64-bit fetch-add is a global atomic (mori-comm-to-calls global-address-space), so
 // the dead "is this address private?" scratch path LLVM adds to a flat 64-bit atomic is gone
 // (ep-kernels-isa-global.mlir checks the dispatch has no scratch access at all).
 // RES-LABEL: .amdhsa_kernel ep_dispatch_bf16{{$}}
@@ -71,7 +71,7 @@
 // RES: amdhsa.target: amdgcn-amd-amdhsa--gfx942
 
 // ---- gfx942: row copies (dispatch: the token row to every destination; push: a received row to its owner)
-// Rows are addressed as global memory (mori-ep-blocks-to-calls global-address-space): 16-byte global_*
+// Rows are addressed as global memory (mori-comm-to-calls global-address-space): 16-byte global_*
 // loads and stores, never flat_* (whose shared vmcnt/lgkmcnt accounting made every destination's group
 // start with a full drain). The dispatch finds its first sending destination once (v_readlane of each
 // lane's flag), takes its address into SGPRs, issues the round's eight lane-strided loads (1 KiB apart)

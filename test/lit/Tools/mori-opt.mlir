@@ -27,9 +27,14 @@ func.func @f() -> i32 {
 // LIST-NEXT: Input: mori_shmem, {{.*}} Output: llvm {{.*}} Options: none.
 
 // DIALECTS: {{^}}mori_shmem{{$}}
+// DIALECTS-NEXT: {{^}}mori_comm{{$}}
+// DIALECTS-NEXT: {{^}}mori_ep{{$}}
 
 // IRDL: irdl.dialect @mori_shmem {
 // IRDL: irdl.operation @putmem_nbi_signal {
+// IRDL: irdl.dialect @mori_comm {
+// IRDL: irdl.operation @row_copy_to_peers {
+// IRDL: irdl.dialect @mori_ep {
 
 // --mlir-print-ir-after-all writes a dump after every pass to stderr; stdout/-o gets the final IR only.
 // DUMP: // -----// IR Dump After mori-shmem-to-abi{{.*}} //----- //

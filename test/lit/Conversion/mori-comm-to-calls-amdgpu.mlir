@@ -1,17 +1,17 @@
-// RUN: mori-opt %s -p 'mori-ep-blocks-to-calls{wave-size=64 global-address-space=true loop-destinations=true}' --split-input-file | FileCheck %s
-// RUN: not mori-opt %s -p 'mori-ep-blocks-to-calls{wave-size=64 loop-destinations=maybe}' 2>&1 | FileCheck %s --check-prefix=BADOPT
+// RUN: mori-opt %s -p 'mori-comm-to-calls{wave-size=64 global-address-space=true loop-destinations=true}' --split-input-file | FileCheck %s
+// RUN: not mori-opt %s -p 'mori-comm-to-calls{wave-size=64 loop-destinations=maybe}' 2>&1 | FileCheck %s --check-prefix=BADOPT
 
 // The AMDGPU forms of the blocks (the pipeline sets both options for gfx942/gfx950/gfx1250; see
 // ep-kernels-isa-global.mlir for the instructions they become). global-address-space: the helpers cast
 // the generic pointers they are given (kernel arguments, mori_shmem.ptr results: device and peer global
 // memory) to !llvm.ptr<1> and load/store through those; their signatures stay generic.
-// BADOPT: error: pass 'mori-ep-blocks-to-calls' option 'loop-destinations' expects true or false, got 'maybe'
+// BADOPT: error: pass 'mori-comm-to-calls' option 'loop-destinations' expects true or false, got 'maybe'
 
 // row_copy_to_peers, K = 2, loop-destinations: the first sending destination (the lowest lane k whose
 // flag is set, by one broadcast per lane: K when none sends) and its address once; nothing is loaded
 // when no destination sends. Each round loads 8 vectors from the global source, stores them to the first
 // destination, then loops over the destinations after it (flag, then address, broadcast from lane k).
-// CHECK-LABEL: func.func @__mori_ep_row_copy_to_peers_k2(
+// CHECK-LABEL: func.func @__mori_comm_row_copy_to_peers_k2(
 // CHECK-SAME: %[[DST:[^:]+]]: !llvm.ptr, %[[SRC:[^:]+]]: !llvm.ptr, %[[BYTES:[^:]+]]: i64, %[[PE:[^:]+]]: i32, %[[SEND:[^:]+]]: i1) {
 // CHECK: %[[PEER:.*]] = "mori_shmem.ptr"(%[[DST]], %{{.*}}) : (!llvm.ptr, i32) -> !llvm.ptr
 // CHECK: %[[FLAG:.*]] = arith.extui %[[SEND]] : i1 to i32
@@ -53,7 +53,7 @@ module attributes {gpu.container_module} {
   gpu.module @row_copy_to_peers {
     gpu.func @k(%d: !llvm.ptr, %s: !llvm.ptr, %pe: i32, %send: i1) kernel {
       %n = arith.constant 7168 : i64
-      "mori_ep.row_copy_to_peers"(%d, %s, %n, %pe, %send) {max_peers = 2 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
+      "mori_comm.row_copy_to_peers"(%d, %s, %n, %pe, %send) {max_peers = 2 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
       gpu.return
     }
   }
@@ -62,7 +62,7 @@ module attributes {gpu.container_module} {
 // -----
 
 // row_copy_vec16: source and peer row cast to the global space; loads and stores through them.
-// CHECK-LABEL: func.func @__mori_ep_row_copy_vec16(
+// CHECK-LABEL: func.func @__mori_comm_row_copy_vec16(
 // CHECK-SAME: %[[DST:[^:]+]]: !llvm.ptr, %[[SRC:[^:]+]]: !llvm.ptr, %[[BYTES:[^:]+]]: i64, %[[PE:[^:]+]]: i32) {
 // CHECK-NEXT: %[[PEER:.*]] = "mori_shmem.ptr"(%[[DST]], %[[PE]]) : (!llvm.ptr, i32) -> !llvm.ptr
 // CHECK-NEXT: %[[GSRC:.*]] = llvm.addrspacecast %[[SRC]] : !llvm.ptr to !llvm.ptr<1>
@@ -77,7 +77,7 @@ module attributes {gpu.container_module} {
   gpu.module @row_copy_vec16 {
     gpu.func @k(%d: !llvm.ptr, %s: !llvm.ptr, %pe: i32) kernel {
       %n = arith.constant 7168 : i64
-      "mori_ep.row_copy"(%d, %s, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+      "mori_comm.row_copy"(%d, %s, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
       gpu.return
     }
   }
@@ -87,10 +87,10 @@ module attributes {gpu.container_module} {
 
 // accumulate_rows bf16, K = 2: the sources and the output cast once; the K loads and the store global.
 // Row copies of other sizes (putmem_nbi: the device ABI's own pointers) keep the generic space.
-// CHECK-LABEL: func.func @__mori_ep_row_copy(
+// CHECK-LABEL: func.func @__mori_comm_row_copy(
 // CHECK-NOT: !llvm.ptr<1>
 // CHECK: return
-// CHECK-LABEL: func.func @__mori_ep_accumulate_rows_bf16_k2(
+// CHECK-LABEL: func.func @__mori_comm_accumulate_rows_bf16_k2(
 // CHECK-SAME: %[[OUT:[^:]+]]: !llvm.ptr, %[[N:[^:]+]]: i64, %[[A:[^:]+]]: !llvm.ptr, %[[B:[^:]+]]: !llvm.ptr) {
 // CHECK-NEXT: %[[GA:.*]] = llvm.addrspacecast %[[A]] : !llvm.ptr to !llvm.ptr<1>
 // CHECK-NEXT: %[[GB:.*]] = llvm.addrspacecast %[[B]] : !llvm.ptr to !llvm.ptr<1>
@@ -105,8 +105,8 @@ module attributes {gpu.container_module} {
 module attributes {gpu.container_module} {
   gpu.module @accumulate {
     gpu.func @k(%out: !llvm.ptr, %a: !llvm.ptr, %b: !llvm.ptr, %n: i64, %pe: i32) kernel {
-      "mori_ep.accumulate_rows"(%out, %n, %a, %b) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
-      "mori_ep.row_copy"(%out, %a, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+      "mori_comm.accumulate_rows"(%out, %n, %a, %b) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.row_copy"(%out, %a, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
       gpu.return
     }
   }
@@ -117,8 +117,8 @@ module attributes {gpu.container_module} {
 // grid_barrier: the counter words are this PE's own, so the arrival fetch-add, the reset and the
 // publication are LLVM atomics (relaxed, system scope: what the ABI functions do after translating our
 // own address to itself) on the global-space words; the fences and the generation poll stay ABI ops,
-// in the same order as the generic form (mori-ep-blocks-to-calls.mlir).
-// CHECK-LABEL: func.func @__mori_ep_grid_barrier(
+// in the same order as the generic form (mori-comm-to-calls.mlir).
+// CHECK-LABEL: func.func @__mori_comm_grid_barrier(
 // CHECK-SAME: %[[CTR:[^:]+]]: !llvm.ptr) {
 // CHECK-NOT: mori_shmem.my_pe
 // CHECK: gpu.barrier
@@ -144,7 +144,7 @@ module attributes {gpu.container_module} {
 module attributes {gpu.container_module} {
   gpu.module @grid {
     gpu.func @k(%c: !llvm.ptr) kernel {
-      "mori_ep.grid_barrier"(%c) : (!llvm.ptr) -> ()
+      "mori_comm.grid_barrier"(%c) : (!llvm.ptr) -> ()
       gpu.return
     }
   }

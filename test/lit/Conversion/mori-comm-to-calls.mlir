@@ -1,13 +1,13 @@
-// RUN: mori-opt %s -p 'mori-ep-blocks-to-calls{wave-size=64}' --split-input-file | FileCheck %s
-// RUN: mori-opt %s -p 'mori-ep-blocks-to-calls{wave-size=64}' --split-input-file | FileCheck %s --check-prefix=ONCE --implicit-check-not='func.func @__mori_ep_'
-// RUN: mori-opt %s -p 'mori-ep-blocks-to-calls{wave-size=32}' --split-input-file | FileCheck %s --check-prefix=W32
-// RUN: not mori-opt %s -p 'mori-ep-blocks-to-calls{wave-size=48}' --split-input-file 2>&1 | FileCheck %s --check-prefix=BADWAVE
-// RUN: %exit-status mori-opt %s -p 'mori-ep-blocks-to-calls{wave-size=48}' --split-input-file 2>&1 | FileCheck %s --check-prefix=BADEXIT
+// RUN: mori-opt %s -p 'mori-comm-to-calls{wave-size=64}' --split-input-file | FileCheck %s
+// RUN: mori-opt %s -p 'mori-comm-to-calls{wave-size=64}' --split-input-file | FileCheck %s --check-prefix=ONCE --implicit-check-not='func.func @__mori_comm_'
+// RUN: mori-opt %s -p 'mori-comm-to-calls{wave-size=32}' --split-input-file | FileCheck %s --check-prefix=W32
+// RUN: not mori-opt %s -p 'mori-comm-to-calls{wave-size=48}' --split-input-file 2>&1 | FileCheck %s --check-prefix=BADWAVE
+// RUN: %exit-status mori-opt %s -p 'mori-comm-to-calls{wave-size=48}' --split-input-file 2>&1 | FileCheck %s --check-prefix=BADEXIT
 
-// Each mori_ep building block becomes a func.call of a helper `__mori_ep_<block>[_variant]` that the pass
+// Each mori_comm building block becomes a func.call of a helper `__mori_comm_<block>[_variant]` that the pass
 // adds to the gpu.module once per variant; the helpers' memory-ordering steps are pinned below.
 // The lane count of warp-cooperative helpers comes from the wave-size option, which is 32 or 64.
-// BADWAVE: error: pass 'mori-ep-blocks-to-calls' option wave-size must be 32 or 64, got 48
+// BADWAVE: error: pass 'mori-comm-to-calls' option wave-size must be 32 or 64, got 48
 // BADWAVE-NOT: Traceback
 // BADEXIT: exit status: 1
 
@@ -15,53 +15,53 @@
 // variant. Helpers are moved to the top of the gpu.module as they are created, so the last new variant
 // comes first. The ONCE run forbids any other helper definition, so none is added twice.
 // ONCE-LABEL: gpu.module @calls
-// ONCE-NEXT: func.func @__mori_ep_accumulate_rows_f32_k1(
-// ONCE: func.func @__mori_ep_accumulate_rows_bf16_k8(
-// ONCE: func.func @__mori_ep_accumulate_rows_bf16_k2(
-// ONCE: func.func @__mori_ep_device_barrier_w8(
-// ONCE: func.func @__mori_ep_grid_barrier(
-// ONCE: func.func @__mori_ep_count_signal_w4(
-// ONCE: func.func @__mori_ep_count_signal_w8(
-// ONCE: func.func @__mori_ep_reserve_slot(
-// ONCE: func.func @__mori_ep_row_copy(
+// ONCE-NEXT: func.func @__mori_comm_accumulate_rows_f32_k1(
+// ONCE: func.func @__mori_comm_accumulate_rows_bf16_k8(
+// ONCE: func.func @__mori_comm_accumulate_rows_bf16_k2(
+// ONCE: func.func @__mori_comm_device_barrier_w8(
+// ONCE: func.func @__mori_comm_grid_barrier(
+// ONCE: func.func @__mori_comm_count_signal_w4(
+// ONCE: func.func @__mori_comm_count_signal_w8(
+// ONCE: func.func @__mori_comm_reserve_slot(
+// ONCE: func.func @__mori_comm_row_copy(
 // ONCE: gpu.func @k(
 // CHECK-LABEL: gpu.func @k(
 // CHECK-SAME: %[[D:[^:]+]]: !llvm.ptr, %[[S:[^:]+]]: !llvm.ptr, %[[N:[^:]+]]: i64, %[[PE:[^:]+]]: i32) kernel
-// CHECK-NEXT: func.call @__mori_ep_row_copy(%[[D]], %[[S]], %[[N]], %[[PE]]) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
-// CHECK-NEXT: func.call @__mori_ep_row_copy(%[[S]], %[[D]], %[[N]], %[[PE]]) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
-// CHECK-NEXT: %[[SLOT:.*]] = func.call @__mori_ep_reserve_slot(%[[D]], %[[PE]]) : (!llvm.ptr, i32) -> i32
+// CHECK-NEXT: func.call @__mori_comm_row_copy(%[[D]], %[[S]], %[[N]], %[[PE]]) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+// CHECK-NEXT: func.call @__mori_comm_row_copy(%[[S]], %[[D]], %[[N]], %[[PE]]) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+// CHECK-NEXT: %[[SLOT:.*]] = func.call @__mori_comm_reserve_slot(%[[D]], %[[PE]]) : (!llvm.ptr, i32) -> i32
 // CHECK-NEXT: %{{.*}} = arith.addi %[[SLOT]], %[[PE]] : i32
-// CHECK-NEXT: func.call @__mori_ep_count_signal_w8(%[[D]], %[[S]], %[[D]]) : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
-// CHECK-NEXT: func.call @__mori_ep_count_signal_w8(%[[S]], %[[D]], %[[S]])
-// CHECK-NEXT: func.call @__mori_ep_count_signal_w4(%[[D]], %[[S]], %[[D]])
-// CHECK-NEXT: func.call @__mori_ep_grid_barrier(%[[D]]) : (!llvm.ptr) -> ()
-// CHECK-NEXT: func.call @__mori_ep_grid_barrier(%[[S]]) : (!llvm.ptr) -> ()
-// CHECK-NEXT: func.call @__mori_ep_device_barrier_w8(%[[D]], %[[S]]) : (!llvm.ptr, !llvm.ptr) -> ()
-// CHECK-NEXT: func.call @__mori_ep_device_barrier_w8(%[[S]], %[[D]]) : (!llvm.ptr, !llvm.ptr) -> ()
-// CHECK-NEXT: func.call @__mori_ep_accumulate_rows_bf16_k2(%[[D]], %[[N]], %[[S]], %[[D]]) : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
-// CHECK-NEXT: func.call @__mori_ep_accumulate_rows_bf16_k8(%[[D]], %[[N]], %[[S]], %[[S]], %[[S]], %[[S]], %[[S]], %[[S]], %[[S]], %[[S]])
-// CHECK-NEXT: func.call @__mori_ep_accumulate_rows_f32_k1(%[[D]], %[[N]], %[[S]]) : (!llvm.ptr, i64, !llvm.ptr) -> ()
-// CHECK-NEXT: func.call @__mori_ep_accumulate_rows_bf16_k2(%[[S]], %[[N]], %[[D]], %[[S]])
+// CHECK-NEXT: func.call @__mori_comm_count_signal_w8(%[[D]], %[[S]], %[[D]]) : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+// CHECK-NEXT: func.call @__mori_comm_count_signal_w8(%[[S]], %[[D]], %[[S]])
+// CHECK-NEXT: func.call @__mori_comm_count_signal_w4(%[[D]], %[[S]], %[[D]])
+// CHECK-NEXT: func.call @__mori_comm_grid_barrier(%[[D]]) : (!llvm.ptr) -> ()
+// CHECK-NEXT: func.call @__mori_comm_grid_barrier(%[[S]]) : (!llvm.ptr) -> ()
+// CHECK-NEXT: func.call @__mori_comm_device_barrier_w8(%[[D]], %[[S]]) : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK-NEXT: func.call @__mori_comm_device_barrier_w8(%[[S]], %[[D]]) : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK-NEXT: func.call @__mori_comm_accumulate_rows_bf16_k2(%[[D]], %[[N]], %[[S]], %[[D]]) : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
+// CHECK-NEXT: func.call @__mori_comm_accumulate_rows_bf16_k8(%[[D]], %[[N]], %[[S]], %[[S]], %[[S]], %[[S]], %[[S]], %[[S]], %[[S]], %[[S]])
+// CHECK-NEXT: func.call @__mori_comm_accumulate_rows_f32_k1(%[[D]], %[[N]], %[[S]]) : (!llvm.ptr, i64, !llvm.ptr) -> ()
+// CHECK-NEXT: func.call @__mori_comm_accumulate_rows_bf16_k2(%[[S]], %[[N]], %[[D]], %[[S]])
 // CHECK-NEXT: gpu.return
-// CHECK-NOT: mori_ep.
+// CHECK-NOT: mori_comm.
 module attributes {gpu.container_module} {
   gpu.module @calls {
     gpu.func @k(%d: !llvm.ptr, %s: !llvm.ptr, %n: i64, %pe: i32) kernel {
-      "mori_ep.row_copy"(%d, %s, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
-      "mori_ep.row_copy"(%s, %d, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
-      %slot = "mori_ep.reserve_slot"(%d, %pe) : (!llvm.ptr, i32) -> i32
+      "mori_comm.row_copy"(%d, %s, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+      "mori_comm.row_copy"(%s, %d, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+      %slot = "mori_comm.reserve_slot"(%d, %pe) : (!llvm.ptr, i32) -> i32
       %next = arith.addi %slot, %pe : i32
-      "mori_ep.count_signal"(%d, %s, %d) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
-      "mori_ep.count_signal"(%s, %d, %s) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
-      "mori_ep.count_signal"(%d, %s, %d) {world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
-      "mori_ep.grid_barrier"(%d) : (!llvm.ptr) -> ()
-      "mori_ep.grid_barrier"(%s) : (!llvm.ptr) -> ()
-      "mori_ep.device_barrier"(%d, %s) {world_size = 8 : i64, max_blocks = 1024 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
-      "mori_ep.device_barrier"(%s, %d) {world_size = 8 : i64, max_blocks = 80 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
-      "mori_ep.accumulate_rows"(%d, %n, %s, %d) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
-      "mori_ep.accumulate_rows"(%d, %n, %s, %s, %s, %s, %s, %s, %s, %s) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
-      "mori_ep.accumulate_rows"(%d, %n, %s) {dtype = "f32"} : (!llvm.ptr, i64, !llvm.ptr) -> ()
-      "mori_ep.accumulate_rows"(%s, %n, %d, %s) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.count_signal"(%d, %s, %d) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.count_signal"(%s, %d, %s) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.count_signal"(%d, %s, %d) {world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.grid_barrier"(%d) : (!llvm.ptr) -> ()
+      "mori_comm.grid_barrier"(%s) : (!llvm.ptr) -> ()
+      "mori_comm.device_barrier"(%d, %s) {world_size = 8 : i64, max_blocks = 1024 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.device_barrier"(%s, %d) {world_size = 8 : i64, max_blocks = 80 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.accumulate_rows"(%d, %n, %s, %d) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.accumulate_rows"(%d, %n, %s, %s, %s, %s, %s, %s, %s, %s) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.accumulate_rows"(%d, %n, %s) {dtype = "f32"} : (!llvm.ptr, i64, !llvm.ptr) -> ()
+      "mori_comm.accumulate_rows"(%s, %n, %d, %s) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
   }
@@ -71,20 +71,20 @@ module attributes {gpu.container_module} {
 
 // row_copy: one warp-scope put (all lanes cooperate; the library moves 16-byte vectors when aligned).
 // ONCE-LABEL: gpu.module @row_copy
-// ONCE-NEXT: func.func @__mori_ep_row_copy(
+// ONCE-NEXT: func.func @__mori_comm_row_copy(
 // ONCE: gpu.func @k(
-// CHECK-LABEL: func.func @__mori_ep_row_copy(
+// CHECK-LABEL: func.func @__mori_comm_row_copy(
 // CHECK-SAME: %[[DST:[^:]+]]: !llvm.ptr, %[[SRC:[^:]+]]: !llvm.ptr, %[[BYTES:[^:]+]]: i64, %[[PE:[^:]+]]: i32) {
 // CHECK-NEXT: %[[QP:.*]] = arith.constant 0 : i32
 // CHECK-NEXT: "mori_shmem.putmem_nbi"(%[[DST]], %[[SRC]], %[[BYTES]], %[[PE]], %[[QP]]) {scope = "warp"} : (!llvm.ptr, !llvm.ptr, i64, i32, i32) -> ()
 // CHECK-NEXT: return
 // CHECK-NEXT: }
 // CHECK-LABEL: gpu.func @k(
-// CHECK: func.call @__mori_ep_row_copy(
+// CHECK: func.call @__mori_comm_row_copy(
 module attributes {gpu.container_module} {
   gpu.module @row_copy {
     gpu.func @k(%d: !llvm.ptr, %s: !llvm.ptr, %n: i64, %pe: i32) kernel {
-      "mori_ep.row_copy"(%d, %s, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+      "mori_comm.row_copy"(%d, %s, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
       gpu.return
     }
   }
@@ -96,7 +96,7 @@ module attributes {gpu.container_module} {
 // 8 lane-strided vectors, all 8 loads before the 8 stores; the rest of the row (fewer than 8 vectors for
 // the lane) is one more round of 8 loads, each past the end clamped to vector 0, then 8 guarded stores,
 // so a row never costs more than ceil(vectors / (8 x wave)) load round trips.
-// CHECK-LABEL: func.func @__mori_ep_row_copy_vec16(
+// CHECK-LABEL: func.func @__mori_comm_row_copy_vec16(
 // CHECK-SAME: %[[DST:[^:]+]]: !llvm.ptr, %[[SRC:[^:]+]]: !llvm.ptr, %[[BYTES:[^:]+]]: i64, %[[PE:[^:]+]]: i32) {
 // CHECK-NEXT: %[[PEER:.*]] = "mori_shmem.ptr"(%[[DST]], %[[PE]]) : (!llvm.ptr, i32) -> !llvm.ptr
 // CHECK: %[[ZERO:.*]] = arith.constant 0 : i64
@@ -128,17 +128,17 @@ module attributes {gpu.container_module} {
 // CHECK-NOT: llvm.load
 // CHECK: return
 // CHECK-LABEL: gpu.func @k(
-// CHECK: func.call @__mori_ep_row_copy_vec16(
+// CHECK: func.call @__mori_comm_row_copy_vec16(
 // ONCE-LABEL: gpu.module @row_copy_vec16
-// ONCE-NEXT: func.func @__mori_ep_row_copy_vec16(
-// W32-LABEL: func.func @__mori_ep_row_copy_vec16(
+// ONCE-NEXT: func.func @__mori_comm_row_copy_vec16(
+// W32-LABEL: func.func @__mori_comm_row_copy_vec16(
 // W32: arith.constant 224 : i64
 // W32-NEXT: arith.constant 256 : i64
 module attributes {gpu.container_module} {
   gpu.module @row_copy_vec16 {
     gpu.func @k(%d: !llvm.ptr, %s: !llvm.ptr, %pe: i32) kernel {
       %n = arith.constant 7168 : i64
-      "mori_ep.row_copy"(%d, %s, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+      "mori_comm.row_copy"(%d, %s, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
       gpu.return
     }
   }
@@ -150,7 +150,7 @@ module attributes {gpu.container_module} {
 // row on its PE, or on our PE when it does not send: no out-of-range table read); lane k's flag and
 // address (two 32-bit halves) are broadcast by shuffles; every round loads 8 vectors once, then stores
 // them to each sending destination (8 stores per destination, behind its flag).
-// CHECK-LABEL: func.func @__mori_ep_row_copy_to_peers_k2(
+// CHECK-LABEL: func.func @__mori_comm_row_copy_to_peers_k2(
 // CHECK-SAME: %[[DST:[^:]+]]: !llvm.ptr, %[[SRC:[^:]+]]: !llvm.ptr, %[[BYTES:[^:]+]]: i64, %[[PE:[^:]+]]: i32, %[[SEND:[^:]+]]: i1) {
 // CHECK-NEXT: %[[ME:.*]] = "mori_shmem.my_pe"() : () -> i32
 // CHECK-NEXT: %[[PES:.*]] = arith.select %[[SEND]], %[[PE]], %[[ME]] : i32
@@ -176,12 +176,12 @@ module attributes {gpu.container_module} {
 // CHECK-NOT: llvm.load
 // CHECK: return
 // ONCE-LABEL: gpu.module @row_copy_to_peers
-// ONCE-NEXT: func.func @__mori_ep_row_copy_to_peers_k2(
+// ONCE-NEXT: func.func @__mori_comm_row_copy_to_peers_k2(
 module attributes {gpu.container_module} {
   gpu.module @row_copy_to_peers {
     gpu.func @k(%d: !llvm.ptr, %s: !llvm.ptr, %pe: i32, %send: i1) kernel {
       %n = arith.constant 7168 : i64
-      "mori_ep.row_copy_to_peers"(%d, %s, %n, %pe, %send) {max_peers = 2 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
+      "mori_comm.row_copy_to_peers"(%d, %s, %n, %pe, %send) {max_peers = 2 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
       gpu.return
     }
   }
@@ -190,21 +190,21 @@ module attributes {gpu.container_module} {
 // -----
 
 // reserve_slot: a relaxed system-scope fetch-add of 1 on the peer's 32-bit counter; the old value is the slot.
-// CHECK-LABEL: func.func @__mori_ep_reserve_slot(
+// CHECK-LABEL: func.func @__mori_comm_reserve_slot(
 // CHECK-SAME: %[[CTR:[^:]+]]: !llvm.ptr, %[[PE:[^:]+]]: i32) -> i32 {
 // CHECK-NEXT: %[[QP:.*]] = arith.constant 0 : i32
 // CHECK-NEXT: %[[ONE:.*]] = arith.constant 1 : i32
 // CHECK-NEXT: %[[OLD:.*]] = "mori_shmem.atomic_fetch_add"(%[[CTR]], %[[ONE]], %[[PE]], %[[QP]]) {elem = "uint32"} : (!llvm.ptr, i32, i32, i32) -> i32
 // CHECK-NEXT: return %[[OLD]] : i32
 // CHECK-LABEL: gpu.func @k(
-// CHECK: %[[SLOT:.*]] = func.call @__mori_ep_reserve_slot(%{{.*}}, %{{.*}}) : (!llvm.ptr, i32) -> i32
+// CHECK: %[[SLOT:.*]] = func.call @__mori_comm_reserve_slot(%{{.*}}, %{{.*}}) : (!llvm.ptr, i32) -> i32
 // CHECK-NEXT: llvm.store %[[SLOT]]
 // ONCE-LABEL: gpu.module @reserve_slot
-// ONCE-NEXT: func.func @__mori_ep_reserve_slot(
+// ONCE-NEXT: func.func @__mori_comm_reserve_slot(
 module attributes {gpu.container_module} {
   gpu.module @reserve_slot {
     gpu.func @k(%c: !llvm.ptr, %pe: i32) kernel {
-      %slot = "mori_ep.reserve_slot"(%c, %pe) : (!llvm.ptr, i32) -> i32
+      %slot = "mori_comm.reserve_slot"(%c, %pe) : (!llvm.ptr, i32) -> i32
       llvm.store %slot, %c : i32, !llvm.ptr
       gpu.return
     }
@@ -217,7 +217,7 @@ module attributes {gpu.container_module} {
 // mori_shmem.ptr address) until it is 0 (flow control), fence (release), store count + 1 there. Then the
 // local count is reset. Receive: poll our signals[p] until > 0, fence (acquire), reset it to 0; the warp
 // sums the received counts (xor shuffles over the wave) and lane 0 stores the total.
-// CHECK-LABEL: func.func @__mori_ep_count_signal_w8(
+// CHECK-LABEL: func.func @__mori_comm_count_signal_w8(
 // CHECK-SAME: %[[SIG:[^:]+]]: !llvm.ptr, %[[CNT:[^:]+]]: !llvm.ptr, %[[TOT:[^:]+]]: !llvm.ptr) {
 // CHECK: %[[LANE_X:.*]] = gpu.lane_id
 // CHECK-NEXT: %[[LANE:.*]] = arith.index_cast %[[LANE_X]] : index to i32
@@ -259,18 +259,18 @@ module attributes {gpu.container_module} {
 // CHECK-NEXT: }
 // CHECK-NEXT: return
 // Under wave-size=32 the sum starts at offset 16 and the shuffles are 32 lanes wide.
-// W32-LABEL: func.func @__mori_ep_count_signal_w8(
+// W32-LABEL: func.func @__mori_comm_count_signal_w8(
 // W32: %[[WIDTH:.*]] = arith.constant 32 : i32
 // W32-NEXT: %[[O16:.*]] = arith.constant 16 : i32
 // W32-NEXT: gpu.shuffle xor %{{.*}}, %[[O16]], %[[WIDTH]] : i32
 // W32-NOT: arith.constant 32 : i32
 // W32: return
 // ONCE-LABEL: gpu.module @count_signal
-// ONCE-NEXT: func.func @__mori_ep_count_signal_w8(
+// ONCE-NEXT: func.func @__mori_comm_count_signal_w8(
 module attributes {gpu.container_module} {
   gpu.module @count_signal {
     gpu.func @k(%sig: !llvm.ptr, %cnt: !llvm.ptr, %tot: !llvm.ptr) kernel {
-      "mori_ep.count_signal"(%sig, %cnt, %tot) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.count_signal"(%sig, %cnt, %tot) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
   }
@@ -281,7 +281,7 @@ module attributes {gpu.container_module} {
 // grid_barrier: the block meets; thread 0 reads the generation g, fences (release), adds 1 to the
 // arrivals (u64, system scope). The last arriver resets the arrivals to 0 and, after a fence, publishes
 // g + 1; the others poll the generation until it passes g. A fence (acquire), and the block meets again.
-// CHECK-LABEL: func.func @__mori_ep_grid_barrier(
+// CHECK-LABEL: func.func @__mori_comm_grid_barrier(
 // CHECK-SAME: %[[CTR:[^:]+]]: !llvm.ptr) {
 // CHECK-NEXT: %[[QP:.*]] = arith.constant 0 : i32
 // CHECK-NEXT: gpu.barrier
@@ -313,11 +313,11 @@ module attributes {gpu.container_module} {
 // CHECK-NEXT: gpu.barrier
 // CHECK-NEXT: return
 // ONCE-LABEL: gpu.module @grid_barrier
-// ONCE-NEXT: func.func @__mori_ep_grid_barrier(
+// ONCE-NEXT: func.func @__mori_comm_grid_barrier(
 module attributes {gpu.container_module} {
   gpu.module @grid_barrier {
     gpu.func @k(%c: !llvm.ptr) kernel {
-      "mori_ep.grid_barrier"(%c) : (!llvm.ptr) -> ()
+      "mori_comm.grid_barrier"(%c) : (!llvm.ptr) -> ()
       gpu.return
     }
   }
@@ -328,7 +328,7 @@ module attributes {gpu.container_module} {
 // device_barrier (world 8): every thread reads epoch e0 = epochs[b] before the block meets; thread 0
 // stores e = e0 + 1 back. Threads p < 8: fence (release), store e into slots[b][me] on PE p, poll our
 // slots[b][p] until > e - 1, fence (acquire). The block meets again.
-// CHECK-LABEL: func.func @__mori_ep_device_barrier_w8(
+// CHECK-LABEL: func.func @__mori_comm_device_barrier_w8(
 // CHECK-SAME: %[[SLOTS:[^:]+]]: !llvm.ptr, %[[EPOCHS:[^:]+]]: !llvm.ptr) {
 // CHECK-NEXT: %[[QP:.*]] = arith.constant 0 : i32
 // CHECK-NEXT: %[[B_X:.*]] = gpu.block_id x
@@ -364,11 +364,11 @@ module attributes {gpu.container_module} {
 // CHECK-NEXT: gpu.barrier
 // CHECK-NEXT: return
 // ONCE-LABEL: gpu.module @device_barrier
-// ONCE-NEXT: func.func @__mori_ep_device_barrier_w8(
+// ONCE-NEXT: func.func @__mori_comm_device_barrier_w8(
 module attributes {gpu.container_module} {
   gpu.module @device_barrier {
     gpu.func @k(%slots: !llvm.ptr, %epochs: !llvm.ptr) kernel {
-      "mori_ep.device_barrier"(%slots, %epochs) {world_size = 8 : i64, max_blocks = 1024 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.device_barrier"(%slots, %epochs) {world_size = 8 : i64, max_blocks = 1024 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
   }
@@ -378,7 +378,7 @@ module attributes {gpu.container_module} {
 
 // accumulate_rows bf16, K = 3: lane-strided 16-byte vectors (8 bf16), step = wave. All K loads of a
 // vector come first, then the widening to f32, the K - 1 adds and one rounding back to bf16; one store.
-// CHECK-LABEL: func.func @__mori_ep_accumulate_rows_bf16_k3(
+// CHECK-LABEL: func.func @__mori_comm_accumulate_rows_bf16_k3(
 // CHECK-SAME: %[[OUT:[^:]+]]: !llvm.ptr, %[[N:[^:]+]]: i64, %[[S0:[^:]+]]: !llvm.ptr, %[[S1:[^:]+]]: !llvm.ptr, %[[S2:[^:]+]]: !llvm.ptr) {
 // CHECK: %[[PER:.*]] = arith.constant 8 : i64
 // CHECK-NEXT: %[[NVEC:.*]] = arith.divui %[[N]], %[[PER]] : i64
@@ -407,15 +407,15 @@ module attributes {gpu.container_module} {
 // CHECK-NEXT: llvm.store %[[R]], %[[PO]] {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
 // CHECK-NEXT: }
 // CHECK-NEXT: return
-// W32-LABEL: func.func @__mori_ep_accumulate_rows_bf16_k3(
+// W32-LABEL: func.func @__mori_comm_accumulate_rows_bf16_k3(
 // W32: %[[STEP:.*]] = arith.constant 32 : index
 // W32: scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step %[[STEP]] {
 // ONCE-LABEL: gpu.module @accumulate_bf16
-// ONCE-NEXT: func.func @__mori_ep_accumulate_rows_bf16_k3(
+// ONCE-NEXT: func.func @__mori_comm_accumulate_rows_bf16_k3(
 module attributes {gpu.container_module} {
   gpu.module @accumulate_bf16 {
     gpu.func @k(%out: !llvm.ptr, %n: i64, %a: !llvm.ptr, %b: !llvm.ptr, %c: !llvm.ptr) kernel {
-      "mori_ep.accumulate_rows"(%out, %n, %a, %b, %c) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.accumulate_rows"(%out, %n, %a, %b, %c) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
   }
@@ -425,7 +425,7 @@ module attributes {gpu.container_module} {
 
 // accumulate_rows f32, K = 2: 4 floats per vector; the K loads first, no extf/truncf (bitcasts), one
 // store per vector.
-// CHECK-LABEL: func.func @__mori_ep_accumulate_rows_f32_k2(
+// CHECK-LABEL: func.func @__mori_comm_accumulate_rows_f32_k2(
 // CHECK-SAME: %[[OUT:[^:]+]]: !llvm.ptr, %[[N:[^:]+]]: i64, %[[S0:[^:]+]]: !llvm.ptr, %[[S1:[^:]+]]: !llvm.ptr) {
 // CHECK: %[[PER:.*]] = arith.constant 4 : i64
 // CHECK-NEXT: arith.divui %[[N]], %[[PER]] : i64
@@ -443,11 +443,11 @@ module attributes {gpu.container_module} {
 // CHECK-NEXT: %[[PO:.*]] = llvm.getelementptr %[[OUT]][%[[OFF]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
 // CHECK-NEXT: llvm.store %[[R]], %[[PO]] {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
 // ONCE-LABEL: gpu.module @accumulate_f32
-// ONCE-NEXT: func.func @__mori_ep_accumulate_rows_f32_k2(
+// ONCE-NEXT: func.func @__mori_comm_accumulate_rows_f32_k2(
 module attributes {gpu.container_module} {
   gpu.module @accumulate_f32 {
     gpu.func @k(%out: !llvm.ptr, %n: i64, %a: !llvm.ptr, %b: !llvm.ptr) kernel {
-      "mori_ep.accumulate_rows"(%out, %n, %a, %b) {dtype = "f32"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.accumulate_rows"(%out, %n, %a, %b) {dtype = "f32"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
   }
@@ -457,20 +457,20 @@ module attributes {gpu.container_module} {
 
 // A helper that already exists in the gpu.module (from an earlier run) is reused, not added again.
 // ONCE-LABEL: gpu.module @existing
-// ONCE-NEXT: func.func @__mori_ep_grid_barrier(
+// ONCE-NEXT: func.func @__mori_comm_grid_barrier(
 // ONCE: gpu.func @k(
 // CHECK-LABEL: gpu.module @existing
-// CHECK: func.func @__mori_ep_grid_barrier(%{{.*}}: !llvm.ptr) {
+// CHECK: func.func @__mori_comm_grid_barrier(%{{.*}}: !llvm.ptr) {
 // CHECK-NEXT: return
 // CHECK: gpu.func @k(%[[C:.*]]: !llvm.ptr) kernel
-// CHECK-NEXT: func.call @__mori_ep_grid_barrier(%[[C]]) : (!llvm.ptr) -> ()
+// CHECK-NEXT: func.call @__mori_comm_grid_barrier(%[[C]]) : (!llvm.ptr) -> ()
 module attributes {gpu.container_module} {
   gpu.module @existing {
-    func.func @__mori_ep_grid_barrier(%c: !llvm.ptr) {
+    func.func @__mori_comm_grid_barrier(%c: !llvm.ptr) {
       return
     }
     gpu.func @k(%c: !llvm.ptr) kernel {
-      "mori_ep.grid_barrier"(%c) : (!llvm.ptr) -> ()
+      "mori_comm.grid_barrier"(%c) : (!llvm.ptr) -> ()
       gpu.return
     }
   }

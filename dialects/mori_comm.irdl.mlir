@@ -1,0 +1,83 @@
+// The `mori_comm` dialect: generic building blocks of GPU communication patterns (row copies, slot
+// reservation, count handshake, grid and cross-device barriers, row accumulation), the steps an EP
+// dispatch/combine, an allreduce or an allgather are made of.
+//
+// Each op is lowered by `mori-comm-to-calls` into a call of a helper function written with mori_shmem,
+// gpu, scf, arith and llvm ops, one helper per variant, added to the gpu.module once. Semantics,
+// ordering contracts and helper symbols: dialects/mori_comm.py. Attributes are integers (`dtype` a
+// string); dialects/mori_comm.py checks their ranges.
+// (Each attribute has its own irdl.any: IRDL unifies uses of one constraint value.)
+
+irdl.dialect @mori_comm {
+
+  // Warp-cooperative copy of `bytes` bytes from local `source` to the symmetric `dest` on PE `pe`
+  // (16-byte vectors when aligned). Called uniformly by a whole warp.
+  irdl.operation @row_copy {
+    %ptr = irdl.is !llvm.ptr
+    %i64 = irdl.is i64
+    %i32 = irdl.is i32
+    irdl.operands(dest: %ptr, source: %ptr, bytes: %i64, pe: %i32)
+  }
+
+  // Warp-cooperative copy of one local row to up to `max_peers` destinations: lane k < max_peers with
+  // `send` set names one destination, row `dest` (symmetric address) on PE `pe`. The row (`bytes`, a
+  // constant multiple of 16) is read once, 16-byte vectors, and stored to every named destination.
+  // Called uniformly by a whole warp; plain stores, published by the caller's release fence.
+  irdl.operation @row_copy_to_peers {
+    %ptr = irdl.is !llvm.ptr
+    %i64 = irdl.is i64
+    %i32 = irdl.is i32
+    %i1 = irdl.is i1
+    irdl.operands(dest: %ptr, source: %ptr, bytes: %i64, pe: %i32, send: %i1)
+    %max_peers = irdl.any
+    irdl.attributes { "max_peers" = %max_peers }
+  }
+
+  // Remote slot reservation: relaxed system-scope fetch-add of 1 on PE `pe`'s 32-bit counter at the
+  // symmetric `counter`; the result is the reserved slot.
+  irdl.operation @reserve_slot {
+    %ptr = irdl.is !llvm.ptr
+    %i32 = irdl.is i32
+    irdl.operands(counter: %ptr, pe: %i32)
+    irdl.results(slot: %i32)
+  }
+
+  // Count handshake with flow control, run by one warp (lane p < world_size talks to PE p):
+  // send counts[p] + 1 to PE p's signals[me] once that slot is 0, receive from every PE, reset the
+  // local slots and counts, and store the sum of the received counts to `total`.
+  irdl.operation @count_signal {
+    %ptr = irdl.is !llvm.ptr
+    irdl.operands(signals: %ptr, counts: %ptr, total: %ptr)
+    %world_size = irdl.any
+    irdl.attributes { "world_size" = %world_size }
+  }
+
+  // Barrier of all blocks of this PE's grid (sense reversal on two u64 words {arrivals, generation} at
+  // `counter`): every block continues once all have arrived. All blocks must be co-resident.
+  irdl.operation @grid_barrier {
+    %ptr = irdl.is !llvm.ptr
+    irdl.operands(counter: %ptr)
+  }
+
+  // Cross-device barrier with a device-side monotone epoch per block: block b of every PE meets block b
+  // of every other PE (graph-replay safe: the host never writes the epoch).
+  irdl.operation @device_barrier {
+    %ptr = irdl.is !llvm.ptr
+    irdl.operands(slots: %ptr, epochs: %ptr)
+    %world_size = irdl.any
+    %max_blocks = irdl.any
+    irdl.attributes { "world_size" = %world_size, "max_blocks" = %max_blocks }
+  }
+
+  // out[0:elems] = cast(sum_k float(sources[k][0:elems])) in fp32, warp-cooperative, 16-byte vectors,
+  // all K row loads in flight before the adds. `dtype` is bf16 or f32.
+  irdl.operation @accumulate_rows {
+    %ptr = irdl.is !llvm.ptr
+    %i64 = irdl.is i64
+    irdl.operands(out: %ptr, elems: %i64, sources: variadic %ptr)
+    %bf16 = irdl.is "bf16"
+    %f32 = irdl.is "f32"
+    %dtype = irdl.any_of(%bf16, %f32)
+    irdl.attributes { "dtype" = %dtype }
+  }
+}

@@ -1,0 +1,211 @@
+// RUN: not mori-opt --split-input-file %s 2>&1 | FileCheck %s --implicit-check-not=error:
+// RUN: %exit-status mori-opt --split-input-file %s 2>&1 | FileCheck %s --check-prefix=EXIT
+
+// Every chunk is rejected with `error: <file>:<line>:<col>: '<op>' <field> ...` naming the op, the field
+// and what is allowed (the IRDL constraints of mori_comm.irdl.mlir, then the ranges of
+// dialects/mori_comm.py); exit status 1.
+// EXIT: exit status: 1
+// EXIT-NOT: internal compiler error
+// CHECK-NOT: Traceback
+// CHECK-NOT: internal compiler error
+
+// row_copy: `bytes` is i64.
+func.func @row_copy_bytes(%d: !llvm.ptr, %pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.row_copy' operand 'bytes' must be i64, got i32
+  "mori_comm.row_copy"(%d, %d, %pe, %pe) : (!llvm.ptr, !llvm.ptr, i32, i32) -> ()
+  return
+}
+
+// -----
+// row_copy_to_peers: `max_peers` is 1..32 (one lane per destination).
+func.func @row_copy_to_peers_max(%d: !llvm.ptr, %n: i64, %pe: i32, %on: i1) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.row_copy_to_peers' attribute 'max_peers' must be in [1, 32] (one lane per destination), got 0
+  "mori_comm.row_copy_to_peers"(%d, %d, %n, %pe, %on) {max_peers = 0 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
+  return
+}
+
+// -----
+// row_copy_to_peers: `send` is i1.
+func.func @row_copy_to_peers_send(%d: !llvm.ptr, %n: i64, %pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.row_copy_to_peers' operand 'send' must be i1, got i32
+  "mori_comm.row_copy_to_peers"(%d, %d, %n, %pe, %pe) {max_peers = 8 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i32) -> ()
+  return
+}
+
+// -----
+// row_copy: `dest` is a pointer.
+func.func @row_copy_dest(%n: i64, %d: !llvm.ptr, %pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.row_copy' operand 'dest' must be !llvm.ptr, got i64
+  "mori_comm.row_copy"(%n, %d, %n, %pe) : (i64, !llvm.ptr, i64, i32) -> ()
+  return
+}
+
+// -----
+// row_copy: too few operands; the message lists the operand names.
+func.func @row_copy_count(%d: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.row_copy' expected 4 operands (dest, source, bytes, pe), got 3
+  "mori_comm.row_copy"(%d, %d, %n) : (!llvm.ptr, !llvm.ptr, i64) -> ()
+  return
+}
+
+// -----
+// reserve_slot: the slot is i32 (the counter is 32-bit).
+func.func @reserve_slot_result(%d: !llvm.ptr, %pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_comm.reserve_slot' result 'slot' must be i32, got i64
+  %s = "mori_comm.reserve_slot"(%d, %pe) : (!llvm.ptr, i32) -> i64
+  return
+}
+
+// -----
+// reserve_slot: `pe` is i32.
+func.func @reserve_slot_pe(%d: !llvm.ptr, %pe: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_comm.reserve_slot' operand 'pe' must be i32, got i64
+  %s = "mori_comm.reserve_slot"(%d, %pe) : (!llvm.ptr, i64) -> i32
+  return
+}
+
+// -----
+// count_signal: world_size is required.
+func.func @count_signal_missing(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.count_signal' missing attribute 'world_size'
+  "mori_comm.count_signal"(%d, %d, %d) : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// count_signal: one lane per peer, so at most 32 PEs.
+func.func @count_signal_world(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.count_signal' attribute 'world_size' must be in [1, 32], got 33
+  "mori_comm.count_signal"(%d, %d, %d) {world_size = 33 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// count_signal: world_size must be an integer (a float is not).
+func.func @count_signal_float(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.count_signal' attribute 'world_size' must be an integer, got 1.500000e+00 : f32
+  "mori_comm.count_signal"(%d, %d, %d) {world_size = 1.5 : f32} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// grid_barrier takes no attribute.
+func.func @grid_barrier_unknown(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.grid_barrier' unknown attribute 'scope' (allowed: none)
+  "mori_comm.grid_barrier"(%d) {scope = "grid"} : (!llvm.ptr) -> ()
+  return
+}
+
+// -----
+// grid_barrier: one counter operand.
+func.func @grid_barrier_count(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.grid_barrier' expected 1 operands (counter), got 2
+  "mori_comm.grid_barrier"(%d, %d) : (!llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// device_barrier: both attributes are required; an unknown one is named with the allowed ones.
+func.func @device_barrier_attrs(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 2]]:3: 'mori_comm.device_barrier' missing attribute 'max_blocks'
+  // CHECK-NEXT: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.device_barrier' unknown attribute 'blocks' (allowed: 'world_size', 'max_blocks')
+  "mori_comm.device_barrier"(%d, %d) {world_size = 8 : i64, blocks = 80 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// device_barrier: world_size 0 is out of range.
+func.func @device_barrier_world(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.device_barrier' attribute 'world_size' must be in [1, 32], got 0
+  "mori_comm.device_barrier"(%d, %d) {world_size = 0 : i64, max_blocks = 80 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// accumulate_rows: dtype is bf16 or f32 (the allowed values are listed).
+func.func @accumulate_dtype(%d: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.accumulate_rows' attribute 'dtype' must be one of "bf16", "f32", got "f16"
+  "mori_comm.accumulate_rows"(%d, %n, %d) {dtype = "f16"} : (!llvm.ptr, i64, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// accumulate_rows: dtype is required.
+func.func @accumulate_no_dtype(%d: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.accumulate_rows' missing attribute 'dtype' (one of "bf16", "f32")
+  "mori_comm.accumulate_rows"(%d, %n, %d) : (!llvm.ptr, i64, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// accumulate_rows: at least one source row.
+func.func @accumulate_no_source(%d: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.accumulate_rows' needs at least one source row
+  "mori_comm.accumulate_rows"(%d, %n) {dtype = "bf16"} : (!llvm.ptr, i64) -> ()
+  return
+}
+
+// -----
+// accumulate_rows: every source is a pointer (the variadic operand is checked value by value).
+func.func @accumulate_source_type(%d: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.accumulate_rows' operand 'sources' must be !llvm.ptr, got i64
+  "mori_comm.accumulate_rows"(%d, %n, %d, %n) {dtype = "f32"} : (!llvm.ptr, i64, !llvm.ptr, i64) -> ()
+  return
+}
+
+// -----
+
+// row_copy_to_peers: 33 destinations do not fit a wave32 (one lane each).
+func.func @row_copy_to_peers_too_many(%d: !llvm.ptr, %n: i64, %pe: i32, %on: i1) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.row_copy_to_peers' attribute 'max_peers' must be in [1, 32] (one lane per destination), got 33
+  "mori_comm.row_copy_to_peers"(%d, %d, %n, %pe, %on) {max_peers = 33 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
+  return
+}
+
+// -----
+// row_copy_to_peers: max_peers is required.
+func.func @row_copy_to_peers_missing(%d: !llvm.ptr, %n: i64, %pe: i32, %on: i1) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.row_copy_to_peers' missing attribute 'max_peers'
+  "mori_comm.row_copy_to_peers"(%d, %d, %n, %pe, %on) : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
+  return
+}
+
+// -----
+// count_signal: world_size given as a string is not an integer.
+func.func @count_signal_string(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.count_signal' attribute 'world_size' must be an integer, got "eight"
+  "mori_comm.count_signal"(%d, %d, %d) {world_size = "eight"} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// count_signal: the total is a pointer operand, and the op has no result.
+func.func @count_signal_result(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_comm.count_signal' expected 0 results (none), got 1
+  %t = "mori_comm.count_signal"(%d, %d, %d) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> i32
+  return
+}
+
+// -----
+// device_barrier: the slot arrays have max_blocks rows, at least one.
+func.func @device_barrier_blocks(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.device_barrier' attribute 'max_blocks' must be >= 1, got 0
+  "mori_comm.device_barrier"(%d, %d) {world_size = 8 : i64, max_blocks = 0 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// device_barrier: slots and epochs are pointers.
+func.func @device_barrier_operand(%d: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.device_barrier' operand 'epochs' must be !llvm.ptr, got i64
+  "mori_comm.device_barrier"(%d, %n) {world_size = 8 : i64, max_blocks = 80 : i64} : (!llvm.ptr, i64) -> ()
+  return
+}
+
+// -----
+// An op the dialect does not have: the message lists the ops it has.
+func.func @unknown(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: unknown op 'mori_comm.broadcast'; the mori_comm dialect has: accumulate_rows, count_signal, device_barrier, grid_barrier, reserve_slot, row_copy, row_copy_to_peers
+  "mori_comm.broadcast"(%d) : (!llvm.ptr) -> ()
+  return
+}
