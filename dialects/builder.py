@@ -127,7 +127,7 @@ class Builder:
     # ---- constants ----------------------------------------------------------------------------------
     def const(self, ty, value) -> ir.Value:
         if isinstance(ty, ir.FloatType) or ty == self.f32:
-            attr = ir.FloatAttr.get(ty, float(value))
+            attr = ir.FloatAttr.get(ty, float(value), loc=self.loc)
         else:
             attr = self._int(ty, int(value))
         return self._one("arith.constant", (), ty, {"value": attr})
@@ -305,7 +305,7 @@ class Builder:
     def for_(self, lower: ir.Value, upper: ir.Value, step: ir.Value):
         """``scf.for`` without loop-carried values; yields the induction variable."""
         op = self.op("scf.for", (lower, upper, step), (), regions=1)
-        block = op.regions[0].blocks.append(lower.type)
+        block = op.regions[0].blocks.append(lower.type, arg_locs=[self.loc])
         with self.at_end_of(block):
             yield block.arguments[0]
             self.yield_()
@@ -316,7 +316,7 @@ class Builder:
         results are the last ones."""
         types = [v.type for v in init]
         op = self.op("scf.for", (lower, upper, step, *init), types, regions=1)
-        block = op.regions[0].blocks.append(lower.type, *types)
+        block = op.regions[0].blocks.append(lower.type, *types, arg_locs=[self.loc] * (1 + len(types)))
         with self.at_end_of(block):
             self.yield_(list(body(*block.arguments)))
         return list(op.results)
@@ -329,11 +329,11 @@ class Builder:
         types = [v.type for v in init]
         forwarded_types = list(result_types) if result_types is not None else types
         op = self.op("scf.while", init, forwarded_types, regions=2)
-        first = op.regions[0].blocks.append(*types)
+        first = op.regions[0].blocks.append(*types, arg_locs=[self.loc] * len(types))
         with self.at_end_of(first):
             cond, forwarded = before(*first.arguments)
             self.op("scf.condition", (cond, *forwarded))
-        second = op.regions[1].blocks.append(*forwarded_types)
+        second = op.regions[1].blocks.append(*forwarded_types, arg_locs=[self.loc] * len(forwarded_types))
         with self.at_end_of(second):
             self.yield_(list(after(*second.arguments)))
         return list(op.results)
@@ -360,7 +360,7 @@ def new_function(block: ir.Block, name: str, params: Sequence, results: Sequence
     op = ir.Operation.create("func.func", attributes={"sym_name": ir.StringAttr.get(name),
                                                       "function_type": ir.TypeAttr.get(ftype)},
                              regions=1, loc=loc, ip=ip)  # fmt: skip
-    entry = op.regions[0].blocks.append(*params)
+    entry = op.regions[0].blocks.append(*params, arg_locs=[loc] * len(params))
     return op, entry
 
 
@@ -383,8 +383,23 @@ def new_kernel(block: ir.Block, name: str, params: Sequence, *, block_size: tupl
         attrs["arg_attrs"] = ir.ArrayAttr.get([ir.DictAttr.get({PARAM_NAME_ATTR: ir.StringAttr.get(n)})
                                                for n in param_names])  # fmt: skip
     op = ir.Operation.create("gpu.func", attributes=attrs, regions=1, loc=loc, ip=ip)
-    entry = op.regions[0].blocks.append(*params)
+    entry = op.regions[0].blocks.append(*params, arg_locs=[loc] * len(params))
     return op, entry
+
+
+def new_global(block: ir.Block, name: str, ty, *, addr_space: int = 0, linkage: str = "internal", before=None,
+               loc: ir.Location | None = None) -> ir.Operation:  # fmt: skip
+    """An ``llvm.mlir.global <linkage> @name() {addr_space}: ty`` without initializer (e.g. an LDS buffer,
+    ``addr_space=3``) appended to ``block`` (before ``before``); ``ty`` is e.g.
+    ``ir.Type.parse("!llvm.array<8 x i32>")``."""
+    loc = loc or ir.Location.current
+    ip = ir.InsertionPoint(before) if before is not None else ir.InsertionPoint(block)
+    with loc.context:
+        attrs = {"sym_name": ir.StringAttr.get(name), "global_type": ir.TypeAttr.get(ty),
+                 "linkage": ir.Attribute.parse(f"#llvm.linkage<{linkage}>"),
+                 "addr_space": ir.IntegerAttr.get(ir.IntegerType.get_signless(32), addr_space),
+                 "unnamed_addr": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0)}  # fmt: skip
+    return ir.Operation.create("llvm.mlir.global", attributes=attrs, regions=1, loc=loc, ip=ip)
 
 
 PARAM_NAME_ATTR = "mori.name"  # a kernel parameter's name (argument attribute), recorded in bundle.json

@@ -19,7 +19,7 @@ ALL_PASSES: dict[str, Callable[[], type]] = {
     "mori-shmem-to-abi": _lazy("mori_shmem_to_abi", "MoriShmemToAbi"),
     "mori-virtual-pe-args": _lazy("virtual_pe_args", "VirtualPeArgs"),
     "mori-ep-blocks-to-calls": _lazy("ep_blocks", "MoriEpBlocksToCalls"),
-    "mori-ep-to-kernels": _lazy("ep_kernels", "MoriEpToKernels"),
+    "mori-ep-to-kernels": _lazy("ep_to_kernels", "MoriEpToKernels"),
 }
 
 

@@ -7,7 +7,7 @@
 // lane; the forward entries are broadcast with gpu.subgroup_broadcast (uniform); the work-item divisions
 // are 32-bit (4096 tokens x 896 vectors fit). No mori_shmem.ptr in the token loop.
 // CHECK-LABEL: gpu.func @ep_combine_pull_bf16(
-// CHECK-SAME: %{{[^:]+}}: !llvm.ptr, %[[REGX:[^:]+]]: !llvm.ptr, %[[REGW:[^:]+]]: !llvm.ptr,
+// CHECK-SAME: %{{[^:]+}}: !llvm.ptr {mori.name = "inp_w"}, %[[REGX:[^:]+]]: !llvm.ptr {mori.name = "reg_x"}, %[[REGW:[^:]+]]: !llvm.ptr {mori.name = "reg_w"},
 // CHECK: "mori_ep.device_barrier"
 // CHECK: %[[PBPE:.*]] = arith.select %{{.*}} : i32
 // CHECK: "mori_shmem.ptr"(%[[REGX]], %[[PBPE]]) : (!llvm.ptr, i32) -> !llvm.ptr

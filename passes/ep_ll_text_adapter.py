@@ -1,96 +1,22 @@
-"""``mori-ep-to-kernels``: expand mori_ep EP ops into kernels (IntraNode here; IntraNodeLL and AsyncLL in
-ep_ll_kernels.py).
+"""TEMPORARY adapter (removed at merge, when the builder version of passes/ep_ll_kernels.py lands).
 
-Input: ``mori_ep.dispatch`` / ``combine`` / ``dispatch_ll`` / ``dispatch_send`` / ``dispatch_recv`` /
-``combine_send`` / ``combine_recv`` ops (config in attributes) at the top of a gpu.module.
-Output: gpu.func kernels ``ep_dispatch_<dtype>``, ``ep_combine_pull_<dtype>`` (zero-copy) or
-``ep_combine_push_<dtype>`` (external input buffer), ``ep_dispatch_ll_<dtype>`` (with its LDS route
-buffer, an ``llvm.mlir.global`` in address space 3) and ``ep_async_{dispatch,combine}_{send,recv}_<dtype>``,
-written with mori_ep building blocks, mori_shmem, gpu, scf, arith and llvm ops.
-Options: ``wave-size`` (the target's; must match the op's ``wave_size``).
-
-The protocols (ep-semantics.md §3.0-§3.2), with the ordering each block provides:
-
-* dispatch: one warp per token. Lanes < K read the expert ids, drop invalid ones and duplicates per
-  destination PE (lowest k is the representative), reserve a slot on each destination's counter
-  (``reserve_slot``: relaxed system-scope fetch-add), and record the forward map (pe * R + slot, or the
-  null W * R). The warp copies the token row to every destination at once (``row_copy_to_peers``: each
-  vector loaded once, stored to all) and the scales to each (``row_copy``); lanes < K
-  store the K expert ids and weights, lane 0 the source position (src_pe * S + token), all as relaxed
-  system-scope stores. Then ``grid_barrier`` (release/acquire between this PE's blocks) and
-  ``count_signal`` (flow-controlled count + 1 per peer: release fence before, acquire fence after), so
-  every payload store a peer made to us is visible once its count has arrived. Slot counters are double
-  buffered by round parity: round r reserves on counter r % 2 and, at its start, clears counter
-  (r + 1) % 2, which nobody can touch then (round r - 1 is complete, and no peer starts round r + 1
-  before our round-r count reaches it, which is after the clear and a release fence). The round counter
-  is incremented on the device at the end, so CUDA-graph replay is correct.
-* combine, pull (zero-copy): the expert outputs are already in the registered symmetric buffer; weights
-  are copied next to them; ``device_barrier`` (release/acquire across PEs); each warp sums, per token,
-  the K source rows read directly from the peers (``accumulate_rows``, fp32), and the weights.
-* combine, push (external input): each received row is written (``row_copy``) into its owner's staging
-  row (our PE * M + token); ``grid_barrier`` then ``device_barrier``; each warp sums its tokens' staged
-  rows locally.
-
-With ``uniform-addressing`` (AMDGPU) the combines compute the same addresses differently, with no change
-to the protocol: the pull combine's peer bases are read once per warp after ``device_barrier`` (the
-translation reads only the heap-base table, which the barrier does not change), and a row's peer address
-is that base plus the row's offset, exactly what ``mori_shmem.ptr`` of the row gives in a symmetric heap.
+The text version of passes/ep_ll_kernels.py imports its MLIR text pieces from ``passes.ep_kernels``,
+which is gone (the IntraNode kernels and the shared pieces are built with builders now:
+passes/ep_intranode_kernels.py, passes/ep_kernel_parts.py). This module keeps those pieces as they were,
+answers that import (``install()``), and parses what ep_ll_kernels returns into the module
+(``build_ll_kernels``), so that the IntraNodeLL and AsyncLL kernels keep working unchanged meanwhile.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+import sys
 
 from mori_compiler._mlir import ir
-from mori_compiler.dialects import mori_ep
-from mori_compiler.errors import MoriCompilerError
+from mori_compiler.dialects.builder import GeneratorError
+
+from .ep_kernel_parts import EpKernelConfig
 
 P = "!llvm.ptr"
-
-
-@dataclass(frozen=True)
-class EpKernelConfig:
-    """The compile-time configuration of the IntraNode kernels (from the op's attributes)."""
-
-    world_size: int
-    hidden: int
-    dtype: str
-    top_k: int
-    experts_per_rank: int
-    max_tokens_per_rank: int
-    max_recv_per_rank: int
-    wave_size: int
-    warps_per_block: int = 8
-    scale_bytes: int = 0
-    zero_copy: int = 1
-    max_blocks: int = 1024
-
-    @property
-    def elem_bytes(self) -> int:
-        return mori_ep.DISPATCH_DTYPES[self.dtype]  # a superset of COMBINE_DTYPES, same sizes
-
-    @property
-    def row_bytes(self) -> int:
-        return self.hidden * self.elem_bytes
-
-    @property
-    def recv_capacity(self) -> int:  # R
-        return self.world_size * self.max_recv_per_rank
-
-    @property
-    def send_stride(self) -> int:  # S = W * M: the source-position encoding's stride
-        return self.world_size * self.max_tokens_per_rank
-
-    @property
-    def null_fwd(self) -> int:
-        return self.world_size * self.recv_capacity
-
-    @classmethod
-    def from_op(cls, op: ir.Operation) -> "EpKernelConfig":
-        ints = mori_ep.int_attributes(op)
-        fields = {f: ints[f] for f in cls.__dataclass_fields__ if f in ints}
-        return cls(dtype=op.attributes["dtype"].value, **fields)
 
 
 def _block(cfg: EpKernelConfig) -> str:
@@ -323,24 +249,6 @@ def dispatch_completion(cfg: "EpKernelConfig") -> str:
 """
 
 
-def dispatch_kernel(cfg: EpKernelConfig) -> str:
-    return f"""    gpu.func @ep_dispatch_{cfg.dtype}(%x: {P}, %w: {P}, %s: {P}, %idx: {P}, %n: i32, %out_x: {P}, %out_w: {P}, %out_s: {P},
-        %out_idx: {P}, %src_pos: {P}, %slot_ctrs: {P}, %signals: {P}, %grid_ctr: {P}, %round_ctr: {P}, %fwd: {P},
-        %dest_ctr: {P}, %total: {P}, %status: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
-{_prologue(cfg)}      %Er = arith.constant {cfg.experts_per_rank} : i32
-      %S = arith.constant {cfg.send_stride} : i32
-      %row = arith.constant {cfg.row_bytes} : i64
-      %has_w = llvm.icmp "ne" %w, %null_ptr : {P}
-      %has_s = llvm.icmp "ne" %s, %null_ptr : {P}
-{_DISPATCH_ROUND.format(P=P)}      %n_x = arith.index_cast %n : i32 to index
-      scf.for %t_x = %gw to %n_x step %nw {{
-{route_token()}{_TOKEN_SOURCE.format(P=P)}        %dbase = arith.constant 0 : i32
-{_ROW_TO_PEERS.format(P=P, K=cfg.top_k)}{send_to_destinations(cfg, rows=False)}      }}
-{dispatch_completion(cfg)}      gpu.return
-    }}
-"""
-
-
 def _reduce_tokens(cfg: EpKernelConfig, source_row: str, *, uniform: bool = False, setup: str = "",
                    narrow: bool = False) -> str:
     """Per token: K source rows (valid ones from `source_row(k)`, else the zero row) summed in fp32, and
@@ -448,101 +356,6 @@ def _reduce_tokens(cfg: EpKernelConfig, source_row: str, *, uniform: bool = Fals
 
 # Once per warp (combine pull, uniform-addressing): lane p < W holds PE p's addresses of the registered
 # rows and weights (other lanes their own PE's), split in 32-bit halves for broadcasts.
-_PEER_BASES = """      %pb_in = arith.cmpi ult, %lane, %W : i32
-      %pb_pe = arith.select %pb_in, %lane, %me : i32
-      %pb_c32 = arith.constant 32 : i64
-{bases}"""
-
-_PEER_BASE = """      %{n}_p = "mori_shmem.ptr"(%{buf}, %pb_pe) : ({P}, i32) -> {P}
-      %{n}_i = llvm.ptrtoint %{n}_p : {P} to i64
-      %{n}_lo = arith.trunci %{n}_i : i64 to i32
-      %{n}_sh = arith.shrui %{n}_i, %pb_c32 : i64
-      %{n}_hi = arith.trunci %{n}_sh : i64 to i32
-"""
-
-# Token %t's source k on PE %pc{k} from the per-warp bases: that PE's base (broadcast from its lane) plus
-# the row's offset, the same address mori_shmem.ptr gives for the row (symmetric buffers: one offset on
-# every PE).
-_PEER_ROW = """        %{n}lo{k} = gpu.subgroup_broadcast %{n}_lo, specific_lane %pc{k} : i32
-        %{n}hi{k} = gpu.subgroup_broadcast %{n}_hi, specific_lane %pc{k} : i32
-        %{n}lo64_{k} = arith.extui %{n}lo{k} : i32 to i64
-        %{n}hi64_{k} = arith.extui %{n}hi{k} : i32 to i64
-        %{n}hs{k} = arith.shli %{n}hi64_{k}, %pb_c32 : i64
-        %{n}a{k} = arith.ori %{n}hs{k}, %{n}lo64_{k} : i64
-        %{n}b{k} = llvm.inttoptr %{n}a{k} : i64 to {P}
-"""
-
-
-def combine_pull_kernel(cfg: EpKernelConfig, uniform_addressing: bool = False) -> str:
-    # Rows are read from the peers' registered buffers: %row{k} = peer pe{k}'s address of reg_x[slot].
-    # uniform_addressing: from per-warp bases (_PEER_BASES) instead of 2K mori_shmem.ptr per token.
-    if uniform_addressing:
-        rows = (_PEER_ROW.format(n="xb", k="{k}", P=P) + _PEER_ROW.format(n="wb", k="{k}", P=P))
-        source = f"""        %pc{{k}} = arith.select %valid{{k}}, %pe{{k}}, %me : i32
-{rows}        %xo{{k}} = arith.muli %sl64_{{k}}, %rowc : i64
-        %xr{{k}} = llvm.getelementptr %xbb{{k}}[%xo{{k}}] : ({P}, i64) -> {P}, i8
-        %row{{k}} = arith.select %valid{{k}}, %xr{{k}}, %zero_row : {P}
-        %wo{{k}} = arith.muli %sl64_{{k}}, %kb : i64
-        %wrow{{k}} = llvm.getelementptr %wbb{{k}}[%wo{{k}}] : ({P}, i64) -> {P}, i8
-"""
-        setup = _PEER_BASES.format(bases=_PEER_BASE.format(n="xb", buf="reg_x", P=P)
-                                   + _PEER_BASE.format(n="wb", buf="reg_w", P=P))  # fmt: skip
-        reduce = _reduce_tokens(cfg, source, uniform=True, setup=setup, narrow=True)
-    else:
-        reduce = _reduce_tokens(cfg, _PULL_ROW)
-    return _combine_pull(cfg, reduce)
-
-
-_PULL_ROW = f"""        %xo{{k}} = arith.muli %sl64_{{k}}, %rowc : i64
-        %xl{{k}} = llvm.getelementptr %reg_x[%xo{{k}}] : ({P}, i64) -> {P}, i8
-        %xr{{k}} = "mori_shmem.ptr"(%xl{{k}}, %pe{{k}}) : ({P}, i32) -> {P}
-        %row{{k}} = arith.select %valid{{k}}, %xr{{k}}, %zero_row : {P}
-        %wo{{k}} = arith.muli %sl64_{{k}}, %kb : i64
-        %wloc{{k}} = llvm.getelementptr %reg_w[%wo{{k}}] : ({P}, i64) -> {P}, i8
-        %wrow{{k}} = "mori_shmem.ptr"(%wloc{{k}}, %pe{{k}}) : ({P}, i32) -> {P}
-"""
-
-
-def _combine_pull(cfg: EpKernelConfig, reduce: str) -> str:
-    return f"""    gpu.func @ep_combine_pull_{cfg.dtype}(%inp_w: {P}, %reg_x: {P}, %reg_w: {P}, %fwd: {P}, %n: i32, %total: {P}, %out: {P},
-        %out_w: {P}, %zero_row: {P}, %bar_slots: {P}, %bar_epochs: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
-{_prologue(cfg)}      %rowc = arith.constant {cfg.row_bytes} : i64
-      %kb = arith.constant {4 * cfg.top_k} : i64
-      // Weights to send back (optional) go next to the registered rows, then the PEs meet.
-      %has_iw = llvm.icmp "ne" %inp_w, %null_ptr : {P}
-      scf.if %has_iw {{
-        %tot = llvm.load %total : {P} -> i32
-        %nwk = arith.muli %tot, %K : i32
-        %nwk_x = arith.index_cast %nwk : i32 to index
-        %bdim = gpu.block_dim x
-        %gt0 = arith.muli %bid_i, %bdim : index
-        %gt = arith.addi %gt0, %tid_i : index
-        %gs = arith.muli %nb_i, %bdim : index
-        scf.for %i = %gt to %nwk_x step %gs {{
-          %i32 = arith.index_cast %i : index to i32
-          %sp = llvm.getelementptr %inp_w[%i32] : ({P}, i32) -> {P}, f32
-          %v = llvm.load %sp : {P} -> f32
-          %dp = llvm.getelementptr %reg_w[%i32] : ({P}, i32) -> {P}, f32
-          llvm.store %v, %dp : f32, {P}
-        }}
-      }}
-      "mori_ep.device_barrier"(%bar_slots, %bar_epochs) {{world_size = {cfg.world_size} : i64, max_blocks = {cfg.max_blocks} : i64}} : ({P}, {P}) -> ()
-{reduce}      gpu.return
-    }}
-"""
-
-
-# Push combine: received row i belongs to token tok of PE owner (from its source position); its staging
-# row on the owner is our PE * M + tok.
-_PUSH_LOCATE = """        %pp = llvm.getelementptr %src_pos[%i] : ({P}, i32) -> {P}, i32
-        %pos = llvm.load %pp : {P} -> i32
-        %owner = arith.divui %pos, %S : i32
-        %tok = arith.remui %pos, %S : i32
-        %mine = arith.muli %me, %M : i32
-        %drow = arith.addi %mine, %tok : i32
-"""
-
-
 def return_rows(locate: str, dst_x: str, dst_w: str) -> str:
     """Every received row i < *%total (one warp each) goes back to its owner: ``locate`` (MLIR text)
     computes %owner and %drow from %i; the warp copies input row i into row %drow of ``dst_x`` on the
@@ -574,87 +387,34 @@ def return_rows(locate: str, dst_x: str, dst_w: str) -> str:
 """
 
 
-def combine_push_kernel(cfg: EpKernelConfig, uniform_addressing: bool = False) -> str:
-    # Each received row goes to its owner's staging row (our PE * M + token); then rows are summed locally.
-    M = cfg.max_tokens_per_rank
-    source = f"""        %spe{{k}} = arith.muli %pe{{k}}, %M : i32
-        %srow{{k}} = arith.addi %spe{{k}}, %t : i32
-        %srow64_{{k}} = arith.extui %srow{{k}} : i32 to i64
-        %xo{{k}} = arith.muli %srow64_{{k}}, %rowc : i64
-        %row{{k}} = llvm.getelementptr %stage_x[%xo{{k}}] : ({P}, i64) -> {P}, i8
-        %wo{{k}} = arith.muli %srow64_{{k}}, %kb : i64
-        %wrow{{k}} = llvm.getelementptr %stage_w[%wo{{k}}] : ({P}, i64) -> {P}, i8
-"""
-    return f"""    gpu.func @ep_combine_push_{cfg.dtype}(%inp: {P}, %inp_w: {P}, %stage_x: {P}, %stage_w: {P}, %src_pos: {P}, %fwd: {P},
-        %n: i32, %total: {P}, %out: {P}, %out_w: {P}, %zero_row: {P}, %grid_ctr: {P}, %bar_slots: {P},
-        %bar_epochs: {P}) kernel attributes {{known_block_size = {_block(cfg)}}} {{
-{_prologue(cfg)}      %rowc = arith.constant {cfg.row_bytes} : i64
-      %kb = arith.constant {4 * cfg.top_k} : i64
-      %S = arith.constant {cfg.send_stride} : i32
-      %M = arith.constant {M} : i32
-      %has_iw = llvm.icmp "ne" %inp_w, %null_ptr : {P}
-{return_rows(_PUSH_LOCATE.format(P=P), "%stage_x", "%stage_w")}      "mori_ep.grid_barrier"(%grid_ctr) : ({P}) -> ()
-      "mori_ep.device_barrier"(%bar_slots, %bar_epochs) {{world_size = {cfg.world_size} : i64, max_blocks = {cfg.max_blocks} : i64}} : ({P}, {P}) -> ()
-{_reduce_tokens(cfg, source, uniform=uniform_addressing, narrow=uniform_addressing)}      gpu.return
-    }}
-"""
+
+def install() -> None:
+    """Answer ep_ll_kernels' ``from .ep_kernels import ...`` with this module."""
+    sys.modules.setdefault(f"{__package__}.ep_kernels", sys.modules[__name__])
 
 
-def kernels_for(op: ir.Operation, cfg: EpKernelConfig, uniform_addressing: bool = False,
-                global_address_space: bool = False) -> str:
-    """The gpu.func kernels (and their LDS globals) that replace EP op ``op`` (options: MoriEpToKernels)."""
+def build_ll_kernels(ep: ir.Operation, cfg: EpKernelConfig, *, uniform_addressing: bool,
+                     global_address_space: bool) -> list[ir.Operation]:  # fmt: skip
+    """The text kernels of ep_ll_kernels for EP op ``ep`` (dispatch_ll or an AsyncLL half), parsed and
+    moved before ``ep``; a text that does not parse is a GeneratorError naming its generator."""
+    install()
     from . import ep_ll_kernels
+    from mori_compiler.dialects import mori_ep
 
-    name = op.name
-    if name == "mori_ep.dispatch":
-        return dispatch_kernel(cfg)
-    if name == "mori_ep.combine":
-        if cfg.zero_copy:
-            return combine_pull_kernel(cfg, uniform_addressing)
-        return combine_push_kernel(cfg, uniform_addressing)
-    if name == "mori_ep.dispatch_ll":
-        return ep_ll_kernels.dispatch_ll_kernel(cfg, global_address_space)
-    ints = mori_ep.int_attributes(op)
-    return ep_ll_kernels.async_kernels_for(name, cfg, bool(ints["early_notify"]), bool(ints["fused_recv"]),
-                                           uniform_addressing)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class MoriEpToKernels:
-    """Expand the mori_ep EP ops (IntraNode, IntraNodeLL, AsyncLL halves) into gpu.func kernels built from
-    mori_ep blocks.
-
-    Input: mori_ep EP ops at the top of gpu.module. Output: gpu.func kernels (and LDS globals) using
-    mori_ep blocks, mori_shmem, gpu, scf, arith, llvm. Options: wave-size (the target's);
-    uniform-addressing (the combines build their token rows' addresses from warp-uniform values: forward
-    entries broadcast with gpu.subgroup_broadcast, the pull combine's peer bases of the registered buffers
-    resolved once per warp instead of 2K address translations per token, work-item divisions in 32 bits
-    where they fit; the pipeline sets it for AMDGPU, where this makes the per-token arithmetic scalar and
-    removes a chain of dependent loads and waits per token; sm_90 keeps the form it was measured with);
-    global-address-space (the IntraNodeLL dispatch's own data path addresses the source and peer rows as
-    ``!llvm.ptr<1>``, like mori-ep-blocks-to-calls' option of the same name; set for AMDGPU).
-    """
-
-    name: ClassVar[str] = "mori-ep-to-kernels"
-    wave_size: int = 64
-    uniform_addressing: bool = False
-    global_address_space: bool = False
-
-    def __call__(self, op: ir.Operation, pass_=None) -> None:
-        with op.context:
-            for gm in op.operation.regions[0].blocks[0].operations:
-                if gm.operation.name != "gpu.module":
-                    continue
-                for ep in [o.operation for o in gm.regions[0].blocks[0].operations]:
-                    if not ep.name.startswith("mori_ep.") or ep.name.split(".", 1)[1] not in mori_ep.EP_OPS:
-                        continue
-                    cfg = EpKernelConfig.from_op(ep)
-                    if cfg.wave_size != self.wave_size:
-                        raise MoriCompilerError(f"'{ep.name}' was configured for wave size {cfg.wave_size}, the "
-                                                f"target runs {self.wave_size}", ep.location)  # fmt: skip
-                    # Parsed inside a gpu.module so that gpu.func is legal; kept alive while its ops move.
-                    text = kernels_for(ep, cfg, self.uniform_addressing, self.global_address_space)
-                    parsed = ir.Module.parse("gpu.module @tmp {\n" + text + "}\n")
-                    for f in list(parsed.body.operations[0].regions[0].blocks[0].operations):
-                        f.operation.move_before(ep)
-                    ep.erase()
+    if ep.name == "mori_ep.dispatch_ll":
+        generator = "ep_ll_kernels.dispatch_ll_kernel"
+        text = ep_ll_kernels.dispatch_ll_kernel(cfg, global_address_space)
+    else:
+        generator = "ep_ll_kernels.async_kernels_for"
+        ints = mori_ep.int_attributes(ep)
+        text = ep_ll_kernels.async_kernels_for(ep.name, cfg, bool(ints["early_notify"]), bool(ints["fused_recv"]),
+                                               uniform_addressing)  # fmt: skip
+    try:
+        with ir.Location.name(f"generated by {generator}"):
+            parsed = ir.Module.parse("gpu.module @tmp {\n" + text + "}\n")
+    except ir.MLIRError as exc:
+        raise GeneratorError(generator, str(exc)) from None
+    ops = list(parsed.body.operations[0].regions[0].blocks[0].operations)
+    for op in ops:
+        op.operation.move_before(ep)
+    return [op.operation for op in ops]
