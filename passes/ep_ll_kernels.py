@@ -89,11 +89,16 @@ class LdsRoute:
     half: ir.Value
     two: ir.Value
 
-    def entry(self, f: KernelFrame, base1: ir.Value, index: ir.Value) -> tuple[ir.Value, ir.Value]:
-        """Destination ``index`` of the route whose pairs start at entry ``base1``: (its PE, its slot as
-        i64)."""
+    def pair(self, f: KernelFrame, base1: ir.Value, index: ir.Value) -> ir.Value:
+        """The address of destination ``index``'s (pe, slot) pair in the route whose pairs start at entry
+        ``base1`` (its buffer's start + 1, past the count)."""
         b = f.b
-        ppe = b.gep(self.ptr, b.addi(base1, b.muli(index, self.two)), b.i32)
+        return b.gep(self.ptr, b.addi(base1, b.muli(index, self.two)), b.i32)
+
+    def entry(self, f: KernelFrame, base1: ir.Value, index: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """Destination ``index`` of that route: (its PE, its slot as i64)."""
+        b = f.b
+        ppe = self.pair(f, base1, index)
         dpe = b.load(b.i32, ppe)
         dsl = b.load(b.i32, b.gep(ppe, 1, b.i32))
         return dpe, b.extui(b.i64, dsl)
@@ -119,7 +124,7 @@ def _control_warp(f: KernelFrame, inputs: TokenInputs, slot_ctr: ir.Value, route
 
     before, count = b.for_iter(f.c0x, f.Kx, f.c1x, [f.c0i, f.c0i], count_representatives)
     with b.if_(r.ok):
-        ppe = b.gep(route.ptr, b.addi(cbase1, b.muli(before, route.two)), b.i32)
+        ppe = route.pair(f, cbase1, before)
         b.store(r.pe, ppe)
         b.store(r.slot, b.gep(ppe, 1, b.i32))
     with b.if_(f.lane0):
