@@ -186,7 +186,7 @@ def open_kernel(cfg: EpKernelConfig, family: str, *, generator: str, block: ir.B
     from ``ep_schema.KERNELS[family]`` (parameter names as ``mori.name``, ``known_block_size``), its ops
     located as made by ``generator``, and the prologue. The caller ends it with ``f.b.gpu_return()``."""
     sig = ep_schema.KERNELS[family]
-    loc = generated_location(generator)
+    loc = generated_location(generator, block.owner.context)
     with loc.context:
         types = {"ptr": ir.Type.parse("!llvm.ptr"), "i32": ir.IntegerType.get_signless(32)}
     op, entry = new_kernel(block, sig.kernel_name(cfg.dtype), [types[t] for t in sig.types],
