@@ -383,8 +383,9 @@ def new_kernel(block: ir.Block, name: str, params: Sequence, *, block_size: tupl
     loc = loc or ir.Location.current
     ip = ir.InsertionPoint(before) if before is not None else ir.InsertionPoint(block)
     ftype = ir.FunctionType.get(list(params), [])
+    no_attributions = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0)
     attrs = {"sym_name": ir.StringAttr.get(name), "function_type": ir.TypeAttr.get(ftype),
-             "gpu.kernel": ir.UnitAttr.get(), "workgroup_attributions": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0)}  # fmt: skip
+             "gpu.kernel": ir.UnitAttr.get(), "workgroup_attributions": no_attributions}  # fmt: skip
     if block_size is not None:
         attrs["known_block_size"] = ir.DenseI32ArrayAttr.get(list(block_size))
     if param_names is not None:

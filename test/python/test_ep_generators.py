@@ -160,3 +160,11 @@ def test_new_global_is_the_parsed_form():
         bld.new_global(body, "route", ir.Type.parse("!llvm.array<18 x i32>"), addr_space=3)
         assert str(built) == str(parsed)
         assert built.operation.verify()
+
+
+def test_every_kernel_family_has_a_generator():
+    from mori_compiler.passes import ep_to_kernels
+
+    assert set(ep_to_kernels.GENERATORS) == set(ep_schema.KERNELS)
+    families = {ep_to_kernels.kernel_family(f"mori_ep.{op}", None) for op in ep_schema.OP_FAMILIES}
+    assert families | {"combine_pull", "combine_push"} == set(ep_schema.KERNELS)
