@@ -85,6 +85,8 @@ class Builder:
             self.ptr_lds = ir.Type.parse("!llvm.ptr<3>")
         self._int_attr_cache: dict = {}
         self._gep_cache: dict = {}
+        self._const_cache: dict = {}
+        self._predicate_cache: dict = {}  # arith.cmpi and llvm.icmp number their predicates alike
         self._insertion = self._new_ip()
 
     # ---- plumbing ---------------------------------------------------------------------------------
@@ -135,22 +137,30 @@ class Builder:
     # ---- constants ----------------------------------------------------------------------------------
     def const(self, ty, value) -> ir.Value:
         if isinstance(ty, ir.FloatType) or ty == self.f32:
-            attr = ir.FloatAttr.get(ty, float(value), loc=self.loc)
+            attrs = {"value": ir.FloatAttr.get(ty, float(value), loc=self.loc)}
         else:
-            attr = self._int(ty, int(value))
-        return self._one("arith.constant", (), ty, {"value": attr})
+            attrs = {"value": self._int(ty, int(value))}
+        return self._one("arith.constant", (), ty, attrs)
+
+    def _const_of(self, name: str, ty, value: int) -> ir.Value:
+        # The common integer constants, with their attribute dicts cached by (type name, value).
+        key = (name, value)
+        attrs = self._const_cache.get(key)
+        if attrs is None:
+            attrs = self._const_cache[key] = {"value": self._int(ty, value)}
+        return self._one("arith.constant", (), ty, attrs)
 
     def const_i1(self, value: bool) -> ir.Value:
-        return self.const(self.i1, 1 if value else 0)
+        return self._const_of("i1", self.i1, 1 if value else 0)
 
     def const_i32(self, value: int) -> ir.Value:
-        return self.const(self.i32, value)
+        return self._const_of("i32", self.i32, int(value))
 
     def const_i64(self, value: int) -> ir.Value:
-        return self.const(self.i64, value)
+        return self._const_of("i64", self.i64, int(value))
 
     def const_index(self, value: int) -> ir.Value:
-        return self.const(self.index, value)
+        return self._const_of("index", self.index, int(value))
 
     def const_f32(self, value: float) -> ir.Value:
         return self.const(self.f32, value)
@@ -182,7 +192,13 @@ class Builder:
 
     def cmpi(self, predicate: str, a: ir.Value, b: ir.Value) -> ir.Value:
         """``arith.cmpi`` with ``predicate`` one of eq, ne, slt, sle, sgt, sge, ult, ule, ugt, uge."""
-        return self._one("arith.cmpi", (a, b), self.i1, {"predicate": self._int(self.i64, _CMPI[predicate])})
+        return self._one("arith.cmpi", (a, b), self.i1, self._predicate(_CMPI[predicate]))
+
+    def _predicate(self, value: int) -> dict:
+        attrs = self._predicate_cache.get(value)
+        if attrs is None:
+            attrs = self._predicate_cache[value] = {"predicate": self._int(self.i64, value)}
+        return attrs
 
     def select(self, cond: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
         return self._one("arith.select", (cond, a, b), a.type)
@@ -249,7 +265,7 @@ class Builder:
 
     def icmp(self, predicate: str, a: ir.Value, b: ir.Value) -> ir.Value:
         """``llvm.icmp`` (pointers compare with it; integers use ``cmpi``)."""
-        return self._one("llvm.icmp", (a, b), self.i1, {"predicate": self._int(self.i64, _ICMP[predicate])})
+        return self._one("llvm.icmp", (a, b), self.i1, self._predicate(_ICMP[predicate]))
 
     def address_of(self, symbol: str, ty) -> ir.Value:
         return self._one("llvm.mlir.addressof", (), ty, {"global_name": ir.FlatSymbolRefAttr.get(symbol)})
