@@ -133,13 +133,6 @@ def combine_pull_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operati
     return f.func
 
 
-def combine_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | None = None, *,
-                   uniform_addressing: bool = False) -> ir.Operation:  # fmt: skip
-    """The combine of ``cfg``: pull when zero-copy (``cfg.zero_copy``), else push."""
-    build = combine_pull_kernel if cfg.zero_copy else combine_push_kernel
-    return build(cfg, block, before, uniform_addressing=uniform_addressing)
-
-
 def combine_push_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | None = None, *,
                         uniform_addressing: bool = False) -> ir.Operation:  # fmt: skip
     """``ep_combine_push_<dtype>``: each received row goes to its owner's staging row (our PE * M + token);

@@ -10,13 +10,15 @@ later code uses, as a small frozen dataclass):
   fixed block size, and the shared prologue. ``KernelFrame`` holds the builder ``b``, ``cfg``, the
   parameters by schema name (``f.params.x`` or ``f.params["x"]``) and the prologue values (``qp, me, c0i,
   c1i, false, true, K, W, R, NULL, wave, c0x, c1x, Kx, tid_i, lane_i, lane, bid_i, nb_i, wpb, wave_x,
-  warp_in_block, gw, nw, null_ptr, is_k, lane0``); ``f.present(ptr)`` is ``ptr != null``.
+  warp_in_block, gw, nw, null_ptr, is_k, lane0``); ``f.present(ptr)`` is ``ptr != null``. Called inside
+  the MLIR context (the pass's); the kernel ends with ``f.b.gpu_return()``.
 * ``TokenInputs`` / ``token_inputs(f)``: a dispatch's constants (experts per rank, S, row bytes) and
   whether weights / scales are given.
 * ``dispatch_round(f) -> DispatchRound``: the round parity, the slot counter of this round, and the
   clearing of the other one (the IntraNode / IntraNodeLL double buffering).
-* ``route_token(f, token, inputs, reserve=...) -> Route``: one token's destinations (dedup per PE, slot
-  reservation, overflow count, forward map); ``reserve_on_peer(slot_ctr)`` is the remote reservation.
+* ``route_token(f, token, inputs, reserve=..., capacity=, count_dest=) -> Route``: one token's
+  destinations (dedup per PE, slot reservation, overflow count, forward map); ``reserve(f, pe) -> slot``
+  builds the reservation, ``reserve_on_peer(slot_ctr)`` is the remote one.
 * ``token_source(f, route, inputs) -> TokenSource``: the token's source row and this lane's weight.
 * ``send_row_to_peers(f, route, source, inputs, dbase)``: the row to every destination at once.
 * ``send_to_destinations(f, route, source, inputs, dbase, rows=, scales=)``: per destination the row,
@@ -42,11 +44,14 @@ Ordering each piece provides (who writes, who waits; docs/ep-protocols.md has th
   ``count_signal`` (release fence before the counts, acquire fence after waiting for the peers'), so
   every payload store a peer made to us is visible once its count has arrived; the round counter
   advances on the device (CUDA-graph replay is correct).
-* ``reduce_tokens`` / ``return_rows``: plain reads and writes; the caller puts the barrier that
-  publishes their inputs (``device_barrier``) before them.
+* ``return_rows``: relaxed system-scope stores to the owners, published by the barrier the caller puts
+  after it (push combine: ``grid_barrier`` then ``device_barrier``).
+* ``reduce_tokens``: plain loads of what the barrier before it published (``device_barrier``, or an
+  acquire after waiting for the peers' signals).
 
 The pieces build ops in a fixed order (the order of the former MLIR text, so the kernels' code is
-unchanged); a caller that needs a value of a piece takes it from the returned dataclass.
+unchanged); a caller that needs a value of a piece takes it from the returned dataclass. This module
+imports no kernel family (the families import it).
 """
 
 from __future__ import annotations
@@ -186,7 +191,7 @@ def open_kernel(cfg: EpKernelConfig, family: str, *, generator: str, block: ir.B
     from ``ep_schema.KERNELS[family]`` (parameter names as ``mori.name``, ``known_block_size``), its ops
     located as made by ``generator``, and the prologue. The caller ends it with ``f.b.gpu_return()``."""
     sig = ep_schema.KERNELS[family]
-    loc = generated_location(generator)
+    loc = generated_location(generator, block.owner.context)
     with loc.context:
         types = {"ptr": ir.Type.parse("!llvm.ptr"), "i32": ir.IntegerType.get_signless(32)}
     op, entry = new_kernel(block, sig.kernel_name(cfg.dtype), [types[t] for t in sig.types],

@@ -8,6 +8,7 @@ import pytest
 
 from mori_compiler import ep_schema
 from mori_compiler._mlir import ir, new_context
+from mori_compiler.dialects import builder as bld
 from mori_compiler.dialects import registry
 from mori_compiler.dialects.builder import PARAM_NAME_ATTR, GeneratorError
 from mori_compiler.pass_pipeline import build_pass_manager
@@ -129,3 +130,41 @@ def test_kernel_config_sizes_come_from_the_schema():
     assert (cfg.row_bytes, cfg.recv_capacity, cfg.send_stride, cfg.null_fwd) == (
         sizes.row_bytes, sizes.recv_capacity, sizes.send_stride, sizes.null_fwd) == (100, 15, 21, 45)
     assert cfg.block_size == (8 * 32, 1, 1)
+
+
+# ---- the builder details the generators rely on -------------------------------------------------------
+
+
+def test_builder_insertion_point_is_restored_after_a_region():
+    ctx = new_context()
+    module = registry.parse_source("func.func @f() {\n  return\n}\n", ctx, "-")
+    with ctx, ir.Location.unknown():
+        entry = module.body.operations[0].regions[0].blocks[0]
+        b = bld.Builder(entry, before=entry.operations[0])
+        cond = b.const_i1(True)
+        with b.if_(cond):
+            b.const_i32(1)
+        b.const_i32(2)  # after the scf.if, still before the return
+        names = [op.operation.name for op in entry.operations]
+        assert names == ["arith.constant", "scf.if", "arith.constant", "func.return"]
+        assert module.operation.verify()
+
+
+def test_new_global_is_the_parsed_form():
+    ctx = new_context()
+    text = "gpu.module @g {\n  llvm.mlir.global internal @route() {addr_space = 3 : i32} : !llvm.array<18 x i32>\n}"
+    parsed = registry.parse_source(text, ctx, "-")
+    built = registry.parse_source("gpu.module @g {\n}", ctx, "-")
+    with ctx, ir.Location.unknown():
+        body = built.body.operations[0].regions[0].blocks[0]
+        bld.new_global(body, "route", ir.Type.parse("!llvm.array<18 x i32>"), addr_space=3)
+        assert str(built) == str(parsed)
+        assert built.operation.verify()
+
+
+def test_every_kernel_family_has_a_generator():
+    from mori_compiler.passes import ep_to_kernels
+
+    assert set(ep_to_kernels.GENERATORS) == set(ep_schema.KERNELS)
+    families = {ep_to_kernels.kernel_family(f"mori_ep.{op}", None) for op in ep_schema.OP_FAMILIES}
+    assert families | {"combine_pull", "combine_push"} == set(ep_schema.KERNELS)
