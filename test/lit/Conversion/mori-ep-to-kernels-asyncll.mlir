@@ -1,9 +1,10 @@
 // RUN: mori-opt %s -p 'mori-ep-to-kernels{wave-size=64}' --split-input-file | FileCheck %s
 
-// The AsyncLL halves lower to one kernel each; the notification mode (early_notify, fused_recv) decides
-// who posts the ready signals and how the receive waits (protocol: passes/ep_ll_kernels.py). Signals are
-// posted as "fence (release), then a relaxed system-scope uint64 store" and awaited as "wait_until, then
-// fence (acquire)". Chunks: count_after_quiet (0, 0), early_notify (1, 0), early_notify + fused_recv (1, 1).
+// The AsyncLL halves lower to one kernel each (parameters: ep_schema.KERNELS, names as mori.name); the
+// notification mode (early_notify, fused_recv) decides who posts the ready signals and how the receive
+// waits (protocol: passes/ep_ll_kernels.py). Signals are posted as "fence (release), then a relaxed
+// system-scope uint64 store" and awaited as "wait_until, then fence (acquire)". Chunks: count_after_quiet
+// (0, 0), early_notify (1, 0), early_notify + fused_recv (1, 1).
 
 // count_after_quiet: the send phase only moves data (a local fetch-add reserves each slot); the receive
 // phase posts the counts, then block 0 waits for every source and a grid barrier releases the grid.
@@ -14,6 +15,7 @@
 // CHECK-NOT: c_type = "uint64"
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_async_dispatch_recv_bf16(
+// CHECK-SAME: %arg6: !llvm.ptr {mori.name = "sig"}, %arg7: !llvm.ptr {mori.name = "rounds"}, %arg8: !llvm.ptr {mori.name = "grid_ctr"}
 // CHECK: "mori_shmem.fence"() : () -> ()
 // CHECK-NEXT: "mori_shmem.p"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) {c_type = "uint64"}
 // CHECK: "mori_shmem.wait_until"(%{{.*}}, %{{.*}}) {cmp = "greater_than", elem = "uint64"}
@@ -29,6 +31,7 @@
 // CHECK-NOT: c_type = "uint64"
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_async_combine_recv_bf16(
+// CHECK-SAME: %arg4: !llvm.ptr {mori.name = "csig"}, %arg5: !llvm.ptr {mori.name = "rounds"}, %arg6: !llvm.ptr {mori.name = "grid_ctr"}
 // CHECK: "mori_shmem.fence"() : () -> ()
 // CHECK-NEXT: "mori_shmem.p"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) {c_type = "uint64"}
 // CHECK: "mori_shmem.wait_until"
@@ -49,6 +52,7 @@ module attributes {gpu.container_module} {
 
 // early_notify: the send phase ends with a grid barrier and the posts; the receive phase only waits.
 // CHECK-LABEL: gpu.func @ep_async_dispatch_send_bf16(
+// CHECK-SAME: %arg15: !llvm.ptr {mori.name = "grid_ctr"})
 // CHECK: "mori_ep.row_copy"
 // CHECK: "mori_ep.grid_barrier"(%arg15)
 // CHECK: "mori_shmem.fence"() : () -> ()
@@ -62,6 +66,7 @@ module attributes {gpu.container_module} {
 // CHECK: "mori_ep.row_copy"
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_async_combine_send_bf16(
+// CHECK-SAME: %arg6: !llvm.ptr {mori.name = "csig"}, %arg7: !llvm.ptr {mori.name = "rounds"}, %arg8: !llvm.ptr {mori.name = "grid_ctr"})
 // CHECK: "mori_ep.row_copy"
 // CHECK: "mori_ep.grid_barrier"(%arg8)
 // CHECK: "mori_shmem.fence"() : () -> ()

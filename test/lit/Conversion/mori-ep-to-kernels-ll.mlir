@@ -22,7 +22,11 @@
 // token while the data warps resolve the 8 peer addresses once and load each vector before storing it to
 // every destination; a block barrier ends each token; completion is IntraNode's.
 // CHECK: llvm.mlir.global internal @ep_dispatch_ll_bf16_route() {addr_space = 3 : i32} : !llvm.array<34 x i32>
+// The parameters are ep_schema.KERNELS["dispatch_ll"] (names as mori.name), e.g. those the completion uses:
 // CHECK-LABEL: gpu.func @ep_dispatch_ll_bf16(
+// CHECK-SAME: %arg4: i32 {mori.name = "n"}
+// CHECK-SAME: %arg11: !llvm.ptr {mori.name = "signals"}, %arg12: !llvm.ptr {mori.name = "grid_ctr"}
+// CHECK-SAME: %arg15: !llvm.ptr {mori.name = "dest_ctr"}, %arg16: !llvm.ptr {mori.name = "total"}
 // CHECK: %[[ROUTE:.*]] = llvm.mlir.addressof @ep_dispatch_ll_bf16_route : !llvm.ptr<3>
 // CHECK: "mori_ep.reserve_slot"
 // CHECK: llvm.store %{{.*}}, %{{.*}} : i32, !llvm.ptr<3>
