@@ -248,12 +248,12 @@ def dispatch_ll_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operatio
 
 @dataclass(frozen=True)
 class AsyncRound:
-    """An AsyncLL kernel's round r (``round``, i64, read from ``rp`` = &rounds[index]), its parity ``par``
-    and ``parW`` = par * W (the first entry of this parity's [W] signals and counters), the tag r + 1,
-    Rp (i32), and the predicates ``t0`` (thread 0 of its block), ``first_thread`` (of the grid), ``w0``
+    """An AsyncLL kernel's round r (``round``, i64, read from ``round_ptr`` = &rounds[index]), its parity
+    ``par`` and ``parW`` = par * W (the first entry of this parity's [W] signals and counters), the tag
+    r + 1, Rp (i32), and the predicates ``t0`` (thread 0 of its block), ``first_thread`` (of the grid), ``w0``
     (warp 0 of its block), ``first_warp`` (of block 0)."""
 
-    rp: ir.Value
+    round_ptr: ir.Value
     round: ir.Value
     one64: ir.Value
     par: ir.Value
@@ -269,8 +269,8 @@ class AsyncRound:
 def _async_round(f: KernelFrame, index: int) -> AsyncRound:
     """The round of ``rounds[index]`` (0 dispatch, 1 combine), read once at the kernel's start."""
     b = f.b
-    rp = b.gep(f.params.rounds, index, b.i64)
-    rnd = b.load(b.i64, rp)
+    round_ptr = b.gep(f.params.rounds, index, b.i64)
+    rnd = b.load(b.i64, round_ptr)
     one64 = b.const_i64(1)
     par = b.trunci(b.i32, b.andi(rnd, one64))
     par_w = b.muli(par, f.W)
@@ -282,7 +282,7 @@ def _async_round(f: KernelFrame, index: int) -> AsyncRound:
     w0 = b.cmpi("eq", f.warp_in_block, f.c0x)
     first_warp = b.andi(b0, w0)
     rp_count = b.const_i32(f.cfg.max_recv_per_rank)
-    return AsyncRound(rp, rnd, one64, par, par_w, tag, t0, first_thread, w0, first_warp, rp_count)
+    return AsyncRound(round_ptr, rnd, one64, par, par_w, tag, t0, first_thread, w0, first_warp, rp_count)
 
 
 def _post(f: KernelFrame, r: AsyncRound, signal: ir.Value, value: Callable[[], ir.Value]) -> None:
@@ -334,7 +334,7 @@ def _advance_round(f: KernelFrame, r: AsyncRound, index: int) -> None:
         arrived = mori_shmem.atomic_fetch_add(donep, r.one64, f.me, elem="uint64", qp=f.qp, **b.at())
         with b.if_(b.cmpi("eq", arrived, last_n)):
             mori_shmem.p(donep, b.const_i64(0), f.me, c_type="uint64", qp=f.qp, **b.at())
-            mori_shmem.p(r.rp, r.tag, f.me, c_type="uint64", qp=f.qp, **b.at())
+            mori_shmem.p(r.round_ptr, r.tag, f.me, c_type="uint64", qp=f.qp, **b.at())
 
 
 def _local_reserve(cnt_par: ir.Value) -> Callable[[KernelFrame, ir.Value], ir.Value]:
