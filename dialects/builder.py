@@ -96,7 +96,8 @@ class Builder:
         self._int_attr_cache: dict = {}
         self._gep_cache: dict = {}
         self._const_cache: dict = {}
-        self._predicate_cache: dict = {}  # arith.cmpi and llvm.icmp number their predicates alike
+        self._predicate_cache: dict = {}
+        self._parsed_cache: dict = {}  # arith.cmpi and llvm.icmp number their predicates alike
         self._insertion = self._new_ip()
 
     # ---- plumbing ---------------------------------------------------------------------------------
@@ -126,6 +127,14 @@ class Builder:
         if attr is None:
             attr = self._int_attr_cache[key] = ir.IntegerAttr.get(ty, value)
         return attr
+
+    def _parsed_attr(self, name: str, text: str) -> dict:
+        """``{name: the attribute text}``, parsed once per builder (parsing costs more than the op)."""
+        key = (name, text)
+        attrs = self._parsed_cache.get(key)
+        if attrs is None:
+            attrs = self._parsed_cache[key] = {name: ir.Attribute.parse(text, self.ctx)}
+        return attrs
 
     def vector(self, n: int, elem) -> ir.Type:
         return ir.VectorType.get([n], elem)
@@ -282,7 +291,7 @@ class Builder:
 
     # ---- gpu -----------------------------------------------------------------------------------------
     def _dim(self, name: str, dim: str) -> ir.Value:
-        return self._one(name, (), self.index, {"dimension": ir.Attribute.parse(f"#gpu<dim {dim}>")})
+        return self._one(name, (), self.index, self._parsed_attr("dimension", f"#gpu<dim {dim}>"))
 
     def thread_id(self, dim: str = "x") -> ir.Value:
         return self._dim("gpu.thread_id", dim)
@@ -306,13 +315,13 @@ class Builder:
     def shuffle(self, mode: str, value: ir.Value, offset: ir.Value, width: ir.Value) -> tuple[ir.Value, ir.Value]:
         """``gpu.shuffle mode`` (idx, xor, up, down): (the value read, whether the lane was valid)."""
         op = self.op("gpu.shuffle", (value, offset, width), (value.type, self.i1),
-                     {"mode": ir.Attribute.parse(f"#gpu<shuffle_mode {mode}>")})  # fmt: skip
+                     self._parsed_attr("mode", f"#gpu<shuffle_mode {mode}>"))  # fmt: skip
         return op.results[0], op.results[1]
 
     def broadcast_lane(self, value: ir.Value, lane: ir.Value) -> ir.Value:
         """``gpu.subgroup_broadcast value, specific_lane lane``: warp-uniform (AMDGPU: v_readlane)."""
         return self._one("gpu.subgroup_broadcast", (value, lane), value.type,
-                         {"broadcast_type": ir.Attribute.parse("#gpu<broadcast specific_lane>")})  # fmt: skip
+                         self._parsed_attr("broadcast_type", "#gpu<broadcast specific_lane>"))  # fmt: skip
 
     # ---- control flow ----------------------------------------------------------------------------------
     def yield_(self, values: Sequence = ()) -> None:
