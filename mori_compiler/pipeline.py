@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ._mlir import ir, new_context
 from .codeobject import check_no_undefined_symbols
 from .dialects import input_checks, registry
-from .errors import MoriCompilerError, one_line, with_filename
+from .errors import MoriCompilerError, location_text, one_line, with_filename
 from .options import CompileOptions, device_bitcode  # noqa: F401 (device_bitcode: re-exported)
 from .pass_pipeline import build_pass_manager
 from .passes import codegen, device_link
@@ -154,7 +154,7 @@ def _copy_of_built_module(module: ir.Module, filename: str) -> tuple[ir.Module, 
     ctx = module.context
     ctx.enable_multithreading(False)
     registry.load_all(ctx)
-    where = lambda op: registry.format_location(op.location, filename)  # noqa: E731
+    where = lambda op: location_text(op.location, filename)  # noqa: E731
     _raise_problems(input_checks.structural_problems(module.operation, where)
                     or registry.verify_project_ops(module.operation, filename))  # fmt: skip
     try:

@@ -19,7 +19,7 @@ ALL_PASSES: dict[str, Callable[[], type]] = {
     "mori-shmem-to-abi": _lazy("mori_shmem_to_abi", "MoriShmemToAbi"),
     "mori-virtual-pe-args": _lazy("virtual_pe_args", "VirtualPeArgs"),
     "mori-comm-to-calls": _lazy("comm_to_calls", "MoriCommToCalls"),
-    "mori-ep-to-kernels": _lazy("ep_kernels", "MoriEpToKernels"),
+    "mori-ep-to-kernels": _lazy("ep_to_kernels", "MoriEpToKernels"),
 }
 
 

@@ -10,6 +10,7 @@ circles, lazy imports included).
 from __future__ import annotations
 
 import ast
+import graphlib
 import subprocess
 import sys
 from pathlib import Path
@@ -152,14 +153,6 @@ def test_import_resolution_is_right():
 
 # ---- import circles ----------------------------------------------------------------------------------
 
-# Circles that remain in files this test's owner does not own, each with the owner that removes it: the
-# strict xfail below fails as soon as one is gone (then delete its entry), and any other circle fails
-# test_no_import_circles.
-KNOWN_CIRCLES = {
-    frozenset({"mori_compiler.passes.ep_kernels", "mori_compiler.passes.ep_ll_kernels"}):
-        "helpers kernels/ll (issue 12): ep_kernels.py is split and ep_ll_kernels.py rebuilt on ep_kernel_parts.py",
-}  # fmt: skip
-
 
 def _import_graph() -> dict[str, set[str]]:
     """Module -> the project modules it imports (module level and inside functions). A module's own
@@ -172,61 +165,23 @@ def _import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def _circles(graph: dict[str, set[str]]) -> list[frozenset]:
-    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
-    index, low, on_stack, stack, found = {}, {}, set(), [], []
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = set()
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.add(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(frozenset(component))
-    return found
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` (its modules, the first repeated last), or None."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        return exc.args[1]
+    return None
 
 
 def test_circle_finder_finds_circles():
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d", "f"}, "f": {"e"}}
-    assert sorted(sorted(c) for c in _circles(graph)) == [["a", "b", "c"], ["e", "f"]]
-    assert _circles({"a": {"b"}, "b": set()}) == []
+    assert set(_circle({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()})) == {"a", "b", "c"}
+    assert _circle({"a": {"b"}, "b": set()}) is None
 
 
 def test_no_import_circles():
-    circles = [c for c in _circles(_import_graph()) if c not in KNOWN_CIRCLES]
-    assert not circles, "import circles (module-level or in functions): " + "; ".join(
-        " <-> ".join(sorted(c)) for c in circles)
-
-
-@pytest.mark.parametrize("circle", sorted(KNOWN_CIRCLES, key=sorted), ids=lambda c: " <-> ".join(sorted(c)))
-def test_known_circle_is_still_there(circle):
-    if circle in _circles(_import_graph()):
-        pytest.xfail(f"import circle left to {KNOWN_CIRCLES[circle]}")
-    pytest.fail(f"the import circle {' <-> '.join(sorted(circle))} is gone: delete its KNOWN_CIRCLES entry")
+    circle = _circle(_import_graph())
+    assert circle is None, "import circle (module-level or in functions): " + " -> ".join(circle)
 
 
 _NO_HEAVY_SCRIPT = r"""

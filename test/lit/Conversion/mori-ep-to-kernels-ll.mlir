@@ -22,21 +22,25 @@
 // token while the data warps resolve the 8 peer addresses once and load each vector before storing it to
 // every destination; a block barrier ends each token; completion is IntraNode's.
 // CHECK: llvm.mlir.global internal @ep_dispatch_ll_bf16_route() {addr_space = 3 : i32} : !llvm.array<34 x i32>
+// The parameters are ep_schema.KERNELS["dispatch_ll"] (names as mori.name), e.g. those the completion uses:
 // CHECK-LABEL: gpu.func @ep_dispatch_ll_bf16(
+// CHECK-SAME: %arg4: i32 {mori.name = "n"}
+// CHECK-SAME: %arg11: !llvm.ptr {mori.name = "signals"}, %arg12: !llvm.ptr {mori.name = "grid_ctr"}
+// CHECK-SAME: %arg15: !llvm.ptr {mori.name = "dest_ctr"}, %arg16: !llvm.ptr {mori.name = "total"}
 // CHECK: %[[ROUTE:.*]] = llvm.mlir.addressof @ep_dispatch_ll_bf16_route : !llvm.ptr<3>
-// CHECK: "mori_ep.reserve_slot"
+// CHECK: "mori_comm.reserve_slot"
 // CHECK: llvm.store %{{.*}}, %{{.*}} : i32, !llvm.ptr<3>
 // CHECK: gpu.barrier
 // CHECK: scf.for %{{.*}} = %block_id_x to %{{.*}} step %grid_dim_x
-// CHECK: "mori_ep.reserve_slot"
+// CHECK: "mori_comm.reserve_slot"
 // CHECK-COUNT-8: "mori_shmem.ptr"
 // CHECK: scf.for %{{.*}} = %{{.*}} to %c896 step %c1792
 // CHECK-COUNT-4: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
 // CHECK-NOT: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
 // CHECK: llvm.store %{{.*}}, %{{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
 // CHECK: gpu.barrier
-// CHECK: "mori_ep.grid_barrier"(%arg12)
-// CHECK: "mori_ep.count_signal"(%arg11, %arg15, %arg16) {world_size = 8 : i64}
+// CHECK: "mori_comm.grid_barrier"(%arg12)
+// CHECK: "mori_comm.count_signal"(%arg11, %arg15, %arg16) {world_size = 8 : i64}
 // CHECK: gpu.return
 module attributes {gpu.container_module} {
   gpu.module @ll {

@@ -7,8 +7,8 @@
 // lane; the forward entries are broadcast with gpu.subgroup_broadcast (uniform); the work-item divisions
 // are 32-bit (4096 tokens x 896 vectors fit). No mori_shmem.ptr in the token loop.
 // CHECK-LABEL: gpu.func @ep_combine_pull_bf16(
-// CHECK-SAME: %{{[^:]+}}: !llvm.ptr, %[[REGX:[^:]+]]: !llvm.ptr, %[[REGW:[^:]+]]: !llvm.ptr,
-// CHECK: "mori_ep.device_barrier"
+// CHECK-SAME: %{{[^:]+}}: !llvm.ptr {mori.name = "inp_w"}, %[[REGX:[^:]+]]: !llvm.ptr {mori.name = "reg_x"}, %[[REGW:[^:]+]]: !llvm.ptr {mori.name = "reg_w"},
+// CHECK: "mori_comm.device_barrier"
 // CHECK: %[[PBPE:.*]] = arith.select %{{.*}} : i32
 // CHECK: "mori_shmem.ptr"(%[[REGX]], %[[PBPE]]) : (!llvm.ptr, i32) -> !llvm.ptr
 // CHECK: "mori_shmem.ptr"(%[[REGW]], %[[PBPE]]) : (!llvm.ptr, i32) -> !llvm.ptr
@@ -27,11 +27,11 @@
 // CHECK: gpu.subgroup_broadcast %{{.*}},  specific_lane %{{.*}} : i32
 // CHECK-NOT: gpu.shuffle
 // CHECK-NOT: mori_shmem.ptr
-// CHECK: "mori_ep.accumulate_rows"
+// CHECK: "mori_comm.accumulate_rows"
 // CHECK: gpu.return
 // Without the option: the shuffles and 2K translations per token that sm_90 was measured with.
 // DEFAULT-LABEL: gpu.func @ep_combine_pull_bf16(
-// DEFAULT: "mori_ep.device_barrier"
+// DEFAULT: "mori_comm.device_barrier"
 // DEFAULT-NOT: mori_shmem.ptr
 // DEFAULT: arith.divui %{{.*}}, %{{.*}} : index
 // DEFAULT: scf.for

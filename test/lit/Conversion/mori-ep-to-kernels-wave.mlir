@@ -10,9 +10,9 @@
 // CHECK-LABEL: gpu.module @wave32
 // CHECK: gpu.func @ep_combine_pull_f32(
 // CHECK: %[[LANES:.*]] = arith.constant 32 : i32
-// CHECK: "mori_ep.device_barrier"(%{{.*}}, %{{.*}}) {max_blocks = 80 : i64, world_size = 16 : i64}
+// CHECK: "mori_comm.device_barrier"(%{{.*}}, %{{.*}}) {max_blocks = 80 : i64, world_size = 16 : i64}
 // CHECK: gpu.shuffle idx %{{.*}}, %{{.*}}, %[[LANES]] : i32
-// CHECK: "mori_ep.accumulate_rows"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) {dtype = "f32"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
+// CHECK: "mori_comm.accumulate_rows"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) {dtype = "f32"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
 // CHECK-NOT: "mori_ep.combine"
 module attributes {gpu.container_module} {
   gpu.module @wave32 {

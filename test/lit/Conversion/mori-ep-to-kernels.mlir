@@ -1,52 +1,53 @@
 // RUN: mori-opt %s -p 'mori-ep-to-kernels{wave-size=64}' --split-input-file | FileCheck %s
-// RUN: mori-opt %s -p 'mori-ep-to-kernels{wave-size=64},mori-ep-blocks-to-calls{wave-size=64}' --split-input-file | FileCheck %s --check-prefix=CALLS
+// RUN: mori-opt %s -p 'mori-ep-to-kernels{wave-size=64},mori-comm-to-calls{wave-size=64}' --split-input-file | FileCheck %s --check-prefix=CALLS
 
 // mori-ep-to-kernels replaces every mori_ep.dispatch / mori_ep.combine at the top of a gpu.module by
-// IntraNode gpu.func kernels written with the mori_ep building blocks. The wave-size check is in
-// mori-ep-to-kernels-wave.mlir; the send/recv halves (no lowering in this version) in
-// mori-ep-to-kernels-halves.mlir.
+// IntraNode gpu.func kernels written with the generic comm building blocks. The wave-size check is in
+// mori-ep-to-kernels-wave.mlir; the IntraNodeLL and AsyncLL kernels in mori-ep-to-kernels-ll.mlir and
+// mori-ep-to-kernels-asyncll.mlir.
 
 // The default IntraNode bundle for bf16 (world 8, hidden 7168 = 14336-byte rows, top-k 8, 32 experts
 // per rank, wave64): dispatch, zero-copy combine (pull) and external-buffer combine (push), in op order,
-// with their parameter lists (18, 11 and 14 parameters; the token count is the only i32).
+// with their parameter lists as ep_schema.KERNELS names them (18, 11 and 14 parameters, each named by its
+// mori.name attribute; the token count n is the only i32) and the block size (8 warps of 64 lanes).
 // CHECK-LABEL: gpu.module @bundle
 // CHECK-NOT: "mori_ep.dispatch"
 // CHECK-NOT: "mori_ep.combine"
 // CHECK-LABEL: gpu.func @ep_dispatch_bf16(
-// CHECK-SAME: {{^}}{{(%arg[0-9]+: !llvm.ptr, ){4}%arg4}}: i32, {{(%arg[0-9]+: !llvm.ptr, ){12}%arg17}}: !llvm.ptr) kernel attributes {known_block_size = array<i32: {{[0-9]+}}, 1, 1>} {
+// CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "x"}, %arg1: !llvm.ptr {mori.name = "w"}, %arg2: !llvm.ptr {mori.name = "s"}, %arg3: !llvm.ptr {mori.name = "idx"}, %arg4: i32 {mori.name = "n"}, %arg5: !llvm.ptr {mori.name = "out_x"}, %arg6: !llvm.ptr {mori.name = "out_w"}, %arg7: !llvm.ptr {mori.name = "out_s"}, %arg8: !llvm.ptr {mori.name = "out_idx"}, %arg9: !llvm.ptr {mori.name = "src_pos"}, %arg10: !llvm.ptr {mori.name = "slot_ctrs"}, %arg11: !llvm.ptr {mori.name = "signals"}, %arg12: !llvm.ptr {mori.name = "grid_ctr"}, %arg13: !llvm.ptr {mori.name = "round_ctr"}, %arg14: !llvm.ptr {mori.name = "fwd"}, %arg15: !llvm.ptr {mori.name = "dest_ctr"}, %arg16: !llvm.ptr {mori.name = "total"}, %arg17: !llvm.ptr {mori.name = "status"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
 // Round parity selects the slot counter (slot_ctrs = %arg10); valid representatives reserve a slot on
 // their destination PE, the warp copies the row to all its destinations at once (14336 bytes; lane k
 // names destination k: its row address, its PE and whether it sends), then the grid and the PEs meet.
 // CHECK: %[[ROW:.*]] = arith.constant 14336 : i64
 // CHECK: %{{.*}} = llvm.load %arg13 : !llvm.ptr -> i64
 // CHECK: %[[CTR:.*]] = llvm.getelementptr %arg10[%{{.*}}] : (!llvm.ptr, i32) -> !llvm.ptr, i32
-// CHECK: %{{.*}} = "mori_ep.reserve_slot"(%[[CTR]], %{{.*}}) : (!llvm.ptr, i32) -> i32
+// CHECK: %{{.*}} = "mori_comm.reserve_slot"(%[[CTR]], %{{.*}}) : (!llvm.ptr, i32) -> i32
 // CHECK: %[[DST:.*]] = llvm.getelementptr %arg5[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i8
-// CHECK-NEXT: "mori_ep.row_copy_to_peers"(%[[DST]], %{{.*}}, %[[ROW]], %{{.*}}, %{{.*}}) {max_peers = 8 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
-// CHECK-NOT: "mori_ep.row_copy
-// CHECK: "mori_ep.grid_barrier"(%arg12) : (!llvm.ptr) -> ()
-// CHECK: "mori_ep.count_signal"(%arg11, %arg15, %arg16) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+// CHECK-NEXT: "mori_comm.row_copy_to_peers"(%[[DST]], %{{.*}}, %[[ROW]], %{{.*}}, %{{.*}}) {max_peers = 8 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
+// CHECK-NOT: "mori_comm.row_copy
+// CHECK: "mori_comm.grid_barrier"(%arg12) : (!llvm.ptr) -> ()
+// CHECK: "mori_comm.count_signal"(%arg11, %arg15, %arg16) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
 // CHECK: llvm.store %{{.*}}, %arg13 : i64, !llvm.ptr
 // CHECK: gpu.return
 // Pull: the PEs meet (device barrier), then each token sums its K = 8 rows read from the peers'
 // registered buffers (mori_shmem.ptr addresses) with one accumulate_rows per (token, row slice).
 // CHECK-LABEL: gpu.func @ep_combine_pull_bf16(
-// CHECK-SAME: {{^}}{{(%arg[0-9]+: !llvm.ptr, ){4}%arg4}}: i32, {{(%arg[0-9]+: !llvm.ptr, ){5}%arg10}}: !llvm.ptr) kernel attributes {known_block_size = array<i32: {{[0-9]+}}, 1, 1>} {
-// CHECK-NOT: "mori_ep.grid_barrier"
-// CHECK: "mori_ep.device_barrier"(%arg9, %arg10) {max_blocks = 1024 : i64, world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "inp_w"}, %arg1: !llvm.ptr {mori.name = "reg_x"}, %arg2: !llvm.ptr {mori.name = "reg_w"}, %arg3: !llvm.ptr {mori.name = "fwd"}, %arg4: i32 {mori.name = "n"}, %arg5: !llvm.ptr {mori.name = "total"}, %arg6: !llvm.ptr {mori.name = "out"}, %arg7: !llvm.ptr {mori.name = "out_w"}, %arg8: !llvm.ptr {mori.name = "zero_row"}, %arg9: !llvm.ptr {mori.name = "bar_slots"}, %arg10: !llvm.ptr {mori.name = "bar_epochs"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
+// CHECK-NOT: "mori_comm.grid_barrier"
+// CHECK: "mori_comm.device_barrier"(%arg9, %arg10) {max_blocks = 1024 : i64, world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // CHECK: "mori_shmem.ptr"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i32) -> !llvm.ptr
-// CHECK: "mori_ep.accumulate_rows"({{(%[0-9]+, ){9}%[0-9]+}}) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+// CHECK: "mori_comm.accumulate_rows"({{(%[0-9]+, ){9}%[0-9]+}}) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
 // CHECK-NOT: "mori_ep.
 // CHECK: gpu.return
 // Push: each received row is copied to its owner's staging row, then the grid and the PEs meet, then
 // the K = 8 staged rows are summed locally (no peer address in the reduction).
 // CHECK-LABEL: gpu.func @ep_combine_push_bf16(
-// CHECK-SAME: {{^}}{{(%arg[0-9]+: !llvm.ptr, ){6}%arg6}}: i32, {{(%arg[0-9]+: !llvm.ptr, ){6}%arg13}}: !llvm.ptr) kernel attributes {known_block_size = array<i32: {{[0-9]+}}, 1, 1>} {
-// CHECK: "mori_ep.row_copy"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
-// CHECK: "mori_ep.grid_barrier"(%arg11) : (!llvm.ptr) -> ()
-// CHECK-NEXT: "mori_ep.device_barrier"(%arg12, %arg13) {max_blocks = 1024 : i64, world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "inp"}, %arg1: !llvm.ptr {mori.name = "inp_w"}, %arg2: !llvm.ptr {mori.name = "stage_x"}, %arg3: !llvm.ptr {mori.name = "stage_w"}, %arg4: !llvm.ptr {mori.name = "src_pos"}, %arg5: !llvm.ptr {mori.name = "fwd"}, %arg6: i32 {mori.name = "n"}, %arg7: !llvm.ptr {mori.name = "total"}, %arg8: !llvm.ptr {mori.name = "out"}, %arg9: !llvm.ptr {mori.name = "out_w"}, %arg10: !llvm.ptr {mori.name = "zero_row"}, %arg11: !llvm.ptr {mori.name = "grid_ctr"}, %arg12: !llvm.ptr {mori.name = "bar_slots"}, %arg13: !llvm.ptr {mori.name = "bar_epochs"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
+// CHECK: "mori_comm.row_copy"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+// CHECK: "mori_comm.grid_barrier"(%arg11) : (!llvm.ptr) -> ()
+// CHECK-NEXT: "mori_comm.device_barrier"(%arg12, %arg13) {max_blocks = 1024 : i64, world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // CHECK-NOT: "mori_shmem.ptr"
-// CHECK: "mori_ep.accumulate_rows"({{(%[0-9]+, ){9}%[0-9]+}}) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+// CHECK: "mori_comm.accumulate_rows"({{(%[0-9]+, ){9}%[0-9]+}}) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
 // CHECK-NOT: "mori_ep.
 // CHECK: gpu.return
 // CHECK-NEXT: }
@@ -54,15 +55,15 @@
 // With the blocks lowered too, the kernels call the helpers and no mori_ep op is left.
 // CALLS-LABEL: gpu.module @bundle
 // CALLS-NOT: "mori_ep.
-// CALLS: func.func @__mori_ep_accumulate_rows_bf16_k8(
+// CALLS: func.func @__mori_comm_accumulate_rows_bf16_k8(
 // CALLS-NOT: "mori_ep.
 // CALLS: gpu.func @ep_dispatch_bf16(
 // CALLS-NOT: "mori_ep.
-// CALLS: func.call @__mori_ep_count_signal_w8(
+// CALLS: func.call @__mori_comm_count_signal_w8(
 // CALLS-NOT: "mori_ep.
 // CALLS: gpu.func @ep_combine_push_bf16(
 // CALLS-NOT: "mori_ep.
-// CALLS: func.call @__mori_ep_accumulate_rows_bf16_k8(
+// CALLS: func.call @__mori_comm_accumulate_rows_bf16_k8(
 // CALLS-NOT: "mori_ep.
 // CALLS: // -----
 module attributes {gpu.container_module} {
@@ -81,10 +82,10 @@ module attributes {gpu.container_module} {
 // CHECK-NEXT: gpu.func @before() kernel
 // CHECK: gpu.func @ep_dispatch_fp8_e4m3fn(
 // CHECK: %[[ROW:.*]] = arith.constant 7168 : i64
-// CHECK: "mori_ep.row_copy_to_peers"(%{{.*}}, %{{.*}}, %[[ROW]], %{{.*}}, %{{.*}}) {max_peers = 8 : i64}
+// CHECK: "mori_comm.row_copy_to_peers"(%{{.*}}, %{{.*}}, %[[ROW]], %{{.*}}, %{{.*}}) {max_peers = 8 : i64}
 // CHECK: %[[SB:.*]] = arith.constant 56 : i64
-// CHECK: "mori_ep.row_copy"(%{{.*}}, %{{.*}}, %[[SB]], %{{.*}})
-// CHECK: "mori_ep.grid_barrier"
+// CHECK: "mori_comm.row_copy"(%{{.*}}, %{{.*}}, %[[SB]], %{{.*}})
+// CHECK: "mori_comm.grid_barrier"
 // CHECK: gpu.func @after() kernel
 module attributes {gpu.container_module} {
   gpu.module @fp8 {

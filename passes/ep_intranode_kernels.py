@@ -1,0 +1,166 @@
+"""The IntraNode EP kernels: ``ep_dispatch_<dtype>``, ``ep_combine_pull_<dtype>`` (zero-copy) and
+``ep_combine_push_<dtype>`` (external input buffer), built from passes/ep_kernel_parts.py.
+
+The protocols (docs/ep-protocols.md, IntraNode), with who writes, who waits, the scope and the order:
+
+* dispatch: one warp per token. Lanes < K read the expert ids, drop invalid ones and duplicates per
+  destination PE (lowest k is the representative), reserve a slot on each destination's counter
+  (``reserve_slot``: relaxed system-scope fetch-add), and record the forward map (pe * R + slot, or the
+  null W * R). The warp copies the token row to every destination at once (``row_copy_to_peers``: each
+  vector loaded once, stored to all) and the scales to each (``row_copy``); lanes < K store the K expert
+  ids and weights, lane 0 the source position (src_pe * S + token), all as relaxed system-scope stores.
+  Then ``grid_barrier`` (release/acquire between this PE's blocks) and ``count_signal`` (flow-controlled
+  count + 1 per peer: release fence before, acquire fence after), so every payload store a peer made to
+  us is visible once its count has arrived. Slot counters are double buffered by round parity: round r
+  reserves on counter r % 2 and, at its start, clears counter (r + 1) % 2, which nobody can touch then
+  (round r - 1 is complete, and no peer starts round r + 1 before our round-r count reaches it, which is
+  after the clear and a release fence). The round counter is incremented on the device at the end, so
+  CUDA-graph replay is correct.
+* combine, pull (zero-copy): the expert outputs are already in the registered symmetric buffer
+  (``reg_x``); weights are copied next to them (``reg_w``); ``device_barrier`` (release/acquire across
+  PEs); each warp sums, per token, the K source rows read directly from the peers (``accumulate_rows``,
+  fp32), and the weights.
+* combine, push (external input): each received row is written (``row_copy``) into its owner's staging
+  row (our PE * M + token); ``grid_barrier`` then ``device_barrier``; each warp sums its tokens' staged
+  rows locally.
+
+With ``uniform_addressing`` (AMDGPU) the combines compute the same addresses differently, with no change
+to the protocol: the pull combine's peer bases are read once per warp after ``device_barrier`` (the
+translation reads only the heap-base table, which the barrier does not change), and a row's peer address
+is that base plus the row's offset, exactly what ``mori_shmem.ptr`` of the row gives in a symmetric heap
+(one offset on every PE).
+"""
+
+from __future__ import annotations
+
+from mori_compiler._mlir import ir
+from mori_compiler.dialects import mori_comm, mori_shmem
+
+from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, dispatch_completion, dispatch_round,
+                              open_kernel, reduce_tokens, reserve_on_peer, return_rows, route_token,
+                              send_row_to_peers, send_to_destinations, token_inputs, token_source)  # fmt: skip
+
+
+def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | None = None) -> ir.Operation:
+    """``ep_dispatch_<dtype>``: one warp per token (grid-strided), then the completion handshake."""
+    f = open_kernel(cfg, "dispatch", generator="ep_intranode_kernels.dispatch_kernel", block=block, before=before)
+    b = f.b
+    inputs = token_inputs(f)
+    rnd = dispatch_round(f)
+    n_x = b.index_cast(b.index, f.params.n)
+    with b.for_(f.gw, n_x, f.nw) as t_x:
+        route = route_token(f, t_x, inputs, reserve=reserve_on_peer(rnd.slot_ctr))
+        source = token_source(f, route, inputs)
+        dbase = b.const_i32(0)  # IntraNode: a destination's rows start at 0
+        send_row_to_peers(f, route, source, inputs, dbase)
+        send_to_destinations(f, route, source, inputs, dbase, rows=False)
+    dispatch_completion(f, rnd)
+    b.gpu_return()
+    return f.func
+
+
+def _combine_constants(f: KernelFrame) -> tuple[ir.Value, ir.Value]:
+    """(row bytes, weight-row bytes 4 * K), both i64."""
+    return f.b.const_i64(f.cfg.row_bytes), f.b.const_i64(4 * f.cfg.top_k)
+
+
+def _peer_bases(f: KernelFrame, buffers: tuple[ir.Value, ...]) -> tuple[ir.Value, list[tuple[ir.Value, ir.Value]]]:
+    """Once per warp (pull combine, uniform addressing): lane p < W holds PE p's address of each buffer
+    (other lanes their own PE's), split in 32-bit halves for broadcasts. Returns (the i64 constant 32,
+    [(low, high) per buffer])."""
+    b = f.b
+    pb_pe = b.select(b.cmpi("ult", f.lane, f.W), f.lane, f.me)
+    c32 = b.const_i64(32)
+    halves = []
+    for buf in buffers:
+        addr = b.ptrtoint(b.i64, mori_shmem.ptr(buf, pb_pe, **b.at()))
+        halves.append((b.trunci(b.i32, addr), b.trunci(b.i32, b.shrui(addr, c32))))
+    return c32, halves
+
+
+def _peer_base(f: KernelFrame, c32: ir.Value, halves: tuple[ir.Value, ir.Value], pe: ir.Value) -> ir.Value:
+    """PE ``pe``'s base of one buffer, from the per-warp halves broadcast from lane ``pe`` (warp-uniform)."""
+    b = f.b
+    lo = b.broadcast_lane(halves[0], pe)
+    hi = b.broadcast_lane(halves[1], pe)
+    lo64, hi64 = b.extui(b.i64, lo), b.extui(b.i64, hi)
+    return b.inttoptr(b.ptr, b.ori(b.shli(hi64, c32), lo64))
+
+
+def combine_pull_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | None = None, *,
+                        uniform_addressing: bool = False) -> ir.Operation:  # fmt: skip
+    """``ep_combine_pull_<dtype>``: weights next to the registered rows, the PEs meet, then each token sums
+    its K rows read from the peers' registered buffers (peer k's address of ``reg_x[slot]``).
+    ``uniform_addressing``: from per-warp peer bases instead of 2K ``mori_shmem.ptr`` per token."""
+    f = open_kernel(cfg, "combine_pull", generator="ep_intranode_kernels.combine_pull_kernel", block=block,
+                    before=before)  # fmt: skip
+    b, p = f.b, f.params
+    rowc, kb = _combine_constants(f)
+    has_iw = f.present(p.inp_w)
+    # Weights to send back (optional) go next to the registered rows, then the PEs meet.
+    with b.if_(has_iw):
+        nwk_x = b.index_cast(b.index, b.muli(b.load(b.i32, p.total), f.K))
+        bdim = b.block_dim("x")
+        gt = b.addi(b.muli(f.bid_i, bdim), f.tid_i)
+        gs = b.muli(f.nb_i, bdim)
+        with b.for_(gt, nwk_x, gs) as i:
+            i32 = b.index_cast(b.i32, i)
+            v = b.load(b.f32, b.gep(p.inp_w, i32, b.f32))
+            b.store(v, b.gep(p.reg_w, i32, b.f32))
+    mori_comm.device_barrier(p.bar_slots, p.bar_epochs, world_size=cfg.world_size, max_blocks=cfg.max_blocks,
+                             **b.at())  # fmt: skip
+    if uniform_addressing:
+        c32, (xb, wb) = _peer_bases(f, (p.reg_x, p.reg_w))
+
+        def source_row(s: ForwardEntry) -> tuple[ir.Value, ir.Value]:
+            pc = b.select(s.valid, s.pe, f.me)  # a valid PE's lane (an invalid source reads the zero row)
+            xbase = _peer_base(f, c32, xb, pc)
+            wbase = _peer_base(f, c32, wb, pc)
+            xr = b.gep(xbase, b.muli(s.slot64, rowc), b.i8)
+            row = b.select(s.valid, xr, p.zero_row)
+            return row, b.gep(wbase, b.muli(s.slot64, kb), b.i8)
+
+        reduce_tokens(f, rowc, source_row, uniform=True, narrow=True)
+    else:
+
+        def source_row(s: ForwardEntry) -> tuple[ir.Value, ir.Value]:
+            xr = mori_shmem.ptr(b.gep(p.reg_x, b.muli(s.slot64, rowc), b.i8), s.pe, **b.at())
+            row = b.select(s.valid, xr, p.zero_row)
+            return row, mori_shmem.ptr(b.gep(p.reg_w, b.muli(s.slot64, kb), b.i8), s.pe, **b.at())
+
+        reduce_tokens(f, rowc, source_row)
+    b.gpu_return()
+    return f.func
+
+
+def combine_push_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | None = None, *,
+                        uniform_addressing: bool = False) -> ir.Operation:  # fmt: skip
+    """``ep_combine_push_<dtype>``: each received row goes to its owner's staging row (our PE * M + token);
+    the grid and the PEs meet; then each token sums its K staged rows locally."""
+    f = open_kernel(cfg, "combine_push", generator="ep_intranode_kernels.combine_push_kernel", block=block,
+                    before=before)  # fmt: skip
+    b, p = f.b, f.params
+    rowc, kb = _combine_constants(f)
+    S = b.const_i32(cfg.send_stride)
+    M = b.const_i32(cfg.max_tokens_per_rank)
+    has_iw = f.present(p.inp_w)
+
+    def locate(i: ir.Value) -> tuple[ir.Value, ir.Value]:
+        # Received row i belongs to token tok of PE owner (its source position owner * S + tok).
+        pos = b.load(b.i32, b.gep(p.src_pos, i, b.i32))
+        owner = b.divui(pos, S)
+        tok = b.remui(pos, S)
+        return owner, b.addi(b.muli(f.me, M), tok)
+
+    return_rows(f, locate, p.stage_x, p.stage_w, rowc, has_iw)
+    mori_comm.grid_barrier(p.grid_ctr, **b.at())
+    mori_comm.device_barrier(p.bar_slots, p.bar_epochs, world_size=cfg.world_size, max_blocks=cfg.max_blocks,
+                             **b.at())  # fmt: skip
+
+    def source_row(s: ForwardEntry) -> tuple[ir.Value, ir.Value]:
+        srow64 = b.extui(b.i64, b.addi(b.muli(s.pe, M), s.t))  # our staging row on PE pe: pe * M + t
+        return b.gep(p.stage_x, b.muli(srow64, rowc), b.i8), b.gep(p.stage_w, b.muli(srow64, kb), b.i8)
+
+    reduce_tokens(f, rowc, source_row, uniform=uniform_addressing, narrow=uniform_addressing)
+    b.gpu_return()
+    return f.func
