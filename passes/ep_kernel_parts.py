@@ -57,7 +57,6 @@ imports no kernel family (the families import it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from mori_compiler import ep_schema
@@ -66,9 +65,8 @@ from mori_compiler.dialects import mori_comm, mori_ep, mori_shmem
 from mori_compiler.dialects.builder import Builder, generated_location, new_kernel
 
 
-@dataclass(frozen=True)
-class EpKernelConfig:
-    """The compile-time configuration of an EP kernel (the EP op's attributes)."""
+class EpKernelConfig(NamedTuple):
+    """The compile-time configuration of an EP kernel (the EP op's attributes; immutable)."""
 
     world_size: int
     hidden: int
@@ -120,7 +118,7 @@ class EpKernelConfig:
     @classmethod
     def from_op(cls, op: ir.Operation) -> "EpKernelConfig":
         ints = mori_ep.int_attributes(op)
-        fields = {f: ints[f] for f in cls.__dataclass_fields__ if f in ints}
+        fields = {f: ints[f] for f in cls._fields if f in ints}
         return cls(dtype=op.attributes["dtype"].value, **fields)
 
 
