@@ -1,7 +1,7 @@
 """The pieces every EP kernel family is built from (IntraNode, IntraNodeLL, AsyncLL), on ``Builder``.
 
 API (values are ``ir.Value`` objects; each piece appends ops at the frame's builder and returns the values
-later code uses, as a small frozen dataclass):
+later code uses, as a small named tuple):
 
 * ``EpKernelConfig``: the compile-time configuration (the EP op's attributes); derived sizes come from
   ``ep_schema.EpSizes`` (``cfg.sizes``), the one owner of S, R, the null forward code and row bytes.
@@ -50,14 +50,14 @@ Ordering each piece provides (who writes, who waits; docs/ep-protocols.md has th
   acquire after waiting for the peers' signals).
 
 The pieces build ops in a fixed order (the order of the former MLIR text, so the kernels' code is
-unchanged); a caller that needs a value of a piece takes it from the returned dataclass. This module
+unchanged); a caller that needs a value of a piece takes it from the returned record. This module
 imports no kernel family (the families import it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from mori_compiler import ep_schema
 from mori_compiler._mlir import ir
@@ -65,9 +65,8 @@ from mori_compiler.dialects import mori_comm, mori_ep, mori_shmem
 from mori_compiler.dialects.builder import Builder, generated_location, new_kernel
 
 
-@dataclass(frozen=True)
-class EpKernelConfig:
-    """The compile-time configuration of an EP kernel (the EP op's attributes)."""
+class EpKernelConfig(NamedTuple):
+    """The compile-time configuration of an EP kernel (the EP op's attributes; immutable)."""
 
     world_size: int
     hidden: int
@@ -119,7 +118,7 @@ class EpKernelConfig:
     @classmethod
     def from_op(cls, op: ir.Operation) -> "EpKernelConfig":
         ints = mori_ep.int_attributes(op)
-        fields = {f: ints[f] for f in cls.__dataclass_fields__ if f in ints}
+        fields = {f: ints[f] for f in cls._fields if f in ints}
         return cls(dtype=op.attributes["dtype"].value, **fields)
 
 
@@ -142,8 +141,7 @@ class Params:
         return name in self._values
 
 
-@dataclass
-class KernelFrame:
+class KernelFrame(NamedTuple):
     """One EP kernel under construction: its builder, config, parameters and prologue values."""
 
     b: Builder
@@ -232,8 +230,7 @@ def open_kernel(cfg: EpKernelConfig, family: str, *, generator: str, block: ir.B
 # ---- dispatch ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TokenInputs:
+class TokenInputs(NamedTuple):
     """A dispatch's constants and optional inputs: experts per rank (i32), S = W * M (i32), the row bytes
     (i64), and whether weights (``w``) and scales (``s``) are given (i1)."""
 
@@ -253,8 +250,7 @@ def token_inputs(f: KernelFrame) -> TokenInputs:
     return TokenInputs(er, s, row, f.present(f.params.w), f.present(f.params.s))
 
 
-@dataclass(frozen=True)
-class DispatchRound:
+class DispatchRound(NamedTuple):
     """This dispatch round (``round``, i64, from ``round_ctr``), its parity (i32) and slot counter, and the
     predicates the kernels reuse: ``b0`` (block 0), ``t0`` (thread 0 of its block), ``first_thread``."""
 
@@ -288,8 +284,7 @@ def dispatch_round(f: KernelFrame) -> DispatchRound:
     return DispatchRound(rnd, one64, par, slot_ctr, tid, b0, t0, first_thread)
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     """Token ``t`` (i32) routed by one warp; per lane k < K: ``slotidx`` = t * K + k, the expert id ``e``,
     whether it is a valid id (``valid``), its destination ``pe`` (W when invalid), the reserved ``slot``,
     and ``ok`` (this lane represents a destination that has a slot; ``ok32`` as i32)."""
@@ -353,8 +348,7 @@ def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
     return Route(t, slotidx, e, valid, pe, slot, ok, ok32)
 
 
-@dataclass(frozen=True)
-class TokenSource:
+class TokenSource(NamedTuple):
     """Token t's row in ``x`` (``src_row``; ``t64`` = t as i64) and this lane's weight ``wv`` (f32; 0.0
     without weights or past K)."""
 
@@ -442,8 +436,7 @@ def dispatch_completion(f: KernelFrame, rnd: DispatchRound) -> None:
 # ---- combine ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ForwardEntry:
+class ForwardEntry(NamedTuple):
     """Source k of token ``t`` (i32) in a combine: its forward code (pe * R + slot, or NULL), ``valid``
     (code != NULL), the PE ``pe``, ``slot`` (i32) and ``slot64`` (i64)."""
 
