@@ -6,7 +6,7 @@ Config (issue 4): 8 virtual PEs, hidden 7168, top-8, 256 experts (32 per PE), ra
 
 Reported per leg: µs; GB/s in MORI's accounting (docs/ep-protocols.md: total_recv x H x elem / t per rank,
 mean over ranks); the roofline ratio ("vs copy"): the leg's bytes, each received row read once and written
-once (performance-anchors.md), per second (all PEs run on this one GPU) over the device-to-device copy's
+once (docs/ep-protocols.md §13), per second (all PEs run on this one GPU) over the device-to-device copy's
 read + write bytes per second, measured in the same run; and "physical": the bytes the kernel's own loads
 and stores move (the dispatch reads each token row once for all its destinations, so it moves fewer bytes
 than the roofline count and its ratio can pass 1).
@@ -132,7 +132,7 @@ def run(world: int, tokens: int, blocks: int, warps: int, reps: int, copy_bps: f
             for leg, graph, elem, grid in legs:
                 us = _median_replay_us(graph, reps)
                 per_rank = [t * HIDDEN * elem / (us * 1e-6) / 1e9 for t in totals]
-                # The roofline bytes (performance-anchors: each received byte read once and written once):
+                # The roofline bytes (docs/ep-protocols.md §13: each received byte read once and written once):
                 # dispatch 2 x received rows; combine the received rows read and the token rows written.
                 moved = sum(totals) * HIDDEN * elem * 2
                 # What the kernel's own loads and stores move: the dispatch reads each token row once (and

@@ -31,7 +31,7 @@ irdl.dialect @mori_ep {
                       "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank, "max_recv_per_rank" = %max_recv_per_rank,
                       "scale_bytes" = %scale_bytes, "warps_per_block" = %warps_per_block, "wave_size" = %wave_size }
   }
-  // IntraNode combine (§3.2): each token's rows summed in fp32 from its destination PEs; lowers to
+  // IntraNode combine (docs/ep-protocols.md §9): each token's rows summed in fp32 from its destination PEs; lowers to
   // ep_combine_pull_<dtype> (zero_copy = 1: read the peers' registered buffers) or ep_combine_push_<dtype>.
   irdl.operation @combine {
     %world_size = irdl.any
@@ -49,7 +49,7 @@ irdl.dialect @mori_ep {
                       "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank, "max_recv_per_rank" = %max_recv_per_rank,
                       "zero_copy" = %zero_copy, "warps_per_block" = %warps_per_block, "wave_size" = %wave_size, "max_blocks" = %max_blocks }
   }
-  // IntraNodeLL dispatch (§3.3): same config and outputs as dispatch; lowers to ep_dispatch_ll_<dtype> (one
+  // IntraNodeLL dispatch (docs/ep-protocols.md §8): same config and outputs as dispatch; lowers to ep_dispatch_ll_<dtype> (one
   // block per token, each 16-byte vector loaded once and stored to every destination).
   irdl.operation @dispatch_ll {
     %world_size = irdl.any
@@ -67,7 +67,7 @@ irdl.dialect @mori_ep {
                       "max_recv_per_rank" = %max_recv_per_rank, "scale_bytes" = %scale_bytes,
                       "warps_per_block" = %warps_per_block, "wave_size" = %wave_size }
   }
-  // AsyncLL halves (§3.6): the config of dispatch/combine plus the notification mode. Send phase of an
+  // AsyncLL halves (docs/ep-protocols.md §10): the config of dispatch/combine plus the notification mode. Send phase of an
   // AsyncLL dispatch: records into each destination's per-source region; lowers to
   // ep_async_dispatch_send_<dtype>.
   irdl.operation @dispatch_send {

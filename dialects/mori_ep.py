@@ -6,10 +6,10 @@ Defined in ``mori_ep.irdl.mlir``. Each op's attributes carry the whole configura
 
 ============== ===============================================================================
 dispatch       IntraNode dispatch, one warp per token (docs/ep-protocols.md §3.1): ``ep_dispatch_<dtype>``
-combine        IntraNode combine (§3.2): ``ep_combine_pull_<dtype>`` (zero_copy) or ``_push_``
+combine        IntraNode combine (docs/ep-protocols.md §9): ``ep_combine_pull_<dtype>`` (zero_copy) or ``_push_``
 dispatch_ll    IntraNodeLL dispatch, one block per token, each vector loaded once and stored to
-               every destination (§3.3): ``ep_dispatch_ll_<dtype>``; combine as IntraNode
-dispatch_send  AsyncLL send phase (§3.6): ``ep_async_dispatch_send_<dtype>``
+               every destination (docs/ep-protocols.md §8): ``ep_dispatch_ll_<dtype>``; combine as IntraNode
+dispatch_send  AsyncLL send phase (docs/ep-protocols.md §10): ``ep_async_dispatch_send_<dtype>``
 dispatch_recv  AsyncLL receive phase: ``ep_async_dispatch_recv_<dtype>``
 combine_send   ``ep_async_combine_send_<dtype>``
 combine_recv   ``ep_async_combine_recv_<dtype>``

@@ -14,12 +14,12 @@ dependency: functions take and return NumPy arrays. Callers holding torch tensor
 
 Conventions (ours, stated once):
 
-* Source positions use FlatTokenIndex ``src_rank * S + src_tok`` with ``S = W * M`` (§2.4); its null is
-  ``W * S`` (:attr:`EpShape.null_src`).
+* Source positions use FlatTokenIndex ``src_rank * S + src_tok`` with ``S = W * M``
+  (docs/ep-protocols.md §3); its null is ``W * S`` (:attr:`EpShape.null_src`).
 * A forward-map entry encodes (destination PE, recv slot) as ``pe * R + slot`` with null ``W * R``
-  (:attr:`EpShape.null_fwd`): our stride is R, like v2 (§0), not MORI v1's S.
+  (:attr:`EpShape.null_fwd`): our stride is R, like v2 (docs/ep-protocols.md §1), not MORI v1's S.
 * Routing: a slot ``k`` is dropped when ``idx < 0`` (sentinel) or ``idx // Er >= W`` (out of range); a token
-  goes to each PE once and the lowest ``k`` is the representative (§2.1).
+  goes to each PE once and the lowest ``k`` is the representative (docs/ep-protocols.md §2).
 * Standard-MoE ``packed_recv_src_info[e, j]`` holds the dispatch **recv row index** of entry ``j`` of local
   expert ``e`` (MORI stores the dispatch-row index too; the value is our convention). Unused entries are -1.
 """
@@ -50,7 +50,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class EpShape:
-    """The sizes of one EP configuration (§0). ``max_total_recv_tokens`` = 0 means no receive cap."""
+    """The sizes of one EP configuration (docs/ep-protocols.md §1). ``max_total_recv_tokens`` = 0 means no
+    receive cap."""
 
     world_size: int
     num_experts_per_rank: int
@@ -66,7 +67,7 @@ class EpShape:
         if not isinstance(self.max_total_recv_tokens, (int, np.integer)) or self.max_total_recv_tokens < 0:
             raise ValueError(f"EpShape.max_total_recv_tokens must be >= 0, got {self.max_total_recv_tokens!r}")
 
-    # short names of §0
+    # short names of docs/ep-protocols.md §1
     @property
     def W(self) -> int:
         return int(self.world_size)
@@ -169,11 +170,11 @@ def _valid_pe(idx: np.ndarray, shape: EpShape) -> np.ndarray:
     return np.where((pe >= 0) & (pe < shape.W), pe, -1)
 
 
-# ---- routing (§2.1) -------------------------------------------------------------------------------------
+# ---- routing (docs/ep-protocols.md §2) ---------------------------------------------------------------------
 
 
 def route(indices, shape: EpShape) -> list[list[tuple[int, int]]]:
-    """Per token, the ``(dest_pe, representative k)`` pairs in k order (§2.1).
+    """Per token, the ``(dest_pe, representative k)`` pairs in k order (docs/ep-protocols.md §2).
 
     Slots with ``idx < 0`` or ``idx // Er >= W`` are skipped; a PE appears once per token, with the lowest k.
     """
@@ -200,12 +201,14 @@ def destinations(indices, shape: EpShape) -> np.ndarray:
 
 
 def unique_dest_count(indices, shape: EpShape) -> np.ndarray:
-    """int64 [n]: U(t) = |P(t)|, the number of distinct valid destination PEs of each token (§4)."""
+    """int64 [n]: U(t) = |P(t)|, the number of distinct valid destination PEs of each token
+    (docs/ep-protocols.md §12)."""
     return destinations(indices, shape).sum(axis=1).astype(np.int64)
 
 
 def expected_recv_counts(all_indices, shape: EpShape) -> np.ndarray:
-    """int64 [W]: rows each rank receives = distinct (src rank, src token) whose P(t) contains it (§2.3).
+    """int64 [W]: rows each rank receives = distinct (src rank, src token) whose P(t) contains it
+    (docs/ep-protocols.md §4).
 
     These are the uncapped counts; see :func:`recv_overflow` for the capacity R.
     """
@@ -227,7 +230,7 @@ def recv_overflow(all_indices, shape: EpShape) -> RecvOverflow:
     return RecvOverflow(counts, np.minimum(counts, shape.R), [int(r) for r in np.nonzero(counts > shape.R)[0]])
 
 
-# ---- AsyncLL receive layout (§2.2) -----------------------------------------------------------------------
+# ---- AsyncLL receive layout (docs/ep-protocols.md §4) ------------------------------------------------------
 
 
 class AsyncLLSegment(NamedTuple):
@@ -246,8 +249,9 @@ def asyncll_layout(all_indices, shape: EpShape) -> list[list[AsyncLLSegment]]:
     """Per receiving rank, one segment per source PE (zero-token sources included, as empty segments).
 
     AsyncLL groups output rows by source PE in PE order; within a source they follow the sender's slot order
-    (§2.2). Our sender assigns slots per destination in token order, so ``tokens`` is ascending; MORI's slot
-    counter may interleave warps, which :func:`check_asyncll_layout` tolerates with ``strict_order=False``.
+    (docs/ep-protocols.md §4). Our sender assigns slots per destination in token order, so ``tokens`` is
+    ascending; MORI's slot counter may interleave warps, which :func:`check_asyncll_layout` tolerates with
+    ``strict_order=False``.
     """
     per_source = [destinations(idx, shape) for idx in _all_indices(all_indices, shape)]
     layout = []
@@ -282,7 +286,7 @@ def check_asyncll_layout(rank: int, src_pos, total_recv: int, layout: list[list[
             assert sorted(tokens) == seg.tokens, f"rank {rank}: rows from PE {seg.src_rank} hold the wrong token set"
 
 
-# ---- dispatch oracle (§2.2-§2.4, §4) --------------------------------------------------------------------
+# ---- dispatch oracle (docs/ep-protocols.md §3, §4, §12) ----------------------------------------------------
 
 
 class RecvRow(NamedTuple):
@@ -387,7 +391,8 @@ def _first_row_mismatch(name, rank, got, want, rows, src, *, as_bytes=True, atol
 
 def check_dispatch(rank: int, out_x, out_w, out_s, out_idx, src_pos, total_recv, expected, shape: EpShape, *,
                    atol: float = 0) -> None:
-    """The §4 dispatch oracle for one rank; raises AssertionError naming rank, row, (src, tok) and the difference.
+    """The docs/ep-protocols.md §12 dispatch oracle for one rank; raises AssertionError naming rank, row, (src, tok) and
+    the difference.
 
     * ``out_x`` [>= total_recv, H] any dtype, compared as raw bytes (bf16 as uint16 bits, fp8 as uint8 bits;
       the expected rows must use the same representation). With ``atol > 0``, x is instead compared as numbers
@@ -463,12 +468,12 @@ def check_dispatch(rank: int, out_x, out_w, out_s, out_idx, src_pos, total_recv,
         _first_row_mismatch("indices", rank, got, ref, rows, decoded)
 
 
-# ---- combine (§2.5, §2.9) -------------------------------------------------------------------------------
+# ---- combine (docs/ep-protocols.md §9, §12) ----------------------------------------------------------------
 
 
 def reference_combine(all_x, all_indices, shape: EpShape, *,
                       expert: Callable[[np.ndarray], np.ndarray] = lambda rows: rows) -> list[np.ndarray]:
-    """The §2.9 model, end to end: per rank ``out [n, H]`` float32.
+    """The docs/ep-protocols.md §12 model, end to end: per rank ``out [n, H]`` float32.
 
     Each destination p runs ``y = expert(rows)`` on its received rows (float32 [n_recv, H], ordered by source
     rank then token; ``expert`` must return the same shape); the owner then sums, unweighted, the rows of
@@ -507,7 +512,7 @@ def reference_combine_weights(w, indices, shape: EpShape):
 
 
 def combine_tolerance(dtype_name: str, quant_type: str = "none") -> tuple[float, float]:
-    """(atol, rtol) of the §4 combine check for an output dtype and a wire quantization."""
+    """(atol, rtol) of the docs/ep-protocols.md §12 combine check for an output dtype and a wire quantization."""
     quant = {"none": None, "fp8_direct_cast": 1e-1, "fp8_blockwise": 7e-2}
     if quant_type not in quant:
         raise ValueError(f"no tolerance for quant_type {quant_type!r} (known: {sorted(quant)})")
@@ -542,11 +547,12 @@ def _check_close(what, rank, got, want, atol, rtol, n):
 
 def check_combine(out, x, indices, shape: EpShape, dtype_name: str, *, atol: float | None = None,
                   rtol: float | None = None, quant_type: str = "none", rank: int | None = None) -> None:
-    """The §4 combine check for one rank: ``out[t] ≈ cast(U(t) * x[t])`` for t in [0, n).
+    """The docs/ep-protocols.md §12 combine check for one rank: ``out[t] ≈ cast(U(t) * x[t])`` for t in [0, n).
 
     ``out`` [>= n, H] holds output values (float32; bf16/fp8 outputs converted to float32 or via
     :func:`from_bits`); ``x`` [n, H] the rank's dispatch input values, ``indices`` its own routing.
-    The expectation is rounded to ``dtype_name`` (§4: ``(float(x) * U).to(dtype)``). Default tolerances come
+    The expectation is rounded to ``dtype_name`` (docs/ep-protocols.md §12: ``(float(x) * U).to(dtype)``).
+    Default tolerances come
     from :func:`combine_tolerance`. NaN never passes. ``rank`` only labels the message.
     """
     idx = _indices(indices, shape)
@@ -564,12 +570,12 @@ def check_combine(out, x, indices, shape: EpShape, dtype_name: str, *, atol: flo
 
 def check_combine_weights(out_w, w, indices, shape: EpShape, *, atol: float = 1e-5, rtol: float = 1e-5,
                           rank: int | None = None) -> None:
-    """Combine ``out_weights[t] ≈ U(t) * w[t]`` for t in [0, n) (§4: atol = rtol = 1e-5)."""
+    """Combine ``out_weights[t] ≈ U(t) * w[t]`` for t in [0, n) (docs/ep-protocols.md §12: atol = rtol = 1e-5)."""
     want = reference_combine_weights(w, indices, shape)
     _check_close("combine out_weights", "?" if rank is None else rank, out_w, want, atol, rtol, want.shape[0])
 
 
-# ---- standard-MoE (DeepEP) layout (§1.2, §2.5) -----------------------------------------------------------
+# ---- standard-MoE (DeepEP) layout (docs/ep-protocols.md §9) ------------------------------------------------
 
 
 def convert_dispatch_output_ref(out_x, out_idx, total_recv, rank: int, shape: EpShape):
@@ -754,7 +760,7 @@ def representable_values(dtype_name: str) -> np.ndarray:
     return vals[np.isfinite(vals)]
 
 
-# ---- input generators (§4) ------------------------------------------------------------------------------
+# ---- input generators (docs/ep-protocols.md §12) -----------------------------------------------------------
 
 ROUTING_MODES = ("random", "random_dup", "spread", "all_to_one", "sentinel", "round_robin", "remote_round_robin")
 
@@ -828,7 +834,8 @@ def make_routing(mode: str, n_tokens_per_rank: Sequence[int], shape: EpShape, se
 
 
 def make_token_counts(shape: EpShape, seed: int, *, use_max: bool = False, low: int = 1) -> list[int]:
-    """Per-rank token counts: uniform in [low, M] (§4: ``randint(0, M]``), or all M with ``use_max``."""
+    """Per-rank token counts: uniform in [low, M] (docs/ep-protocols.md §12: ``randint(0, M]``), or all
+    M with ``use_max``."""
     if use_max:
         return [shape.M] * shape.W
     rng = np.random.default_rng(seed)
@@ -849,12 +856,13 @@ def make_tokens(n: int, H: int, dtype_name: str, seed: int) -> np.ndarray:
 
 
 def make_weights(n: int, K: int, seed: int) -> np.ndarray:
-    """float32 [n, K] uniform in [0, 1) (§4 ``rand``)."""
+    """float32 [n, K] uniform in [0, 1) (docs/ep-protocols.md §12 ``rand``)."""
     return np.random.default_rng(seed).random((n, K), dtype=np.float32)
 
 
 def make_scales(n: int, scale_dim: int, seed: int, scale_type_size: int = 4) -> np.ndarray:
-    """Scales [n, scale_dim]: float32 ``rand`` (size 4), or its fp8 FNUZ bit patterns as uint8 (size 1) (§4)."""
+    """Scales [n, scale_dim]: float32 ``rand`` (size 4), or its fp8 FNUZ bit patterns as uint8 (size 1)
+    (docs/ep-protocols.md §12)."""
     s = np.random.default_rng(seed).random((n, scale_dim), dtype=np.float32)
     if scale_type_size == 4:
         return s

@@ -10,7 +10,7 @@ import pytest
 from mori_compiler.lib_bitcode import abi
 from mori_compiler.lib_bitcode.stub import STUB_MY_PE, STUB_N_PES, stub_llvm_ir, write_stub_bitcode
 
-SPEC = Path(__file__).resolve().parents[2] / "docs" / "device-abi.md"
+SPEC = Path(__file__).resolve().parents[2] / "docs/device-abi.md"
 TRIPLES = ("amdgcn-amd-amdhsa", "nvptx64-nvidia-cuda")
 NO_METADATA = {"long_p", "longlong_p", "char_p", "short_p", "uint_p", "ulong_p", "ulonglong_p", "uchar_p",
                "ushort_p"}

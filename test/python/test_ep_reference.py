@@ -1,8 +1,8 @@
 """The NumPy EP reference model and oracle (mori_compiler/ops/reference.py) against docs/ep-protocols.md.
 
-Property tests over many seeded routings, a small §2.9 dispatch/combine simulator with a shuffled arrival
-order (written here, independently of the module) whose output the oracles must accept, corruptions of it
-that they must reject, and exact checks of the bf16 / fp8 encoders. CPU only, NumPy only.
+Property tests over many seeded routings, a small docs/ep-protocols.md §12 dispatch/combine simulator with a
+shuffled arrival order (written here, independently of the module) whose output the oracles must accept,
+corruptions of it that they must reject, and exact checks of the bf16 / fp8 encoders. CPU only, NumPy only.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def brute_route(idx_row, W, Er):
 
 
 def simulate_dispatch(xs, ws, ss, idxs, shape, seed, garbage=0xA5):
-    """The §2.9 dispatch with a random arrival order per destination.
+    """The docs/ep-protocols.md §12 dispatch with a random arrival order per destination.
 
     Returns per rank a dict with out_x/out_w/out_s/out_idx [R, ...] (unused rows filled with garbage bytes),
     src_pos [R], total_recv, and per source rank the forward map fwd [n, K] (pe * R + slot, null W * R).
@@ -94,7 +94,7 @@ def simulate_dispatch(xs, ws, ss, idxs, shape, seed, garbage=0xA5):
 
 
 def simulate_combine(ys, fwd, shape, H):
-    """Owner-side §2.9 combine: float32 sum over the non-null forward entries of each token."""
+    """Owner-side docs/ep-protocols.md §12 combine: float32 sum over the non-null forward entries of each token."""
     out = []
     for f in fwd:
         o = np.zeros((f.shape[0], H), dtype=np.float32)
@@ -121,7 +121,7 @@ def make_inputs(shape, H, dtype, mode, seed, *, counts=None, scales=True, weight
 def test_shape_sizes():
     s = EpShape(8, 32, 8, 128)
     assert (s.S, s.Rp, s.R, s.null_fwd, s.null_src, s.num_experts) == (1024, 128, 1024, 8 * 1024, 8 * 1024, 256)
-    # the recv-cap test configurations of §4
+    # the recv-cap test configurations of docs/ep-protocols.md §12
     assert EpShape(8, 32, 8, 32, 256).Rp == 32
     assert EpShape(8, 32, 8, 1, 128).Rp == 1
     assert EpShape(8, 32, 8, 16, 128).Rp == 16
