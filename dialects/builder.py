@@ -137,7 +137,7 @@ class Builder:
         return attrs
 
     def vector(self, n: int, elem) -> ir.Type:
-        return ir.VectorType.get([n], elem)
+        return ir.VectorType.get([n], elem, loc=self.loc)
 
     def ptr_in(self, space: int) -> ir.Type:
         return {0: self.ptr, 1: self.ptr_global, 3: self.ptr_lds}.get(space) or ir.Type.parse(f"!llvm.ptr<{space}>")

@@ -14,7 +14,7 @@
 
 irdl.dialect @mori_ep {
 
-  // IntraNode dispatch (docs/ep-protocols.md §3.1): every token to each destination PE of its top-k experts,
+  // IntraNode dispatch (docs/ep-protocols.md §8): every token to each destination PE of its top-k experts,
   // once per PE; lowers to the kernel ep_dispatch_<dtype> (one warp per token).
   irdl.operation @dispatch {
     %world_size = irdl.any

@@ -5,7 +5,7 @@ Defined in ``mori_ep.irdl.mlir``. Each op's attributes carry the whole configura
 ``mori_comm`` dialect (dialects/mori_comm.py), which ``mori-comm-to-calls`` then lowers:
 
 ============== ===============================================================================
-dispatch       IntraNode dispatch, one warp per token (docs/ep-protocols.md §3.1): ``ep_dispatch_<dtype>``
+dispatch       IntraNode dispatch, one warp per token (docs/ep-protocols.md §8): ``ep_dispatch_<dtype>``
 combine        IntraNode combine (docs/ep-protocols.md §9): ``ep_combine_pull_<dtype>`` (zero_copy) or ``_push_``
 dispatch_ll    IntraNodeLL dispatch, one block per token, each vector loaded once and stored to
                every destination (docs/ep-protocols.md §8): ``ep_dispatch_ll_<dtype>``; combine as IntraNode

@@ -175,8 +175,7 @@ def _data_warps(f: KernelFrame, inputs: TokenInputs, route: LdsRoute, data: Data
     if global_space:
         peers = [b.addrspacecast(b.ptr_global, peer) for peer in peers]
         src_row = b.addrspacecast(b.ptr_global, src_row)
-    with b.loc:  # VectorType.get needs a location (Builder.vector does not pass its own)
-        vec = b.vector(4, b.i32)
+    vec = b.vector(4, b.i32)
     with b.for_(data.dtid, data.nvec, data.dstride) as v0:
         loads = []  # (in the row, vector index, value) of each unrolled vector
         for uo in data.unroll_offsets:

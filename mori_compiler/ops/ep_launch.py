@@ -6,8 +6,8 @@ takes, in the kernel's parameter order. That order is the schema's; the bundle r
 kernels' parameters (bundle.json: names from each parameter's ``mori.name``, and types), and
 ``check_bundle`` compares the two when the op is built, before any code is loaded: a host that disagrees
 with its kernels is a ValueError naming the kernel and the parameter, never a launch with shifted
-arguments. Parameters the kernel left unnamed (``named`` false: kernels built before their generators set
-``mori.name``) are checked by position and type only.
+arguments. Every EP kernel parameter must carry its name (``mori.name``, set by the generators from the
+schema): an unnamed one is a mismatch too.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def bundle_problems(bundle, planned: list[PlannedKernel]) -> list[str]:
                             f"the EP schema's {sig.family} kernels take {len(sig.params)} ({', '.join(sig.names)})")
             continue
         for i, (got, want) in enumerate(zip(info.params, sig.params)):
-            if got.type != want.type or (got.named and got.name != want.name):
+            if got.type != want.type or not got.named or got.name != want.name:
                 shown = f"'{got.name}' ({got.type})" if got.named else f"an unnamed {got.type}"
                 problems.append(f"{where}: parameter {i} is {shown}; the EP schema's {sig.family} kernels expect "
                                 f"'{want.name}' ({want.type}) there")  # fmt: skip

@@ -27,8 +27,20 @@ INTRANODE = f"""module attributes {{gpu.container_module}} {{
   }}
 }}
 """
+LOW_LATENCY = f"""module attributes {{gpu.container_module}} {{
+  gpu.module @ep {{
+    "mori_ep.dispatch_ll"() {{{_CONFIG}, dtype = "bf16", scale_bytes = 16 : i64}} : () -> ()
+    "mori_ep.dispatch_send"() {{{_CONFIG}, dtype = "bf16", scale_bytes = 16 : i64, early_notify = 1 : i64, fused_recv = 1 : i64}} : () -> ()
+    "mori_ep.dispatch_recv"() {{{_CONFIG}, dtype = "bf16", scale_bytes = 16 : i64, early_notify = 1 : i64, fused_recv = 1 : i64}} : () -> ()
+    "mori_ep.combine_send"() {{{_CONFIG}, dtype = "bf16", early_notify = 0 : i64, fused_recv = 0 : i64}} : () -> ()
+    "mori_ep.combine_recv"() {{{_CONFIG}, dtype = "bf16", early_notify = 0 : i64, fused_recv = 0 : i64}} : () -> ()
+  }}
+}}
+"""
 FAMILIES = {"ep_dispatch_bf16": "dispatch", "ep_combine_pull_bf16": "combine_pull",
-            "ep_combine_push_bf16": "combine_push"}  # fmt: skip
+            "ep_combine_push_bf16": "combine_push", "ep_dispatch_ll_bf16": "dispatch_ll",
+            "ep_async_dispatch_send_bf16": "async_dispatch_send", "ep_async_dispatch_recv_bf16": "async_dispatch_recv",
+            "ep_async_combine_send_bf16": "async_combine_send", "ep_async_combine_recv_bf16": "async_combine_recv"}  # fmt: skip
 _TYPES = {"ptr": "!llvm.ptr", "i32": "i32"}
 
 
@@ -45,11 +57,14 @@ def _kernels(module: ir.Module) -> dict[str, ir.Operation]:
     return {op.attributes["sym_name"].value: op.operation for op in body.operations if op.operation.name == "gpu.func"}
 
 
+@pytest.mark.parametrize("source", [INTRANODE, LOW_LATENCY], ids=["intranode", "low-latency"])
 @pytest.mark.parametrize("uniform", [False, True], ids=["default", "uniform-addressing"])
-def test_kernel_parameters_are_the_schema(uniform):
-    module = _expand(INTRANODE, f"wave-size=64 uniform-addressing={'true' if uniform else 'false'}")
+def test_kernel_parameters_are_the_schema(uniform, source):
+    flag = "true" if uniform else "false"
+    module = _expand(source, f"wave-size=64 uniform-addressing={flag} global-address-space={flag}")
     kernels = _kernels(module)
-    assert set(kernels) == set(FAMILIES)
+    assert set(kernels) == {n for n, family in FAMILIES.items() if (source is LOW_LATENCY) == (
+        family == "dispatch_ll" or family.startswith("async"))}  # fmt: skip
     for name, fn in kernels.items():
         sig = ep_schema.KERNELS[FAMILIES[name]]
         names = tuple(ir.DictAttr(a)[PARAM_NAME_ATTR].value for a in fn.attributes["arg_attrs"])
