@@ -28,9 +28,8 @@ Index encodings (docs/ep-protocols.md):
 from __future__ import annotations
 
 import enum
-import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from collections import namedtuple
 
 TOKEN_BYTES = {"bf16": 2, "f32": 4, "fp8_e4m3fn": 1, "fp8_e4m3fnuz": 1}
 DISPATCH_DTYPES = ("bf16", "f32", "fp8_e4m3fn", "fp8_e4m3fnuz")
@@ -63,25 +62,20 @@ KernelType = EpDispatchCombineKernelType
 SIZE_ATTRIBUTES = ("world_size", "hidden", "top_k", "experts_per_rank", "max_tokens_per_rank", "max_recv_per_rank")
 
 
-@dataclass(frozen=True)
-class EpSizes:
+class EpSizes(namedtuple("EpSizes", ("world_size", "hidden", "top_k", "experts_per_rank", "max_tokens_per_rank",
+                                     "max_recv_per_rank", "token_bytes", "scale_bytes", "external_input"),
+                         defaults=(2, 0, True))):  # fmt: skip
     """The compile-time sizes of one EP configuration, in the kernels' terms.
 
     W world_size, H hidden, K top_k, Er experts_per_rank, M max_tokens_per_rank, Rp max_recv_per_rank
     (receive slots per source PE), token_bytes (bytes per element of a token row: the widest token dtype
     for the host, which sizes the buffers by it; the kernel's dtype for a kernel, whose rows are packed
-    at its own dtype), scale_bytes (bytes of one token's scales).
+    at its own dtype), scale_bytes (bytes of one token's scales), external_input (the push combine's
+    staging buffers are sized only when used). An immutable tuple (``collections.namedtuple``: cheaper to
+    import than a dataclass or ``typing``; the schema is on the warm-start path).
     """
 
-    world_size: int
-    hidden: int
-    top_k: int
-    experts_per_rank: int
-    max_tokens_per_rank: int
-    max_recv_per_rank: int
-    token_bytes: int = 2
-    scale_bytes: int = 0
-    external_input: bool = True  # the push combine's staging buffers are sized only when used
+    __slots__ = ()
 
     @classmethod
     def from_config(cls, cfg) -> "EpSizes":
@@ -161,17 +155,12 @@ _ASYNC = frozenset({KernelType.AsyncLL})
 _ALL = _SYNC | _ASYNC
 
 
-@dataclass(frozen=True)
-class Buffer:
-    """One symmetric buffer of an EP op: allocated on every PE (256-byte aligned), ``size(sizes)`` bytes,
-    zero-filled at allocation when ``zeroed`` (counters, signals and flags the kernels expect to start
-    at 0; they leave them ready for the next call), used by the kernel types ``kinds``."""
+class Buffer(namedtuple("Buffer", ("name", "size", "zeroed", "kinds", "doc"))):
+    """One symmetric buffer of an EP op: allocated on every PE (256-byte aligned), ``size(sizes)`` bytes (a
+    function of EpSizes), zero-filled at allocation when ``zeroed`` (counters, signals and flags the kernels
+    expect to start at 0; they leave them ready for the next call), used by the kernel types ``kinds``."""
 
-    name: str
-    size: Callable[[EpSizes], int]
-    zeroed: bool
-    kinds: frozenset
-    doc: str
+    __slots__ = ()
 
 
 def _tok(s: EpSizes) -> int:
@@ -235,17 +224,13 @@ def buffers_for(kind: KernelType, sizes: EpSizes) -> list[tuple[Buffer, int]]:
 PARAM_TYPES = ("ptr", "i32")
 
 
-@dataclass(frozen=True)
-class Param:
+class Param(namedtuple("Param", ("name", "type", "buffer", "optional"), defaults=("ptr", None, False))):
     """A kernel parameter: ``name`` (as in the gpu.func and bundle.json), ``type`` ("ptr" or "i32"), and
     ``buffer``, the symmetric buffer the host passes (None: a call argument the host passes by name).
     An ``optional`` buffer is passed unless the call gives the parameter as 0 (a null pointer: the
     combine's output weights when the caller has no weights)."""
 
-    name: str
-    type: str = "ptr"
-    buffer: str | None = None
-    optional: bool = False
+    __slots__ = ()
 
 
 def _b(name: str, buffer: str | None = None) -> Param:
@@ -259,44 +244,37 @@ _OUT_CW = Param("out_w", "ptr", "out_cw", optional=True)  # the combine's output
 LEGS = ("dispatch", "combine")
 
 
-@dataclass(frozen=True)
 class KernelSignature:
     """The parameters of the kernels ``ep_<family>_<dtype>``, in order, and where the family comes from:
     the ``mori_ep`` op ``op`` (with ``zero_copy`` for the combine's two forms), the ``leg`` it runs
-    (dispatch or combine: its dtypes) and the kernel types ``kinds`` that launch it."""
+    (dispatch or combine: its dtypes) and the kernel types ``kinds`` that launch it. Immutable; the
+    tuples a launch reads are computed once here."""
 
-    family: str
-    params: tuple[Param, ...]
-    doc: str
-    op: str = ""
-    leg: str = "dispatch"
-    kinds: frozenset = frozenset()
-    zero_copy: int | None = None
+    __slots__ = ("family", "params", "doc", "op", "leg", "kinds", "zero_copy", "names", "types", "call_arguments",
+                 "optional_buffers", "_slots")  # fmt: skip
+
+    def __init__(self, family: str, params: tuple[Param, ...], doc: str, op: str = "", leg: str = "dispatch",
+                 kinds: frozenset = frozenset(), zero_copy: int | None = None):  # fmt: skip
+        set_ = object.__setattr__
+        for name, value in (("family", family), ("params", tuple(params)), ("doc", doc), ("op", op), ("leg", leg),
+                            ("kinds", frozenset(kinds)), ("zero_copy", zero_copy)):  # fmt: skip
+            set_(self, name, value)
+        set_(self, "names", tuple(p.name for p in self.params))
+        set_(self, "types", tuple(p.type for p in self.params))
+        # The parameters the host passes by name (not symmetric buffers), and the buffer parameters a
+        # call may give as 0 (null) by name.
+        set_(self, "call_arguments", tuple(p.name for p in self.params if p.buffer is None))
+        set_(self, "optional_buffers", tuple(p.name for p in self.params if p.optional))
+        set_(self, "_slots", tuple((p.name, p.buffer) for p in self.params))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"KernelSignature is immutable (setting {name!r})")
+
+    def __repr__(self) -> str:
+        return f"KernelSignature({self.family!r}, {', '.join(self.names)})"
 
     def kernel_name(self, dtype: str) -> str:
         return f"ep_{self.family}_{dtype}"
-
-    @functools.cached_property
-    def names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.params)
-
-    @functools.cached_property
-    def types(self) -> tuple[str, ...]:
-        return tuple(p.type for p in self.params)
-
-    @functools.cached_property  # (cached: read on every launch)
-    def call_arguments(self) -> tuple[str, ...]:
-        """The parameters the host passes by name (not symmetric buffers)."""
-        return tuple(p.name for p in self.params if p.buffer is None)
-
-    @functools.cached_property
-    def optional_buffers(self) -> tuple[str, ...]:
-        """The buffer parameters a call may give as 0 (null) by name."""
-        return tuple(p.name for p in self.params if p.optional)
-
-    @functools.cached_property
-    def _slots(self) -> tuple[tuple[str, str | None], ...]:
-        return tuple((p.name, p.buffer) for p in self.params)
 
     def arguments(self, buffer_address: Callable[[str], int], values: dict) -> tuple:
         """The launch arguments in parameter order: each buffer's address (``buffer_address(name)``) and
