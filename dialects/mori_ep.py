@@ -16,7 +16,7 @@ combine_recv   ``ep_async_combine_recv_<dtype>``
 ============== ===============================================================================
 
 The AsyncLL halves carry the notification mode as ``early_notify``/``fused_recv`` (0 or 1, fused needs
-early). The dtypes and the limits that size device structures come from the EP schema
+early). ``ep_op`` builds an EP op from Python values. The dtypes and the limits that size device structures come from the EP schema
 (mori_compiler/ep_schema.py); ``extra_verify`` states the ranges and relations IRDL cannot.
 """
 
@@ -41,6 +41,26 @@ MAX_LIMITS = {"hidden": 2**16, "experts_per_rank": 2**12, "max_tokens_per_rank":
 MAX_BLOCK_THREADS = 1024
 HALF_OPS = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")  # AsyncLL send/recv phases
 EP_OPS = ("dispatch", "combine", "dispatch_ll") + HALF_OPS
+
+
+def ep_op(short_name: str, attributes: dict, *, loc=None, ip=None) -> ir.Operation:
+    """``mori_ep.<short_name>() {attributes}``: one EP op (``short_name`` in EP_OPS), each attribute an
+    ``int`` (an ``i64`` IntegerAttr) or a ``str`` (a StringAttr), in the ambient context or ``loc``'s. The
+    values are checked where IR from text is: compile_source runs ``extra_verify`` on a built module too."""
+    if short_name not in EP_OPS:
+        raise ValueError(f"mori_ep has no EP op '{short_name}' (EP ops: {', '.join(EP_OPS)})")
+    with loc.context if loc is not None else ir.Context.current:
+        i64 = ir.IntegerType.get_signless(64)
+        attrs = {}
+        for name, value in attributes.items():
+            if isinstance(value, str):
+                attrs[name] = ir.StringAttr.get(value)
+            elif isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
+                attrs[name] = ir.IntegerAttr.get(i64, value)
+            else:
+                raise ValueError(f"'mori_ep.{short_name}' attribute '{name}' must be an i64 int or a str, got "
+                                 f"{value!r}")  # fmt: skip
+        return ir.Operation.create(f"{DIALECT_NAME}.{short_name}", attributes=attrs, loc=loc, ip=ip)
 
 
 def extra_verify(op: ir.Operation) -> list[str]:

@@ -107,16 +107,21 @@ def compiler_available() -> bool:
 
 
 def get_bundle(source: str, options: CompileOptions, *, config: dict | None = None, cache_root=None,
-               what: str = "kernel", kernels=()) -> Bundle:  # fmt: skip
+               what: str = "kernel", kernels=(), module=None) -> Bundle:  # fmt: skip
     """The bundle for (source, options): compiled if the compiler is installed, else precompiled.
 
-    ``kernels``: names the bundle must hold (a cached bundle without them is damaged). Without the compiler
+    ``kernels``: names the bundle must hold (a cached bundle without them is damaged). ``module``: a
+    zero-argument callable returning the ``ir.Module`` that ``source`` is the text of (built in Python),
+    compiled instead of parsing ``source``; called only on a miss with the compiler installed. The key
+    and the index are computed from ``source`` either way (the same bundle, found without MLIR); that the
+    module prints as ``source`` parses is the caller's contract (ops/bundle.py's test pins it). Without the compiler
     (GPU machines) only bundles recorded by an earlier compile or ``mori-compile --precompile`` are found;
     anything else, and a damaged bundle, is a clear error saying how to build it.
     """
+    _check_module(module)
     root = Path(cache_root) if cache_root else cache_dir()
     if compiler_available():
-        return compile_bundle(source, options, config=config, cache_root=root, kernels=kernels)
+        return compile_bundle(source, options, config=config, cache_root=root, kernels=kernels, module=module)
     how = ("build it on a machine with mori_compiler's compiler (`mori-compile --precompile CONFIGS.json`, or run "
            "the same program there) and copy MORI_COMPILER_CACHE_DIR")  # fmt: skip
     try:
@@ -134,6 +139,12 @@ def get_bundle(source: str, options: CompileOptions, *, config: dict | None = No
         raise MoriCompilerError(f"damaged precompiled bundle for {what}: the index of {root} leads to bundle "
                                 f"{found.path}, which was built from another source or other options; {how}")
     return found
+
+
+def _check_module(module) -> None:
+    if module is not None and not callable(module):
+        raise MoriCompilerError(f"module must be None or a zero-argument callable returning an mlir.ir.Module, "
+                                f"got {module!r}")  # fmt: skip
 
 
 def _report_damage(exc: BundleError) -> None:
@@ -172,16 +183,17 @@ def _lock_path(root: Path, key: str) -> Path:
 
 
 def compile_bundle(source: str, options: CompileOptions, *, config: dict | None = None, cache_root=None,
-                   kernels=()) -> Bundle:  # fmt: skip
+                   kernels=(), module=None) -> Bundle:  # fmt: skip
     """The bundle for (source, options): from the cache (verified), or compiled and published now.
 
     The cache is consulted before the compiler is imported (a warm start loads no MLIR). Processes that
     miss the same bundle serialize on its lock file and look again once they hold it, so one compiles and
     the others load its result; a damaged bundle is reported once (DamagedBundleWarning), discarded and
-    rebuilt. ``kernels``: names the bundle must hold.
+    rebuilt. ``kernels``: names the bundle must hold; ``module``: as get_bundle's.
     """
     from .options import device_bitcode
 
+    _check_module(module)
     root = Path(cache_root) if cache_root else cache_dir()
     bitcode = device_bitcode(options)
     key = bundle_key(source, options, bitcode, config)
@@ -192,18 +204,19 @@ def compile_bundle(source: str, options: CompileOptions, *, config: dict | None 
             with exclusive_lock(_lock_path(root, key)):
                 bundle = _cached_bundle(root, key, options, kernels, repair=True)
                 if bundle is None:
-                    bundle = _compile_and_publish(root, key, source, options, config, kernels)
+                    bundle = _compile_and_publish(root, key, source, options, config, kernels, module)
         _index(root, request, key)
     except OSError as exc:  # a read-only or full cache, a path that is a file...
         raise MoriCompilerError(f"cannot write the kernel cache at {root}: {exc}") from None
     return bundle
 
 
-def _compile_and_publish(root: Path, key: str, source: str, options: CompileOptions, config, kernels) -> Bundle:
+def _compile_and_publish(root: Path, key: str, source: str, options: CompileOptions, config, kernels,
+                         module) -> Bundle:  # fmt: skip
     from .lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
     from .pipeline import compile_source
 
-    result = compile_source(source, options)
+    result = compile_source(source if module is None else module(), options)
     signatures = result.signatures
     missing = sorted(set(result.kernels) - set(signatures))
     if missing:  # a kernel parameter the bundle format cannot carry (or a kernel that is not a gpu.func)

@@ -1,7 +1,12 @@
 """Which kernel bundle an EP op loads: the mori_ep module of a config, its kernels, and ``ep_bundle``.
 
 The kernels of a config are the EP schema's families of its kernel type (ep_schema.KERNELS), each for the
-dtypes of its leg; their names are ``KernelSignature.kernel_name``.
+dtypes of its leg; their names are ``KernelSignature.kernel_name``. From the config to the kernel, one
+typed object after the other: ``cfg.sizes`` (EpSizes) -> ``module_plan(cfg, ...)`` (EpModulePlan: per
+kernel, its mori_ep op's attributes as Python ints and strs) -> ``build_kernel_module(plan)`` (the
+ir.Module, built with the dialect's builder) -> ``compile_source``. The plan's text (``source()``,
+``kernel_module_source``) is only the bundle key's input and what ``mori-opt`` users feed; no compile
+parses it.
 
 Kept apart from the op (dispatch_combine.py) because it is the warm-start path: a process that finds the
 bundle in the cache imports this, the config and the cache, and neither the op, torch nor the compiler.
@@ -9,7 +14,9 @@ bundle in the cache imports this, the config and the cache, and neither the op, 
 
 from __future__ import annotations
 
+import operator
 import os
+from collections import namedtuple
 from dataclasses import dataclass
 
 from mori_compiler.ep_schema import LEGS, MAX_BLOCKS, SIZE_ATTRIBUTES, EpSizes, KernelSignature, families, leg_dtypes
@@ -36,18 +43,54 @@ def kernel_plan(cfg: EpDispatchCombineConfig) -> list[PlannedKernel]:
             for sig in families(kind, leg)]  # fmt: skip
 
 
-def _op_text(kernel: PlannedKernel, sizes: EpSizes, cfg: EpDispatchCombineConfig, wave_size: int, asyncll) -> str:
+class EpOpPlan(namedtuple("EpOpPlan", ("kernel", "attributes"))):
+    """One op of a config's mori_ep module: the kernel it becomes (a PlannedKernel: family signature and
+    dtype) and its attributes, ``(name, value)`` pairs in the order the source text writes them, each value
+    a Python ``int`` (an ``i64`` attribute) or ``str``."""
+
+    __slots__ = ()
+
+    @property
+    def op(self) -> str:
+        """The op's short name (dialects/mori_ep.py's EP_OPS), e.g. ``dispatch``."""
+        return self.kernel.signature.op
+
+    def source(self) -> str:
+        """The op in MLIR's generic form, one line (as the module's text holds it)."""
+        attrs = ", ".join(f'{name} = "{value}"' if isinstance(value, str) else f"{name} = {value} : i64"
+                          for name, value in self.attributes)  # fmt: skip
+        return f'    "mori_ep.{self.op}"() {{{attrs}}} : () -> ()'
+
+
+class EpModulePlan(namedtuple("EpModulePlan", ("gpu_module", "ops"))):
+    """The mori_ep module of one config, as Python values: the ``gpu.module``'s name and its ops (EpOpPlan,
+    one per kernel, in the bundle's order). ``source()`` is its text (the bundle key's input, what
+    ``mori-opt`` users feed); ``build_kernel_module(plan)`` builds the same module as IR, without text.
+    Standard library only: the warm start computes it to find the cached bundle."""
+
+    __slots__ = ()
+
+    def source(self) -> str:
+        body = "\n".join(op.source() for op in self.ops)
+        return f"module attributes {{gpu.container_module}} {{\n  gpu.module @{self.gpu_module} {{\n{body}\n  }}\n}}\n"
+
+    def kernel_names(self) -> list[str]:
+        return [op.kernel.name for op in self.ops]
+
+
+def _op_attributes(kernel: PlannedKernel, sizes: EpSizes, cfg: EpDispatchCombineConfig, wave_size: int,
+                   asyncll) -> tuple:  # fmt: skip
+    """The attributes of ``kernel``'s mori_ep op (dialects/mori_ep.py says what each means)."""
     sig = kernel.signature
-    attrs = [f"{name} = {getattr(sizes, name)} : i64" for name in SIZE_ATTRIBUTES]
-    attrs += [f"warps_per_block = {cfg.warp_num_per_block} : i64", f"wave_size = {wave_size} : i64",
-              f'dtype = "{kernel.dtype}"']  # fmt: skip
+    attrs = [(name, getattr(sizes, name)) for name in SIZE_ATTRIBUTES]
+    attrs += [("warps_per_block", cfg.warp_num_per_block), ("wave_size", wave_size), ("dtype", kernel.dtype)]
     if sig.leg == "dispatch":
-        attrs.append(f"scale_bytes = {sizes.scale_bytes} : i64")
+        attrs.append(("scale_bytes", sizes.scale_bytes))
     if sig.zero_copy is not None:
-        attrs += [f"zero_copy = {sig.zero_copy} : i64", f"max_blocks = {MAX_BLOCKS} : i64"]
+        attrs += [("zero_copy", sig.zero_copy), ("max_blocks", MAX_BLOCKS)]
     if EpDispatchCombineKernelType.AsyncLL in sig.kinds:
-        attrs += [f"{k} = {v} : i64" for k, v in asyncll.ir_attributes().items()]
-    return f'    "mori_ep.{sig.op}"() {{{", ".join(attrs)}}} : () -> ()'
+        attrs += list(asyncll.ir_attributes().items())
+    return tuple((name, value if isinstance(value, str) else operator.index(value)) for name, value in attrs)
 
 
 def _module_name(kind: EpDispatchCombineKernelType) -> str:
@@ -55,14 +98,46 @@ def _module_name(kind: EpDispatchCombineKernelType) -> str:
             EpDispatchCombineKernelType.IntraNodeLL: "mori_ep_intranode_ll"}.get(kind, "mori_ep_intranode")  # fmt: skip
 
 
-def kernel_module_source(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None) -> str:
-    """The mori_ep module of every kernel this config can launch (one bundle, one module load): the op-level
-    IR, one op per kernel, its attributes the config's EpSizes. For AsyncLL, ``asyncll`` (an
-    AsyncLLOptions) sets the halves' notification mode."""
+def module_plan(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None) -> EpModulePlan:
+    """The mori_ep module of every kernel this config can launch (one bundle, one module load): one op per
+    kernel of ``kernel_plan(cfg)``, its attributes the config's EpSizes. For AsyncLL, ``asyncll`` (an
+    AsyncLLOptions) sets the halves' notification mode. The config is not validated here (ep_bundle does
+    that first)."""
     sizes = cfg.sizes
-    body = "\n".join(_op_text(k, sizes, cfg, wave_size, asyncll) for k in kernel_plan(cfg))
-    name = _module_name(EpDispatchCombineKernelType(cfg.kernel_type))
-    return f"module attributes {{gpu.container_module}} {{\n  gpu.module @{name} {{\n{body}\n  }}\n}}\n"
+    ops = tuple(EpOpPlan(k, _op_attributes(k, sizes, cfg, wave_size, asyncll)) for k in kernel_plan(cfg))
+    return EpModulePlan(_module_name(EpDispatchCombineKernelType(cfg.kernel_type)), ops)
+
+
+def kernel_module_source(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None) -> str:
+    """The text of ``module_plan(cfg, wave_size, asyncll)``: the op-level IR the bundle key is computed
+    from, and what ``mori-opt`` takes."""
+    return module_plan(cfg, wave_size, asyncll).source()
+
+
+# The name in the locations of the ops build_kernel_module makes (diagnostics say "generated by ...").
+MODULE_GENERATOR = "ops.bundle.build_kernel_module"
+
+
+def build_kernel_module(plan: EpModulePlan, context=None):
+    """``plan`` as an ``ir.Module`` (``builtin.module {gpu.container_module}`` holding the gpu.module and
+    the mori_ep ops), built with the dialect's typed builder (dialects/mori_ep.py ``ep_op``): no text, no
+    parse. Prints as the parse of ``plan.source()`` does. In ``context`` (default: a new one, project
+    dialects loaded); imports MLIR, so only a compile calls it."""
+    from mori_compiler._mlir import ir, new_context
+    from mori_compiler.dialects import mori_ep, registry
+    from mori_compiler.dialects.builder import generated_location
+
+    ctx = context if context is not None else new_context()
+    registry.load_all(ctx)
+    with ctx, generated_location(MODULE_GENERATOR) as loc:
+        module = ir.Module.create()
+        module.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
+        gpu_module = ir.Operation.create("gpu.module", attributes={"sym_name": ir.StringAttr.get(plan.gpu_module)},
+                                         regions=1, ip=ir.InsertionPoint(module.body))  # fmt: skip
+        ip = ir.InsertionPoint(gpu_module.regions[0].blocks.append())
+        for op in plan.ops:
+            mori_ep.ep_op(op.op, dict(op.attributes), loc=loc, ip=ip)
+    return module
 
 
 def kernel_names(cfg: EpDispatchCombineConfig) -> list[str]:
@@ -107,8 +182,9 @@ def ep_bundle(config: EpDispatchCombineConfig, target: str, *, virtual_pes: bool
         asyncll = resolve() if asyncll is None else asyncll
         if not isinstance(asyncll, AsyncLLOptions):
             raise MoriCompilerError(f"ep_bundle: asyncll must be None or an AsyncLLOptions, got {asyncll!r}")
-    source = kernel_module_source(config, gpu_target.wave_size, asyncll)
+    plan = module_plan(config, gpu_target.wave_size, asyncll)
     choice = {} if bitcode is None else {"bitcode": _bitcode_paths(bitcode)}
     options = CompileOptions(target=gpu_target.name, virtual_pes=virtual_pes, **choice)
-    return get_bundle(source, options, cache_root=cache_root, what=f"EP {kind.name} kernels ({gpu_target.name})",
-                      kernels=kernel_names(config))  # fmt: skip
+    # Keyed by the plan's text (unchanged keys, precompiled bundles found), compiled from the built module.
+    return get_bundle(plan.source(), options, cache_root=cache_root, what=f"EP {kind.name} kernels ({gpu_target.name})",
+                      kernels=plan.kernel_names(), module=lambda: build_kernel_module(plan))  # fmt: skip
