@@ -16,7 +16,8 @@ combine_recv   ``ep_async_combine_recv_<dtype>``
 ============== ===============================================================================
 
 The AsyncLL halves carry the notification mode as ``early_notify``/``fused_recv`` (0 or 1, fused needs
-early). ``ep_op`` builds an EP op from Python values. The dtypes and the limits that size device structures come from the EP schema
+early). ``ep_op`` builds an EP op from Python values (ops/bundle.py builds a config's module with it).
+The dtypes and the limits that size device structures come from the EP schema
 (mori_compiler/ep_schema.py); ``extra_verify`` states the ranges and relations IRDL cannot.
 """
 

@@ -114,9 +114,10 @@ def get_bundle(source: str, options: CompileOptions, *, config: dict | None = No
     zero-argument callable returning the ``ir.Module`` that ``source`` is the text of (built in Python),
     compiled instead of parsing ``source``; called only on a miss with the compiler installed. The key
     and the index are computed from ``source`` either way (the same bundle, found without MLIR); that the
-    module prints as ``source`` parses is the caller's contract (ops/bundle.py's test pins it). Without the compiler
-    (GPU machines) only bundles recorded by an earlier compile or ``mori-compile --precompile`` are found;
-    anything else, and a damaged bundle, is a clear error saying how to build it.
+    module prints as ``source`` parses is the caller's contract (test_ep_module_plan.py pins it for
+    ``ep_bundle``). Without the compiler (GPU machines) only bundles recorded by an earlier compile or
+    ``mori-compile --precompile`` are found; anything else, and a damaged bundle, is a clear error saying
+    how to build it.
     """
     _check_module(module)
     root = Path(cache_root) if cache_root else cache_dir()

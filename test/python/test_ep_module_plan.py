@@ -19,7 +19,8 @@ from mori_compiler.ops.asyncll import AsyncLLOptions
 from mori_compiler.ops.bundle import build_kernel_module, kernel_module_source, kernel_plan, module_plan
 from mori_compiler.ops.config import ConfigError
 
-ASYNCLL_MODES = (AsyncLLOptions(), AsyncLLOptions(early_notify=True), AsyncLLOptions(early_notify=True, fused_recv=True))
+ASYNCLL_MODES = (AsyncLLOptions(), AsyncLLOptions(early_notify=True),
+                 AsyncLLOptions(early_notify=True, fused_recv=True))  # fmt: skip
 
 
 def _config(kind="IntraNode", **fields) -> EpDispatchCombineConfig:
@@ -84,8 +85,9 @@ def test_source_text_is_unchanged():
 
 
 def test_asyncll_source_carries_the_mode_last():
-    source = kernel_module_source(_config("AsyncLL"), 32, ASYNCLL_MODES[1])
-    assert source.count("early_notify = 1 : i64, fused_recv = 0 : i64} : () -> ()") == len(kernel_plan(_config("AsyncLL")))
+    cfg = _config("AsyncLL")
+    source = kernel_module_source(cfg, 32, ASYNCLL_MODES[1])
+    assert source.count("early_notify = 1 : i64, fused_recv = 0 : i64} : () -> ()") == len(kernel_plan(cfg))
 
 
 @pytest.fixture
