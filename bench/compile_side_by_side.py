@@ -3,10 +3,10 @@ interleaved in fresh processes on this machine.
 
 Each run is a new interpreter per checkout (its own venv) with an empty cache directory (so the device
 library is built too), timing, after the imports: ``dispatch+combine`` (bench/ep_compile_time.py's bf16
-source: the bf16 dispatch and the zero-copy bf16 combine, gfx942 by default) and ``bundle`` (all kernels of
-``kernel_module_source(cfg, wave)`` for max_token_type_size 2: the op's whole bundle, 5 kernels) as two
-separate cold compiles (wall time; "cpu" rows: the process's CPU time over the same span, less sensitive
-to other load on the machine). Runs alternate A B A B ... so that load on the machine hits both alike;
+source: the bf16 dispatch and the zero-copy bf16 combine, gfx942 by default; compiled from the module built
+from the typed plan where the checkout has one, as ep_bundle does) and ``bundle`` (``ep_bundle(cfg, target)``
+for max_token_type_size 2: the op's whole bundle, 5 kernels) as two separate cold compiles (wall time; "cpu"
+rows: the process's CPU time over the same span, less sensitive to other load on the machine). Runs alternate A B A B ... so that load on the machine hits both alike;
 the table gives medians and the ratio new / base.
 
     python bench/compile_side_by_side.py [--base /work/base] [--runs 7] [--target gfx942]
@@ -31,7 +31,7 @@ t0 = time.perf_counter()
 import mori_compiler.cache, mori_compiler.pipeline
 from mori_compiler.cache import get_bundle
 from mori_compiler.options import CompileOptions
-from mori_compiler.ops import EpDispatchCombineConfig, kernel_module_source
+from mori_compiler.ops import EpDispatchCombineConfig, ep_bundle, kernel_module_source
 from mori_compiler.targets import get_target
 imported = time.perf_counter() - t0
 target = sys.argv[1]
@@ -42,11 +42,23 @@ cfg = EpDispatchCombineConfig(data_type="bf16", rank=0, world_size=8, hidden_dim
 bundle = kernel_module_source(cfg, wave)
 keep = lambda l: "mori_ep." not in l or ('"bf16"' in l and "zero_copy = 0" not in l)
 pair = "\n".join(l for l in bundle.splitlines() if keep(l)) + "\n"
-out = {"import": imported}
-for name, source in (("dispatch+combine", pair), ("bundle", bundle)):
+try:
+    from mori_compiler.ops.bundle import build_kernel_module, module_plan
+    plan = module_plan(cfg, wave)
+    pplan = plan._replace(ops=tuple(o for o in plan.ops if keep(o.source())))
+    assert pplan.source() == pair
+    pair_module = lambda: build_kernel_module(pplan)
+except ImportError:
+    pair_module = None
+out = {"import": imported, "built": pair_module is not None}
+for name in ("dispatch+combine", "bundle"):
     with tempfile.TemporaryDirectory() as cache:
         t, c = time.perf_counter(), time.process_time()
-        b = get_bundle(source, CompileOptions(target=target), cache_root=cache)
+        if name == "bundle":
+            b = ep_bundle(cfg, target, virtual_pes=False, cache_root=cache)
+        else:
+            kw = {"module": pair_module} if pair_module else {}
+            b = get_bundle(pair, CompileOptions(target=target), cache_root=cache, **kw)
         out[name] = time.perf_counter() - t
         out[name + " cpu"] = time.process_time() - c
         out[name + " kernels"] = len(b.kernels)

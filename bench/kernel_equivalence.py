@@ -60,6 +60,12 @@ def _one(case: tuple[str, str, str], out_dir: str) -> str:
     wave = get_target(target).wave_size
     asyncll = resolve({}, **mode) if ktype == 4 else None
     source = kernel_module_source(cfg, wave, asyncll)
+    try:  # what ep_bundle compiles: the module built from the typed plan (older checkouts: the text)
+        from mori_compiler.ops.bundle import build_kernel_module, module_plan
+
+        source = build_kernel_module(module_plan(cfg, wave, asyncll))
+    except ImportError:
+        pass
     options = CompileOptions(target=target, virtual_pes=(size == "odd"))
     name = f"{target}-{size}-{kind}"
     ep = compile_source(source, options, stop_after="ep")

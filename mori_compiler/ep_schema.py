@@ -57,8 +57,8 @@ class EpDispatchCombineKernelType(enum.IntEnum):
 KernelType = EpDispatchCombineKernelType
 
 
-# The mori_ep attributes every EP op carries that are the EpSizes fields of the same name (the op's bundle
-# source writes them, the kernel generators read them back with EpSizes.from_attributes).
+# The mori_ep attributes every EP op carries that are the EpSizes fields of the same name: the op's module
+# plan sets them (ops/bundle.py module_plan), the kernel generators read them back (EpSizes.from_attributes).
 SIZE_ATTRIBUTES = ("world_size", "hidden", "top_k", "experts_per_rank", "max_tokens_per_rank", "max_recv_per_rank")
 
 
