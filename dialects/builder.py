@@ -395,6 +395,16 @@ class Builder:
         self.op("gpu.return")
 
 
+def new_gpu_module(name: str) -> tuple[ir.Module, ir.Block]:
+    """A ``module attributes {gpu.container_module}`` holding an empty ``gpu.module @name`` (in the ambient
+    context and location); returns the module and the gpu.module's body."""
+    module = ir.Module.create()
+    module.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
+    gpu_module = ir.Operation.create("gpu.module", attributes={"sym_name": ir.StringAttr.get(name)}, regions=1,
+                                     ip=ir.InsertionPoint(module.body))  # fmt: skip
+    return module, gpu_module.regions[0].blocks.append()
+
+
 def new_function(block: ir.Block, name: str, params: Sequence, results: Sequence = (), *, before=None,
                  loc: ir.Location | None = None) -> tuple[ir.Operation, ir.Block]:  # fmt: skip
     """A ``func.func @name(params) -> results`` appended to ``block`` (before ``before``); returns the op

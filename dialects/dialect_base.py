@@ -21,6 +21,26 @@ from pathlib import Path
 from mori_compiler._mlir import ir, irdl
 
 
+class OpRules:
+    """The messages of one op's ``extra_verify``: ``need(condition, message)`` records ``'<op>' message``
+    when the condition fails; ``non_integer`` lists the attributes (other than ``strings``) that are not
+    integers, the first check of a config-carrying op (its ranges are only meaningful on integers)."""
+
+    def __init__(self, op: ir.Operation):
+        self.name = op.name
+        self.errors: list[str] = []
+
+    def need(self, condition: bool, message: str) -> None:
+        if not condition:
+            self.errors.append(f"'{self.name}' {message}")
+
+    def non_integer(self, op: ir.Operation, ints: dict, strings: tuple[str, ...] = ("dtype",)) -> list[str]:
+        bad = [f"'{self.name}' attribute '{field}' must be an integer, got {op.attributes[field]}"
+               for field in op.attributes if field not in strings and field not in ints]  # fmt: skip
+        self.errors.extend(bad)
+        return bad
+
+
 def no_extra_rules(op: ir.Operation) -> list[str]:
     """The verification hook of a dialect whose IRDL says everything."""
     return []

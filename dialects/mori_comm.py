@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from mori_compiler._mlir import ir
 
-from .dialect_base import Dialect
+from .dialect_base import Dialect, OpRules
 from .irdl_spec import int_attributes
 
 # The lane-per-peer ops (count_signal, device_barrier, row_copy_to_peers) give each peer one lane of a
@@ -176,16 +176,10 @@ def extra_verify(op: ir.Operation) -> list[str]:
     name = op.name
     short = name.split(".", 1)[1]
     ints = int_attributes(op)
-    errors: list[str] = []
-    for field in op.attributes:
-        if field != "dtype" and field not in ints:
-            errors.append(f"'{name}' attribute '{field}' must be an integer, got {op.attributes[field]}")
-    if errors:
-        return errors
-
-    def need(cond: bool, message: str) -> None:
-        if not cond:
-            errors.append(f"'{name}' {message}")
+    rules = OpRules(op)
+    if rules.non_integer(op, ints):
+        return rules.errors
+    need = rules.need
 
     if "world_size" in ints:
         need(1 <= ints["world_size"] <= MAX_LANE_PEERS, f"attribute 'world_size' must be in [1, {MAX_LANE_PEERS}], "
@@ -197,7 +191,7 @@ def extra_verify(op: ir.Operation) -> list[str]:
              f"(one lane per destination), got {ints['max_peers']}")  # fmt: skip
     if short == "accumulate_rows":
         need(len(op.operands) >= 3, "needs at least one source row")
-    return errors
+    return rules.errors
 
 
 DIALECT = Dialect("mori_comm", "mori_comm.irdl.mlir", extra_verify)

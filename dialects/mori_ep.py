@@ -26,7 +26,7 @@ from __future__ import annotations
 from mori_compiler import ep_schema
 from mori_compiler._mlir import ir
 
-from .dialect_base import Dialect
+from .dialect_base import Dialect, OpRules
 from .irdl_spec import int_attributes, string_attributes
 
 # Bytes per element of each token dtype the ops accept (views of the EP schema's tables).
@@ -70,16 +70,10 @@ def extra_verify(op: ir.Operation) -> list[str]:
     name = op.name
     short = name.split(".", 1)[1]
     ints, strs = int_attributes(op), string_attributes(op)
-    errors: list[str] = []
-    for field in op.attributes:
-        if field != "dtype" and field not in ints:
-            errors.append(f"'{name}' attribute '{field}' must be an integer, got {op.attributes[field]}")
-    if errors:
-        return errors
-
-    def need(cond: bool, message: str) -> None:
-        if not cond:
-            errors.append(f"'{name}' {message}")
+    rules = OpRules(op)
+    if rules.non_integer(op, ints):
+        return rules.errors
+    need = rules.need
 
     if "world_size" in ints:
         need(1 <= ints["world_size"] <= MAX_WORLD_SIZE, f"attribute 'world_size' must be in [1, {MAX_WORLD_SIZE}], "
@@ -135,7 +129,7 @@ def extra_verify(op: ir.Operation) -> list[str]:
                         "notifications only the early-notify send posts)")
     if "zero_copy" in ints:
         need(ints["zero_copy"] in (0, 1), "attribute 'zero_copy' must be 0 or 1")
-    return errors
+    return rules.errors
 
 
 DIALECT = Dialect("mori_ep", "mori_ep.irdl.mlir", extra_verify)

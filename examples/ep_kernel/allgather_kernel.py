@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from mori_compiler._mlir import ir
 from mori_compiler.dialects import mori_comm, mori_shmem
-from mori_compiler.dialects.builder import Builder, generated_location, new_kernel, verify_generated
+from mori_compiler.dialects.builder import Builder, generated_location, new_gpu_module, new_kernel, verify_generated
 
 from allgather_schema import SIGNATURE, AllGatherSizes
 
@@ -73,11 +73,7 @@ def build_kernel(module_body: ir.Block, sizes: AllGatherSizes, *, wave_size: int
 def kernel_module(sizes: AllGatherSizes, *, wave_size: int, warps_per_block: int = 4) -> ir.Module:
     """A module holding the family's kernel, built in the current context (project dialects loaded)."""
     with generated_location(GENERATOR):
-        module = ir.Module.create()
-        module.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
-        gpu_module = ir.Operation.create("gpu.module", attributes={"sym_name": ir.StringAttr.get("row_allgather")},
-                                         regions=1, ip=ir.InsertionPoint(module.body))  # fmt: skip
-        body = gpu_module.regions[0].blocks.append()
+        module, body = new_gpu_module("row_allgather")
         build_kernel(body, sizes, wave_size=wave_size, warps_per_block=warps_per_block)
     verify_generated(module.operation, GENERATOR)
     return module

@@ -125,16 +125,13 @@ def build_kernel_module(plan: EpModulePlan, context=None):
     dialects loaded); imports MLIR, so only a compile calls it."""
     from mori_compiler._mlir import ir, new_context
     from mori_compiler.dialects import mori_ep, registry
-    from mori_compiler.dialects.builder import generated_location
+    from mori_compiler.dialects.builder import generated_location, new_gpu_module
 
     ctx = context if context is not None else new_context()
     registry.load_all(ctx)
     with ctx, generated_location(MODULE_GENERATOR) as loc:
-        module = ir.Module.create()
-        module.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
-        gpu_module = ir.Operation.create("gpu.module", attributes={"sym_name": ir.StringAttr.get(plan.gpu_module)},
-                                         regions=1, ip=ir.InsertionPoint(module.body))  # fmt: skip
-        ip = ir.InsertionPoint(gpu_module.regions[0].blocks.append())
+        module, body = new_gpu_module(plan.gpu_module)
+        ip = ir.InsertionPoint(body)
         for op in plan.ops:
             mori_ep.ep_op(op.op, dict(op.attributes), loc=loc, ip=ip)
     return module

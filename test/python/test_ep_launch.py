@@ -12,7 +12,7 @@ import pytest
 from mori_compiler import cache
 from mori_compiler._mlir import ir, new_context
 from mori_compiler.dialects import registry
-from mori_compiler.dialects.builder import Builder, new_kernel
+from mori_compiler.dialects.builder import Builder, new_gpu_module, new_kernel
 from mori_compiler.ep_schema import KERNELS
 from mori_compiler.ops import ep_launch
 from mori_compiler.ops.bundle import PlannedKernel
@@ -27,11 +27,7 @@ def _module(kernels: dict[str, tuple[list[str], list[str] | None]]) -> str:
     """A gpu.module of empty kernels: name -> (parameter types "ptr"/"i32", names or None for unnamed)."""
     with new_context() as ctx, ir.Location.unknown():
         registry.load_all(ctx)
-        module = ir.Module.create()
-        module.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
-        gpu_module = ir.Operation.create("gpu.module", attributes={"sym_name": ir.StringAttr.get("ep")}, regions=1,
-                                         ip=ir.InsertionPoint(module.body))  # fmt: skip
-        body = gpu_module.regions[0].blocks.append()
+        module, body = new_gpu_module("ep")
         b = Builder(body)
         for name, (types, names) in kernels.items():
             _, entry = new_kernel(body, name, [{"ptr": b.ptr, "i32": b.i32}[t] for t in types], block_size=(256, 1, 1),

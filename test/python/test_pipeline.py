@@ -419,16 +419,12 @@ def _built_put_kernel(*, misplaced_op: bool = False, bad_shmem_type: bool = Fals
     """``put_next(dst, value)``: PE p stores ``value`` into ``dst`` on PE (p + 1) % n, built with the Builder."""
     from mori_compiler._mlir import new_context
     from mori_compiler.dialects import mori_shmem
-    from mori_compiler.dialects.builder import Builder, new_kernel
+    from mori_compiler.dialects.builder import Builder, new_gpu_module, new_kernel
 
     ctx = new_context()
     registry.load_all(ctx)
     with ctx, ir.Location.unknown():
-        module = ir.Module.create()
-        module.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
-        gpu_module = ir.Operation.create("gpu.module", attributes={"sym_name": ir.StringAttr.get("m")}, regions=1,
-                                         ip=ir.InsertionPoint(module.body))  # fmt: skip
-        body = gpu_module.regions[0].blocks.append()
+        module, body = new_gpu_module("m")
         b = Builder(body)
         if misplaced_op:
             b.const_i32(1)  # an op directly in the gpu.module
