@@ -234,17 +234,27 @@ _SCANNED = ("*.py", "*.mlir", "*.ll")
 _SKIPPED = {".venv", ".git", "__pycache__", "Output", "build", "dist"}
 
 
+def _code_files() -> list[Path]:
+    """The repository's code files (``_SCANNED``): those git tracks or would track, or every one below REPO outside git
+    (a checkout's untracked build or scratch folders are not the repository's code)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *_SCANNED], cwd=REPO, capture_output=True,
+                                check=True, timeout=60).stdout.decode().split("\0")  # fmt: skip
+        paths = [REPO / name for name in listed if name]
+    except (OSError, subprocess.SubprocessError):
+        paths = [path for glob in _SCANNED for path in REPO.rglob(glob)]
+    return sorted(p for p in paths if p.is_file() and not _SKIPPED & set(p.relative_to(REPO).parts))
+
+
 def _lines_matching(pattern: re.Pattern) -> list[str]:
-    """``path:line: text`` of every line of the repository's code (``_SCANNED``) that matches ``pattern``."""
+    """``path:line: text`` of every line of the repository's code (``_code_files``) that matches ``pattern``."""
     found = []
-    for glob in _SCANNED:
-        for path in sorted(REPO.rglob(glob)):
-            rel = path.relative_to(REPO)
-            if _SKIPPED & set(rel.parts) or path == Path(__file__).resolve():
-                continue
-            for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-                if pattern.search(line):
-                    found.append(f"{rel}:{number}: {line.strip()}")
+    for path in _code_files():
+        if path == Path(__file__).resolve():
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     return found
 
 
