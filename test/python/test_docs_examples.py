@@ -235,11 +235,11 @@ _SKIPPED = {".venv", ".git", "__pycache__", "Output", "build", "dist"}
 
 
 def _code_files() -> list[Path]:
-    """The repository's code files (``_SCANNED``): those git tracks or would track, or every one below REPO outside git
-    (a checkout's untracked build or scratch folders are not the repository's code)."""
+    """The repository's code files (``_SCANNED``): those git tracks or would track, or every one below REPO
+    outside git (a checkout's ignored build or scratch folders are not the repository's code)."""
+    git = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *_SCANNED]
     try:
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *_SCANNED], cwd=REPO, capture_output=True,
-                                check=True, timeout=60).stdout.decode().split("\0")  # fmt: skip
+        listed = subprocess.run(git, cwd=REPO, capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
         paths = [REPO / name for name in listed if name]
     except (OSError, subprocess.SubprocessError):
         paths = [path for glob in _SCANNED for path in REPO.rglob(glob)]
