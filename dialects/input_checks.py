@@ -60,6 +60,7 @@ import functools
 import re
 
 from mori_compiler._mlir import ir
+from mori_compiler.targets import MAX_BLOCK_THREADS
 
 from . import mori_ep
 from .irdl_spec import string_value
@@ -79,7 +80,6 @@ BLOCK_BOUND_ATTRS = ("known_block_size", "gpu.known_block_size", "nvvm.maxntid",
                      "rocdl.reqd_work_group_size")  # fmt: skip
 GRID_BOUND_ATTRS = ("known_grid_size", "gpu.known_grid_size", "nvvm.cluster_dim")
 MAX_LAUNCH_DIM = 2**31 - 1  # grid and block dimensions are 32-bit signed in NVVM and ROCDL
-MAX_BLOCK_THREADS = 1024  # the most threads a block may have on every supported GPU
 
 # ---------------------------------------------------------------------------------------------------
 # Lexical layer

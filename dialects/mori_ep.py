@@ -24,6 +24,7 @@ The dtypes and the limits that size device structures come from the EP schema
 from __future__ import annotations
 
 from mori_compiler import ep_schema
+from mori_compiler.targets import MAX_BLOCK_THREADS
 from mori_compiler._mlir import ir
 
 from .dialect_base import Dialect, OpRules
@@ -33,13 +34,11 @@ from .irdl_spec import int_attributes, string_attributes
 DISPATCH_DTYPES = {d: ep_schema.TOKEN_BYTES[d] for d in ep_schema.DISPATCH_DTYPES}
 COMBINE_DTYPES = {d: ep_schema.TOKEN_BYTES[d] for d in ep_schema.COMBINE_DTYPES}
 MAX_WORLD_SIZE = ep_schema.MAX_WORLD_SIZE
-# Upper bounds of the config attributes (the same limits as ops/config.py's EpDispatchCombineConfig
-# rules, which test_config_validation.py pins equal): the kernels' token, slot and expert indices are
-# 32-bit, a token row is at most 256 KiB, a block at most 1024 threads, the device barrier has
-# MAX_BLOCKS slots.
-MAX_LIMITS = {"hidden": 2**16, "experts_per_rank": 2**12, "max_tokens_per_rank": 2**16,
-              "max_recv_per_rank": 2**16, "scale_bytes": 2**16 * 8, "max_blocks": ep_schema.MAX_BLOCKS}  # fmt: skip
-MAX_BLOCK_THREADS = 1024
+# Upper bounds of the config attributes: the EP schema's (the config's own limits, in the kernels' terms).
+MAX_LIMITS = {"hidden": ep_schema.MAX_HIDDEN_DIM, "experts_per_rank": ep_schema.MAX_EXPERTS_PER_RANK,
+              "max_tokens_per_rank": ep_schema.MAX_TOKENS_PER_RANK, "max_recv_per_rank": ep_schema.MAX_TOKENS_PER_RANK,
+              "scale_bytes": ep_schema.MAX_SCALE_DIM * ep_schema.MAX_SCALE_TYPE_SIZE,
+              "max_blocks": ep_schema.MAX_BLOCKS}  # fmt: skip
 HALF_OPS = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")  # AsyncLL send/recv phases
 EP_OPS = ("dispatch", "combine", "dispatch_ll") + HALF_OPS
 

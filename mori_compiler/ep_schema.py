@@ -36,6 +36,14 @@ DISPATCH_DTYPES = ("bf16", "f32", "fp8_e4m3fn", "fp8_e4m3fnuz")
 COMBINE_DTYPES = ("bf16", "f32")
 MAX_BLOCKS = 1024  # device-barrier epoch slots per PE: the largest grid a combine may use
 MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a wave (wave32 on gfx12)
+# Upper bounds of the config, and why (ops/config.py checks the config against them, dialects/mori_ep.py
+# the op attributes):
+MAX_HIDDEN_DIM = 2**16  # a token row is at most 256 KiB (f32); the largest MoE models use 7168
+MAX_TOKENS_PER_RANK = 2**16  # receive slots = world_size * tokens <= 2**21, times top-k < 2**27: the
+#                              kernels' token, slot and (token, k) indices are 32-bit
+MAX_EXPERTS_PER_RANK = 2**12  # expert ids (world_size * experts <= 2**17) index per-expert counters
+MAX_SCALE_DIM = 2**16  # scales of one token: at most one per element of a MAX_HIDDEN_DIM row
+MAX_SCALE_TYPE_SIZE = 8  # bytes of one scale element
 
 
 def dtypes_within(dtypes: tuple[str, ...], max_token_bytes: int) -> list[str]:

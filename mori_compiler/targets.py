@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from .errors import MoriCompilerError
 
+MAX_BLOCK_THREADS = 1024  # a block has at most 1024 threads on every supported GPU
+
 
 @dataclass(frozen=True)
 class GPUTarget:

@@ -14,8 +14,10 @@ import numbers
 import sys
 from dataclasses import dataclass
 
-from mori_compiler.ep_schema import (COMBINE_DTYPES, DISPATCH_DTYPES, MAX_BLOCKS, MAX_WORLD_SIZE,  # noqa: F401
-                                     TOKEN_BYTES, EpDispatchCombineKernelType, EpSizes, families, recv_per_rank)
+from mori_compiler.ep_schema import (COMBINE_DTYPES, DISPATCH_DTYPES, MAX_BLOCKS, MAX_EXPERTS_PER_RANK,  # noqa: F401
+                                     MAX_HIDDEN_DIM, MAX_SCALE_DIM, MAX_TOKENS_PER_RANK, MAX_WORLD_SIZE, TOKEN_BYTES,
+                                     EpDispatchCombineKernelType, EpSizes, families, recv_per_rank)
+from mori_compiler.targets import MAX_BLOCK_THREADS
 
 _TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "fp8_e4m3fn",
                       "float8_e4m3fnuz": "fp8_e4m3fnuz"}  # fmt: skip
@@ -84,15 +86,9 @@ class ConfigError(ValueError, TypeError):
         self.problems = problems
 
 
-# Upper bounds, and why (MAX_WORLD_SIZE and MAX_BLOCKS: the EP schema's):
-MAX_HIDDEN_DIM = 2**16  # a token row is at most 256 KiB (f32); the largest MoE models use 7168
-MAX_TOKENS_PER_RANK = 2**16  # receive slots = world_size * tokens <= 2**21, times top-k < 2**27: the
-#                              kernels' token, slot and (token, k) indices are 32-bit
-MAX_EXPERTS_PER_RANK = 2**12  # expert ids (world_size * experts <= 2**17) index per-expert counters
-MAX_SCALE_DIM = 2**16  # scales of one token: at most one per element of a MAX_HIDDEN_DIM row
+# Upper bounds, and why: the EP schema's (MAX_WORLD_SIZE, MAX_BLOCKS, MAX_HIDDEN_DIM, ...) and these:
 MAX_RECV_CAP = 2**31 - 1  # max_total_recv_tokens is a 32-bit count (larger caps change nothing)
 MAX_GPU_PER_NODE = 64  # describes the machine; only MORI's inter-node kernels read it
-MAX_BLOCK_THREADS = 1024  # a block has at most 1024 threads on every supported GPU
 
 
 def _is_int(value) -> bool:

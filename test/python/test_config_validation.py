@@ -154,15 +154,22 @@ def test_the_checker_imports_only_the_standard_library():
     assert out.strip() == "[]"
 
 
-def test_the_dialect_bounds_are_the_config_bounds():
-    """mori_ep's attribute bounds (checked when a file is parsed) are the ones validate_config applies, so
-    an op written by hand and an op generated from a config have the same limits."""
+@pytest.mark.parametrize("field, limit", [("hidden_dim", "MAX_HIDDEN_DIM"), ("max_num_inp_token_per_rank",
+                                           "MAX_TOKENS_PER_RANK"), ("num_experts_per_rank", "MAX_EXPERTS_PER_RANK"),
+                                          ("scale_dim", "MAX_SCALE_DIM"), ("world_size", "MAX_WORLD_SIZE")])  # fmt: skip
+def test_the_dialect_accepts_what_the_config_accepts(field, limit):
+    """A config at a bound that validate_config accepts makes mori_ep ops the dialect's verifier accepts
+    (one set of bounds, the EP schema's, for hand-written ops and ops generated from a config)."""
     pytest.importorskip("mlir")
-    from mori_compiler.dialects import mori_ep
+    from mori_compiler._mlir import new_context
+    from mori_compiler.dialects import registry
     from mori_compiler.ops import config as cfg
+    from mori_compiler.ops.bundle import kernel_module_source
 
-    assert mori_ep.MAX_LIMITS == {"hidden": cfg.MAX_HIDDEN_DIM, "experts_per_rank": cfg.MAX_EXPERTS_PER_RANK,
-                                  "max_tokens_per_rank": cfg.MAX_TOKENS_PER_RANK,
-                                  "max_recv_per_rank": cfg.MAX_TOKENS_PER_RANK,
-                                  "scale_bytes": cfg.MAX_SCALE_DIM * 8, "max_blocks": cfg.MAX_BLOCKS}  # fmt: skip
-    assert (mori_ep.MAX_WORLD_SIZE, mori_ep.MAX_BLOCK_THREADS) == (cfg.MAX_WORLD_SIZE, cfg.MAX_BLOCK_THREADS)
+    values = {"world_size": 4, "hidden_dim": 1024, "scale_dim": 4, "scale_type_size": 8,
+              "max_num_inp_token_per_rank": 64, "num_experts_per_rank": 2}  # fmt: skip
+    values[field] = getattr(cfg, limit)
+    config = EpDispatchCombineConfig(data_type="bf16", rank=0, max_token_type_size=4, num_experts_per_token=2,
+                                     **values)  # fmt: skip
+    validate_config(config, 64)
+    registry.parse_source(kernel_module_source(config, 64), new_context())  # raises on a refused attribute
