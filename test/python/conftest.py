@@ -1,4 +1,4 @@
-"""Shared pytest set-up for test/python.
+"""Shared pytest set-up for test/python: the skipping of ``gpu``-marked tests, and the cache directory.
 
 Every test session gets its own, empty ``MORI_COMPILER_CACHE_DIR`` so that kernel bundles and device
 libraries built by the tests never land in (or come from) the user's ``~/.cache/mori_compiler``. The
@@ -7,12 +7,36 @@ variable is set in ``os.environ`` itself, so CLIs run in subprocesses inherit it
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def gpu_unavailable_reason() -> str | None:
+    """Why GPU tests cannot run here (None: they can)."""
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed"
+    if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.bindings") is None:
+        return "cuda-bindings is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no NVIDIA GPU (torch.cuda.is_available() is False); GPU tests run on the H200 machines"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every ``gpu``-marked test skips, with the true reason, where GPU tests cannot run."""
+    reason = None
+    for item in items:
+        if "gpu" in item.keywords:
+            reason = reason or gpu_unavailable_reason() or ""
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=f"GPU test skipped: {reason}"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,5 +1,6 @@
 """GPU tests: they carry the ``gpu`` marker and skip, with the reason printed (pytest -ra), where no
-NVIDIA GPU with its driver, PyTorch and cuda-bindings is present (CI, the development machines).
+NVIDIA GPU with its driver, PyTorch and cuda-bindings is present (CI, the development machines); the
+skipping is test/python/conftest.py's, for every gpu-marked test of the suite.
 
 Kernels come from bundles: compiled on the spot when the compiler is installed, else precompiled into
 ``MORI_TEST_BUNDLES`` (default ``<repo>/.bundles``) by ``python test/python/gpu/kernels.py .bundles`` on a
@@ -8,7 +9,6 @@ machine that has the compiler, and carried to the GPU machine.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -16,27 +16,6 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 BUNDLES = Path(os.environ.get("MORI_TEST_BUNDLES", REPO_ROOT / ".bundles"))
-
-
-def gpu_unavailable_reason() -> str | None:
-    if importlib.util.find_spec("torch") is None:
-        return "PyTorch is not installed"
-    if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.bindings") is None:
-        return "cuda-bindings is not installed"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "no NVIDIA GPU (torch.cuda.is_available() is False); GPU tests run on the H200 machines"
-    return None
-
-
-def pytest_collection_modifyitems(config, items):
-    reason = None
-    for item in items:
-        if "gpu" in item.keywords:
-            reason = reason or gpu_unavailable_reason() or ""
-            if reason:
-                item.add_marker(pytest.mark.skip(reason=f"GPU test skipped: {reason}"))
 
 
 @pytest.fixture(scope="session")
