@@ -17,19 +17,16 @@ from __future__ import annotations
 import operator
 import os
 from collections import namedtuple
-from dataclasses import dataclass
 
 from mori_compiler.ep_schema import LEGS, MAX_BLOCKS, SIZE_ATTRIBUTES, EpSizes, KernelSignature, families, leg_dtypes
 
 from .config import EpDispatchCombineConfig, EpDispatchCombineKernelType, validate_config
 
 
-@dataclass(frozen=True)
-class PlannedKernel:
+class PlannedKernel(namedtuple("PlannedKernel", ("signature", "dtype"))):
     """One kernel of a config's bundle: its family's signature (ep_schema.KERNELS) and its token dtype."""
 
-    signature: KernelSignature
-    dtype: str
+    __slots__ = ()
 
     @property
     def name(self) -> str:
