@@ -25,8 +25,8 @@ real parse and any pass. It rejects what passes, translation or codegen would cr
 
 * an op name without a dialect and an operation part (``"gpu"()``, ``"gpu."()``: MLIR aborts creating an
   op whose name is a loaded dialect's alone);
-* a project op in the wrong place: ``mori_ep`` EP ops (dispatch, combine, ...) belong directly in a
-  ``gpu.module``; every other project op inside a function (translating one that sits directly in a
+* a project op (of any project dialect: mori_shmem, mori_comm, mori_ep) in the wrong place: ``mori_ep`` EP
+  ops (dispatch, combine, ...) belong directly in a ``gpu.module``; every other project op inside a function (translating one that sits directly in a
   module dereferences a null parent in LLVM);
 * symbol names that are empty or hold control characters (LLVM asserts on a NUL in a name);
 * launch bounds (``known_block_size``, ``known_grid_size``, ``nvvm.maxntid``, ...) outside what a GPU can
@@ -66,7 +66,6 @@ from . import mori_ep
 from .irdl_spec import string_value
 
 EP_OPS_AT_MODULE_TOP = tuple(f"{mori_ep.DIALECT_NAME}.{name}" for name in mori_ep.EP_OPS)
-PROJECT_PREFIXES = ("mori_shmem.", "mori_ep.")
 FUNCTION_OPS = ("gpu.func", "func.func", "llvm.func")
 MODULE_OPS = ("builtin.module", "gpu.module")
 # What LLVM IR is translated from may hold directly: symbols and module-level metadata. Any other op there
@@ -389,8 +388,9 @@ def _scalar_kernel_attr_problems(op: ir.Operation) -> list[str]:
     return problems
 
 
-def structural_problems(module_op: ir.Operation, where) -> list[str]:
-    """Problems of every op nested in ``module_op``; ``where(op)`` formats the op's location."""
+def structural_problems(module_op: ir.Operation, where, project_prefixes: tuple[str, ...]) -> list[str]:
+    """Problems of every op nested in ``module_op``; ``where(op)`` formats the op's location;
+    ``project_prefixes``: ``"<dialect>."`` of every project dialect (registry.project_prefixes())."""
     problems: list[str] = []
 
     def visit(op):
@@ -400,7 +400,7 @@ def structural_problems(module_op: ir.Operation, where) -> list[str]:
         dialect, dot, short = name.partition(".")
         if not (dialect and dot and short):
             found.append(f"op name {name!r} is not of the form 'dialect.operation'")
-        if name.startswith(PROJECT_PREFIXES):
+        if name.startswith(project_prefixes):
             problem = _placement_problem(op)
             if problem:
                 found.append(problem)

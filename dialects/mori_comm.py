@@ -35,13 +35,14 @@ mori_shmem's: ``mori_comm.row_copy(dest, source, nbytes, pe, **b.at())``.
 from __future__ import annotations
 
 from mori_compiler._mlir import ir
+from mori_compiler.targets import MIN_WAVE_SIZE
 
 from .dialect_base import Dialect, OpRules
 from .irdl_spec import int_attributes
 
 # The lane-per-peer ops (count_signal, device_barrier, row_copy_to_peers) give each peer one lane of a
-# wave, and the smallest wave (gfx12's wave32) has 32 lanes.
-MAX_LANE_PEERS = 32
+# wave, and the smallest wave of the targets (gfx12's and sm_90's 32 lanes) bounds the peers.
+MAX_LANE_PEERS = MIN_WAVE_SIZE
 
 
 def _i64(value: int) -> ir.Attribute:
@@ -142,7 +143,8 @@ def device_barrier(slots, epochs, *, world_size: int, max_blocks: int, loc=None,
     """``mori_comm.device_barrier(slots, epochs) {world_size = W, max_blocks = B}``: block b of this PE
     meets block b of every PE. ``slots`` is a symmetric ``[B][W]`` array of u64 words and ``epochs`` a
     local ``[B]`` array of u64 words (this PE's epoch per block), all zero once at allocation; the grid
-    must have at most B blocks (a host check at launch).
+    must have at most B blocks (a host check at launch). B is that size contract: the helper itself does
+    not read it.
 
     Who: every thread of the block (the block meets with gpu.barrier before and after). Order: each
     thread reads e0 = epochs[b]; thread 0 stores e = e0 + 1 back. Threads p < W: ``fence`` (release:

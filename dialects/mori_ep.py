@@ -81,12 +81,10 @@ def extra_verify(op: ir.Operation) -> list[str]:
     dtype = strs.get("dtype")
     shown = repr(dtype) if dtype is not None or "dtype" not in op.attributes else str(op.attributes["dtype"])
     need(dtype in dtypes, f"attribute 'dtype' must be one of {', '.join(map(repr, dtypes))}, got {shown}")
-    needed = ("world_size", "hidden", "top_k", "experts_per_rank", "max_tokens_per_rank",
-              "max_recv_per_rank", "warps_per_block", "wave_size")  # fmt: skip
+    needed = ep_schema.SIZE_ATTRIBUTES + ("warps_per_block", "wave_size")
     missing = [f for f in needed if f not in ints]
     need(not missing, f"needs the config attributes {', '.join(missing)}")
-    for field in ("hidden", "top_k", "experts_per_rank", "max_tokens_per_rank", "max_recv_per_rank",
-                  "warps_per_block", "wave_size", "max_blocks"):  # fmt: skip
+    for field in needed[1:] + ("max_blocks",):  # (world_size's range is checked above)
         if field in ints:
             need(ints[field] >= 1, f"attribute '{field}' must be >= 1, got {ints[field]}")
     for field, limit in MAX_LIMITS.items():

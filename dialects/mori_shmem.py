@@ -10,7 +10,7 @@ and *which* PE is the peer. Every op lowers to exactly one ABI function (``SYMBO
 from the op's attributes); the lowering (passes/mori_shmem_to_abi.py) takes the exact C-derived types
 of that function from ``mori_compiler.lib_bitcode.abi``.
 
-Memory ordering contract (docs/device-abi.md §2.14) for code that uses these ops:
+Memory ordering contract (docs/device-abi.md §2.11) for code that uses these ops:
 * ``putmem_nbi``/``put_nbi`` are only ordered by a later ``fence`` (quiet + system-scope fence);
   ``quiet`` alone is *not* a fence.
 * ``putmem_nbi_signal`` publishes its payload before the signal (release at system scope).

@@ -19,6 +19,12 @@ from .dialect_base import Dialect
 DIALECTS: tuple[Dialect, ...] = (mori_shmem.DIALECT, mori_comm.DIALECT, mori_ep.DIALECT)
 
 
+def project_prefixes() -> tuple[str, ...]:
+    """The op-name prefixes (``"<dialect>."``) of the dialects in DIALECTS (read at each call: a tool may
+    register a dialect of its own, as examples/custom_op does)."""
+    return tuple(d.name + "." for d in DIALECTS)
+
+
 def load_all(ctx: ir.Context) -> None:
     """Load every project dialect into ``ctx`` (idempotent)."""
     for d in DIALECTS:
@@ -54,7 +60,7 @@ def diagnostics_message(exc: ir.MLIRError, filename: str) -> MoriCompilerError:
 def verify_project_ops(module_op: ir.Operation, filename: str = "-") -> list[str]:
     """Check every op of a project dialect in ``module_op``; returns located messages."""
     specs = op_specs()
-    prefixes = tuple(d.name + "." for d in DIALECTS)
+    prefixes = project_prefixes()
     extra = {d.name: d.extra_verify for d in DIALECTS}
     errors: list[str] = []
 
@@ -78,6 +84,12 @@ def verify_project_ops(module_op: ir.Operation, filename: str = "-") -> list[str
     return errors
 
 
+def structural_problems(module_op: ir.Operation, where) -> list[str]:
+    """input_checks' structural checks of ``module_op`` for the project's dialects (``where(op)`` formats
+    an op's location)."""
+    return input_checks.structural_problems(module_op, where, project_prefixes())
+
+
 def parse_source(text: str, ctx: ir.Context, filename: str = "-") -> ir.Module:
     """Parse user IR into ``ctx`` (project dialects loaded) or raise a MoriCompilerError.
 
@@ -92,9 +104,7 @@ def parse_source(text: str, ctx: ir.Context, filename: str = "-") -> ir.Module:
                 module = ir.Module.parse(text)
             except ir.MLIRError as exc:
                 raise diagnostics_message(exc, filename) from None
-            errors = input_checks.structural_problems(
-                module.operation, lambda op: location_text(op.location, filename)
-            )
+            errors = structural_problems(module.operation, lambda op: location_text(op.location, filename))
             errors = errors or verify_project_ops(module.operation, filename)
     if errors:  # one line per problem: a name or string echoed in a message may hold a newline
         errors = [one_line(e) for e in errors]

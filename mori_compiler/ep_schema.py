@@ -35,7 +35,7 @@ TOKEN_BYTES = {"bf16": 2, "f32": 4, "fp8_e4m3fn": 1, "fp8_e4m3fnuz": 1}
 DISPATCH_DTYPES = ("bf16", "f32", "fp8_e4m3fn", "fp8_e4m3fnuz")
 COMBINE_DTYPES = ("bf16", "f32")
 MAX_BLOCKS = 1024  # device-barrier epoch slots per PE: the largest grid a combine may use
-MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a wave (wave32 on gfx12)
+MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a wave: targets.MIN_WAVE_SIZE (a test)
 # Upper bounds of the config, and why (ops/config.py checks the config against them, dialects/mori_ep.py
 # the op attributes):
 MAX_HIDDEN_DIM = 2**16  # a token row is at most 256 KiB (f32); the largest MoE models use 7168

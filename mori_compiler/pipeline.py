@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ._mlir import ir, new_context
 from .codeobject import check_no_undefined_symbols
-from .dialects import input_checks, registry
+from .dialects import registry
 from .errors import MoriCompilerError, location_text, one_line, with_filename
 from .options import CompileOptions, device_bitcode  # noqa: F401 (device_bitcode: re-exported)
 from .pass_pipeline import build_pass_manager
@@ -155,7 +155,7 @@ def _copy_of_built_module(module: ir.Module, filename: str) -> tuple[ir.Module, 
     ctx.enable_multithreading(False)
     registry.load_all(ctx)
     where = lambda op: location_text(op.location, filename)  # noqa: E731
-    _raise_problems(input_checks.structural_problems(module.operation, where)
+    _raise_problems(registry.structural_problems(module.operation, where)
                     or registry.verify_project_ops(module.operation, filename))  # fmt: skip
     try:
         module.operation.verify()

@@ -49,6 +49,7 @@ TARGETS: dict[str, GPUTarget] = {
         GPUTarget("sm_90", "nvvm", "nvptx64-nvidia-cuda", 32, features="+ptx78"),
     )
 }
+MIN_WAVE_SIZE = min(t.wave_size for t in TARGETS.values())  # lanes of the narrowest wave (32)
 
 DEFAULT_TARGET = "gfx942"
 

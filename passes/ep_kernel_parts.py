@@ -49,8 +49,8 @@ Ordering each piece provides (who writes, who waits; docs/ep-protocols.md has th
 * ``reduce_tokens``: plain loads of what the barrier before it published (``device_barrier``, or an
   acquire after waiting for the peers' signals).
 
-The pieces build ops in a fixed order (the order of the former MLIR text, so the kernels' code is
-unchanged); a caller that needs a value of a piece takes it from the returned record. This module
+The pieces build ops in a fixed order (bench/kernel_equivalence.py compares the resulting assembly
+across checkouts); a caller that needs a value of a piece takes it from the returned record. This module
 imports no kernel family (the families import it).
 """
 
@@ -88,10 +88,7 @@ class EpKernelConfig(NamedTuple):
     @property
     def sizes(self) -> ep_schema.EpSizes:
         """The derived sizes, at this kernel's dtype (its rows are ``hidden * elem_bytes`` bytes)."""
-        return ep_schema.EpSizes(world_size=self.world_size, hidden=self.hidden, top_k=self.top_k,
-                                 experts_per_rank=self.experts_per_rank, max_tokens_per_rank=self.max_tokens_per_rank,
-                                 max_recv_per_rank=self.max_recv_per_rank, token_bytes=self.elem_bytes,
-                                 scale_bytes=self.scale_bytes)  # fmt: skip
+        return ep_schema.EpSizes.from_attributes(self._asdict(), self.dtype)  # the op's attributes, read back
 
     @property
     def row_bytes(self) -> int:

@@ -498,5 +498,7 @@ def async_kernels_for(op_name: str, cfg: EpKernelConfig, block: ir.Block, before
         return async_dispatch_recv_kernel(cfg, block, before, early_notify=early_notify, fused_recv=fused_recv)
     if family == "async_combine_send":
         return async_combine_send_kernel(cfg, block, before, early_notify=early_notify)
-    return async_combine_recv_kernel(cfg, block, before, early_notify=early_notify, fused_recv=fused_recv,
-                                     uniform_addressing=uniform_addressing)  # fmt: skip
+    if family == "async_combine_recv":
+        return async_combine_recv_kernel(cfg, block, before, early_notify=early_notify, fused_recv=fused_recv,
+                                         uniform_addressing=uniform_addressing)  # fmt: skip
+    raise ValueError(f"'{op_name}' is not an AsyncLL half (its kernel family is {family})")

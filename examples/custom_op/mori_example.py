@@ -1,8 +1,8 @@
 """The ``mori_example`` dialect (docs/extending.md, part 2): its IRDL file plus this small module.
 
-The module has the shape of every project dialect: its declaration ``DIALECT`` (the name, the IRDL text,
-loading it into a context once, ``extra_verify`` for the rules IRDL cannot state: none here) and one typed
-builder per op with the ``(operands..., *, loc, ip)`` signature of the project's builders.
+The module has the shape of every project dialect: its declaration ``DIALECT`` (a ``dialect_base.Dialect``:
+the name, the IRDL file, ``extra_verify`` for the rules IRDL cannot state: none here) and one typed builder
+per op with the ``(operands..., *, loc, ip)`` signature of the project's builders.
 
 ``register()`` adds the dialect and its pass to the project's registries at run time (the example edits no
 file of the project); a dialect of the project itself is listed in ``dialects/registry.py`` instead, and its
@@ -11,10 +11,10 @@ pass in ``passes/__init__.py`` (docs/extending.md says how).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from mori_compiler._mlir import ir
+from mori_compiler.dialects.dialect_base import Dialect
 
 DIALECT_NAME = "mori_example"
 IRDL_FILE = Path(__file__).with_name("mori_example.irdl.mlir")
@@ -26,38 +26,8 @@ def extra_verify(op: ir.Operation) -> list[str]:
     return []
 
 
-@dataclass(frozen=True)
-class ExampleDialect:
-    """The dialect's declaration, in the shape of ``dialects/dialect_base.Dialect`` (what the registry
-    reads: ``name``, ``irdl_source()``, ``register_and_load(ctx)``, ``extra_verify(op)``). A dialect of the
-    project declares ``DIALECT = Dialect(name, irdl_file, extra_verify)``; this one is not a file of the
-    package, so it reads its IRDL from beside this module."""
-
-    name: str = DIALECT_NAME
-
-    def irdl_source(self) -> str:
-        return IRDL_FILE.read_text(encoding="utf-8")
-
-    def is_loaded(self, ctx: ir.Context) -> bool:
-        return ctx.is_registered_operation(f"{self.name}.signal_all")
-
-    def register_and_load(self, ctx: ir.Context) -> None:
-        """Load the dialect into ``ctx`` once (a second IRDL load into one context aborts the process)."""
-        if self.is_loaded(ctx):
-            return
-        from mori_compiler._mlir import irdl
-
-        with ctx, ir.Location.unknown():
-            irdl.load_dialects(ir.Module.parse(self.irdl_source()))
-
-    def extra_verify(self, op: ir.Operation) -> list[str]:
-        return extra_verify(op)
-
-    def owns(self, op_name: str) -> bool:
-        return op_name.startswith(self.name + ".")
-
-
-DIALECT = ExampleDialect()
+# A dialect outside the package names its IRDL file by absolute path.
+DIALECT = Dialect(DIALECT_NAME, IRDL_FILE, extra_verify)
 
 
 def signal_all(flags, value, *, loc=None, ip=None) -> ir.Operation:

@@ -98,8 +98,12 @@ def _module_name(kind: EpDispatchCombineKernelType) -> str:
 def module_plan(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None) -> EpModulePlan:
     """The mori_ep module of every kernel this config can launch (one bundle, one module load): one op per
     kernel of ``kernel_plan(cfg)``, its attributes the config's EpSizes. For AsyncLL, ``asyncll`` (an
-    AsyncLLOptions) sets the halves' notification mode. The config is not validated here (ep_bundle does
-    that first)."""
+    AsyncLLOptions; default: resolved from the environment, as ep_bundle does) sets the halves'
+    notification mode. The config is not validated here (ep_bundle does that first)."""
+    if asyncll is None and EpDispatchCombineKernelType(cfg.kernel_type) == EpDispatchCombineKernelType.AsyncLL:
+        from .asyncll import resolve
+
+        asyncll = resolve()
     sizes = cfg.sizes
     ops = tuple(EpOpPlan(k, _op_attributes(k, sizes, cfg, wave_size, asyncll)) for k in kernel_plan(cfg))
     return EpModulePlan(_module_name(EpDispatchCombineKernelType(cfg.kernel_type)), ops)

@@ -440,8 +440,8 @@ class EpDispatchCombineOp:
 
     def close(self) -> None:
         """Free the op's symmetric buffers (every PE must close its ops in the same order)."""
-        buffers, self.buffers = getattr(self, "buffers", None), None
-        if buffers is not None:
+        buffers = getattr(self, "buffers", None)
+        if buffers is not None:  # (kept: its views and the launches then refuse, naming close())
             buffers.free()
 
     def config_dict(self) -> dict:

@@ -55,6 +55,10 @@ class EpBuffers:
 
         return shmem.shmem_tensor(self._handle(name), shape, dtype, pe=pe if self.virtual else None)
 
+    @property
+    def freed(self) -> bool:
+        return self.handles is None
+
     def free(self) -> None:
         """Free every buffer (in reverse allocation order); every PE must free its ops in the same order."""
         from mori_compiler.runtime import shmem

@@ -74,6 +74,8 @@ class EpLaunches:
 
     def launch(self, family: str, dtype: str, calls: list[tuple[int, dict]], blocks: int) -> None:
         """Launch ``ep_<family>_<dtype>``: ``calls`` holds, per local PE, (pe, its call arguments by name)."""
+        if self.buffers.freed:  # the cached addresses would point into freed heap memory
+            raise RuntimeError("the op's buffers were freed (close() was called)")
         sig = KERNELS[family]
         args = [sig.arguments(self._address_of(pe), values) for pe, values in calls]
         name = sig.kernel_name(dtype)

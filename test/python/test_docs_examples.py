@@ -261,3 +261,23 @@ def test_section_references_name_their_doc():
     """A bare ``§2.9`` was a section of a spec outside the repository; a section of ours says which doc."""
     bare = [r for r in _lines_matching(re.compile(r"§")) if "docs/" not in r.split(": ", 1)[1]]
     assert bare == []
+
+
+_SECTION_REF = re.compile(r"docs/([\w-]+\.md)((?:,? ?§\d+(?:\.\d+)?(?:-§?\d+)?)+)")
+
+
+def _headings(doc: str) -> set[str]:
+    """The section numbers of ``docs/<doc>`` (``## 3. ...`` gives "3", ``### 2.11 ...`` gives "2.11")."""
+    text = (DOCS / doc).read_text(encoding="utf-8")
+    return {m.group(1).rstrip(".") for m in re.finditer(r"(?m)^#{2,4} (\d+(?:\.\d+)*)\.? ", text)}
+
+
+def test_section_references_exist():
+    """Every ``docs/<doc> §N`` in the code names a section that doc has."""
+    dangling = []
+    for ref in _lines_matching(_SECTION_REF):
+        for doc, marks in _SECTION_REF.findall(ref.split(": ", 1)[1]):
+            for number in re.findall(r"\d+(?:\.\d+)?", marks):
+                if number not in _headings(doc):
+                    dangling.append(f"{ref.split(': ', 1)[0]}: docs/{doc} §{number}")
+    assert dangling == []

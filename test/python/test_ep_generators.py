@@ -165,6 +165,21 @@ def test_builder_insertion_point_is_restored_after_a_region():
         assert module.operation.verify()
 
 
+def test_builder_refuses_constants_that_would_wrap():
+    ctx = new_context()
+    module = registry.parse_source("func.func @f() {\n  return\n}\n", ctx, "-")
+    with ctx, ir.Location.unknown():
+        entry = module.body.operations[0].regions[0].blocks[0]
+        b = bld.Builder(entry, before=entry.operations[0])
+        assert b.const_i32(2**32 - 1) is not None and b.const_i32(-(2**31)) is not None  # both readings fit
+        with pytest.raises(ValueError, match="constant 8589934592 does not fit i32"):
+            b.const_i32(2**33)
+        with pytest.raises(ValueError, match="does not fit i64"):
+            b.const_i64(2**64)
+        with pytest.raises(ValueError, match="constant GEP index -2147483648 is outside"):
+            b.gep(b.null(), -(2**31), b.i32)
+
+
 def test_new_global_is_the_parsed_form():
     ctx = new_context()
     text = "gpu.module @g {\n  llvm.mlir.global internal @route() {addr_space = 3 : i32} : !llvm.array<18 x i32>\n}"

@@ -108,6 +108,8 @@ def test_a_missing_kernel_is_refused(tmp_path):
 
 
 class _Buffers:
+    freed = False
+
     def address(self, name: str, pe: int) -> int:
         return hash((name, pe)) & 0xFFFF_FFFF_FFFF
 
@@ -149,3 +151,17 @@ def test_launch_arguments_by_name(tmp_path, monkeypatch):
     ]  # fmt: skip
     with pytest.raises(ValueError, match="missing call arguments inp, inp_w"):
         launches.launch("async_combine_send", "bf16", [(0, {})], blocks=1)
+
+
+def test_no_launch_after_the_buffers_are_freed(tmp_path, monkeypatch):
+    # The launcher caches buffer addresses: once close() freed the buffers, a launch must refuse rather
+    # than write into freed heap memory.
+    monkeypatch.setattr(launcher, "KernelSet", _RecordingKernelSet)
+    buffers = _Buffers()
+    launches = ep_launch.EpLaunches(_bundle(tmp_path, _schema_kernels()), PLAN, buffers, block_threads=256,
+                                    virtual=True)  # fmt: skip
+    launches.launch("async_combine_recv", "bf16", [(0, {"n": 3})], blocks=1)
+    buffers.freed = True
+    with pytest.raises(RuntimeError, match=r"freed \(close\(\) was called\)"):
+        launches.launch("async_combine_recv", "bf16", [(0, {"n": 3})], blocks=1)
+    assert len(launches.kernels.launches) == 1

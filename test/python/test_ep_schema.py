@@ -150,3 +150,11 @@ def test_sizes_survive_the_op_level_ir():
                 assert [getattr(kernel, f) for f in S.SIZE_ATTRIBUTES] == [getattr(host, f) for f in S.SIZE_ATTRIBUTES]
                 assert kernel.token_bytes == S.TOKEN_BYTES[dtype]
                 assert kernel.scale_bytes == (host.scale_bytes if planned.signature.leg == "dispatch" else 0)
+
+
+def test_the_world_size_limit_is_one_lane_per_peer():
+    # The schema is standard library only, so it cannot read the targets; the count handshake gives each
+    # peer one lane of the narrowest wave.
+    from mori_compiler.targets import MIN_WAVE_SIZE
+
+    assert S.MAX_WORLD_SIZE == MIN_WAVE_SIZE

@@ -32,6 +32,13 @@ gpu.module @m {
 "mori_shmem.fence"() : () -> ()
 
 // -----
+// Issue 12 review: the mori_comm blocks are project ops too (one was accepted at the module top and its
+// barrier silently dropped from the code object).
+// CHECK: error: {{.*}}op-placement.mlir:[[@LINE+2]]:1: 'mori_comm.grid_barrier' must be placed inside a function (gpu.func, func.func or llvm.func), not directly in builtin.module
+%z = llvm.mlir.zero : !llvm.ptr
+"mori_comm.grid_barrier"(%z) : (!llvm.ptr) -> ()
+
+// -----
 // CHECK: error: {{.*}}op-placement.mlir:[[@LINE+1]]:1: op name 'gpu' is not of the form 'dialect.operation'
 "gpu"() : () -> ()
 
