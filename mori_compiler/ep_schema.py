@@ -371,16 +371,3 @@ def kernel_signature(kernel_name: str) -> tuple[KernelSignature, str]:
             if family in KERNELS:
                 return KERNELS[family], dtype
     raise KeyError(kernel_name)
-
-
-def _check_table() -> None:
-    for sig in KERNELS.values():
-        assert sig.leg in LEGS and sig.op and sig.kinds, sig.family
-        for p in sig.params:
-            assert p.type in PARAM_TYPES, (sig.family, p)
-            assert p.buffer is None or p.buffer in BUFFER_NAMES, (sig.family, p)
-            assert not p.optional or p.buffer is not None, (sig.family, p)
-        assert len(set(sig.names)) == len(sig.names), sig.family
-
-
-_check_table()

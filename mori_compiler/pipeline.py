@@ -112,7 +112,7 @@ class CompileResult:
     kernels: tuple[str, ...] = ()
     bitcode: tuple[str, ...] = ()
     timings: dict[str, float] = field(default_factory=dict)
-    signatures: dict = field(default_factory=dict)  # kernel name -> gpu_kernels.KernelSignature, after the ep stage
+    signatures: dict = field(default_factory=dict)  # kernel name -> gpu_kernels.CompiledKernel, after the ep stage
     signature_problems: dict = field(default_factory=dict)  # kernel name -> why it has no signature
 
 
@@ -145,7 +145,8 @@ def _raise_problems(errors: list[str]) -> None:
 
 
 def _copy_of_built_module(module: ir.Module, filename: str) -> tuple[ir.Module, ir.Context]:
-    """A checked copy of a module built in Python, in its context (the caller's module is left as it is).
+    """A checked copy of a module built in Python, in its context (the caller's module is left as it is;
+    its context is set to run on one thread and gets the project dialects).
 
     The checks ``registry.parse_source`` makes of text, where they apply to a built module: the structural
     checks (inputs MLIR would abort on), the project ops against their IRDL constraints, then MLIR's

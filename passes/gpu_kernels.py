@@ -19,7 +19,7 @@ class ParamSignature(NamedTuple):
     named: bool  # whether ``name`` came from the kernel (False: the positional fallback)
 
 
-class KernelSignature(NamedTuple):
+class CompiledKernel(NamedTuple):
     """What a bundle records of a kernel (the driver turns it into the runtime's KernelInfo)."""
 
     name: str
@@ -74,7 +74,7 @@ def kernel_param_names(fn: ir.Operation) -> tuple[list[str | None], str | None]:
     return names, None
 
 
-def signatures_of_module(module, *, strict: bool = True, problems: dict | None = None) -> dict[str, KernelSignature]:
+def signatures_of_module(module, *, strict: bool = True, problems: dict | None = None) -> dict[str, CompiledKernel]:
     """The signature (what bundle.json records) of every gpu.func kernel of an MLIR module: each parameter's
     ABI type and name (``mori.name``; ``arg<i>``, marked unnamed, where the kernel gives none). Only
     ptr/integer/float parameters; with ``strict=False`` kernels with other parameter types are left out
@@ -96,5 +96,5 @@ def signatures_of_module(module, *, strict: bool = True, problems: dict | None =
             block = tuple(int(x) for x in fn.attributes["known_block_size"])
         params = tuple(ParamSignature(f"arg{i}" if pname is None else pname, ty, pname is not None)
                        for i, (pname, ty) in enumerate(zip(names, types)))  # fmt: skip
-        kernels[name] = KernelSignature(name, params, block)
+        kernels[name] = CompiledKernel(name, params, block)
     return kernels

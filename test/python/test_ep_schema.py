@@ -92,6 +92,16 @@ def test_every_buffer_is_used_by_some_kernel_and_every_buffer_parameter_exists()
                 assert sig.kinds <= buffer.kinds, (sig.family, p.name, buffer.name)  # allocated where launched
 
 
+def test_every_signature_is_well_formed():
+    # (checked here rather than at import: the schema is on the warm-start path)
+    for sig in S.KERNELS.values():
+        assert sig.leg in S.LEGS and sig.op and sig.kinds, sig.family
+        assert len(set(sig.names)) == len(sig.names), sig.family
+        for p in sig.params:
+            assert p.type in S.PARAM_TYPES, (sig.family, p)
+            assert not p.optional or p.buffer is not None, (sig.family, p)  # only a buffer may be given as null
+
+
 def test_every_kernel_type_has_its_families():
     for kind in IMPLEMENTED:
         dispatch, combine = S.families(kind, "dispatch"), S.families(kind, "combine")
