@@ -232,8 +232,10 @@ def compile_source(
         return result
 
     result.bitcode = tuple(device_bitcode(options))
+    shown_as = dict(zip(result.bitcode, options.bitcode or ()))  # prepared copies -> the user's paths
     llvm_module = device_link.link_device_code(
-        device.llvm_ir, device.kernels, target, result.bitcode, code_object_version=options.code_object_version
+        device.llvm_ir, device.kernels, target, result.bitcode, code_object_version=options.code_object_version,
+        shown_as=shown_as,
     )
     if lap("link"):
         result.linked_llvm_ir = str(llvm_module)

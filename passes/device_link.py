@@ -91,8 +91,10 @@ def undefined_functions(module) -> list[str]:
     return sorted(f.name for f in module.functions if f.is_declaration and not f.name.startswith("llvm."))
 
 
-def link_device_code(llvm_ir: str, kernels, target: GPUTarget, bitcode_paths, *, code_object_version: int = 6):
-    """Parse the kernels, link the bitcode files, internalize; returns the llvmlite module."""
+def link_device_code(llvm_ir: str, kernels, target: GPUTarget, bitcode_paths, *, code_object_version: int = 6,
+                     shown_as: dict | None = None):  # fmt: skip
+    """Parse the kernels, link the bitcode files, internalize; returns the llvmlite module. ``shown_as``:
+    the name an error gives a linked file (the user's path of a prepared copy)."""
     llvm = _llvm()
     module = llvm.parse_assembly(llvm_ir)
     module.triple = target.triple
@@ -100,7 +102,12 @@ def link_device_code(llvm_ir: str, kernels, target: GPUTarget, bitcode_paths, *,
     for path in bitcode_paths:
         lib = load_bitcode(path, target)
         lib.triple, lib.data_layout = module.triple, module.data_layout
-        module.link_in(lib)
+        try:
+            module.link_in(lib)
+        except RuntimeError as exc:  # e.g. the bitcode defines a kernel's (or an earlier bitcode's) symbol
+            shown = (shown_as or {}).get(path, path)
+            raise MoriCompilerError(f"cannot link device bitcode {shown}: {' '.join(str(exc).split())} (a device "
+                                    "library must not define the kernels' or another library's symbols)") from None
     if target.is_amdgpu:
         try:
             module.link_in(_code_object_flag_module(target, code_object_version))
