@@ -147,6 +147,44 @@ class EpSizes(namedtuple("EpSizes", ("world_size", "hidden", "top_k", "experts_p
         return divmod(code, self.send_stride)
 
 
+class EpTopology(namedtuple("EpTopology", ("world_size", "gpu_per_node"))):
+    """The nodes of an EP group (docs/ep-protocols.md §15): W PEs, G per node, N = W / G nodes; PE p is on
+    node ``p // G`` with local rank ``p % G``. The inter-node kernels send a token of PE r to a remote node n
+    once, to the rail-aligned proxy ``n * G + r % G`` (the PE of node n with r's local rank), which forwards
+    it to its node's destinations. ``topology_problems`` says which (W, G) are valid."""
+
+    __slots__ = ()
+
+    @property
+    def nodes(self) -> int:  # N
+        return self.world_size // self.gpu_per_node
+
+    def node_of(self, pe: int) -> int:
+        return pe // self.gpu_per_node
+
+    def local_rank(self, pe: int) -> int:
+        return pe % self.gpu_per_node
+
+    def proxy(self, src_pe: int, node: int) -> int:
+        """The PE of ``node`` that receives ``src_pe``'s tokens for that node (``src_pe`` itself on its own)."""
+        return node * self.gpu_per_node + src_pe % self.gpu_per_node
+
+    def node_pes(self, node: int) -> range:
+        return range(node * self.gpu_per_node, (node + 1) * self.gpu_per_node)
+
+
+def topology_problems(world_size: int, gpu_per_node: int) -> list[str]:
+    """Why (W, G) is no EP topology (MORI's rule: G a power of two that divides W); empty when it is one."""
+    if not isinstance(gpu_per_node, int) or isinstance(gpu_per_node, bool) or gpu_per_node < 1:
+        return [f"gpu_per_node must be a positive integer, got {gpu_per_node!r}"]
+    problems = []
+    if gpu_per_node & (gpu_per_node - 1):
+        problems.append(f"gpu_per_node {gpu_per_node} must be a power of two")
+    if world_size % gpu_per_node:
+        problems.append(f"gpu_per_node {gpu_per_node} must divide world_size {world_size} (whole nodes)")
+    return problems
+
+
 def recv_per_rank(max_tokens: int, max_total_recv: int, world_size: int) -> int:
     """Rp: receive slots per source PE, ``ceil(max_total_recv / W)`` capped at M (M when no cap is set)."""
     return min(-(-max_total_recv // world_size), max_tokens) if max_total_recv > 0 else max_tokens

@@ -33,12 +33,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mori_compiler.ep_schema import EpSizes
+from mori_compiler.ep_schema import EpSizes, EpTopology, topology_problems
 
 __all__ = [
     "EpShape", "route", "destinations", "unique_dest_count", "expected_recv_counts", "RecvOverflow",
     "recv_overflow", "AsyncLLSegment", "asyncll_layout", "check_asyncll_layout", "RecvRow", "expected_recv_rows", "check_dispatch", "reference_combine",
-    "reference_combine_weights", "combine_tolerance", "check_combine", "check_combine_weights",
+    "reference_combine_weights", "remote_nodes", "predicted_internode_sends", "hierarchical_combine",
+    "combine_tolerance", "check_combine", "check_combine_weights",
     "convert_dispatch_output_ref", "convert_combine_input_ref", "ROUTING_MODES", "make_routing",
     "make_token_counts", "make_tokens", "make_weights", "make_scales", "DTYPES", "canonical_dtype",
     "to_bits", "from_bits", "quantize", "representable_values",
@@ -471,6 +472,28 @@ def check_dispatch(rank: int, out_x, out_w, out_s, out_idx, src_pos, total_recv,
 # ---- combine (docs/ep-protocols.md §9, §12) ----------------------------------------------------------------
 
 
+def _destination_outputs(all_x, all_indices, shape: EpShape, expert) -> tuple[list[np.ndarray], list[dict], int]:
+    """(per-rank indices, per rank {(t, p): the row destination p's expert returned for token t}, H): each
+    destination p runs ``expert`` on its received rows (float32, ordered by source rank then token)."""
+    idxs = _all_indices(all_indices, shape)
+    xs = [np.asarray(x, dtype=np.float32) for x in _rank_list(all_x, shape, "all_x")]
+    dests = [destinations(idx, shape) for idx in idxs]
+    H = next((x.shape[1] for x in xs if x.ndim == 2), 0)
+    for r, x in enumerate(xs):
+        if x.shape[0] != idxs[r].shape[0]:
+            raise ValueError(f"rank {r}: x has {x.shape[0]} rows but indices have {idxs[r].shape[0]}")
+    outputs: list[dict] = [{} for _ in range(shape.W)]
+    for p in range(shape.W):
+        srcs = [(r, t) for r in range(shape.W) for t in np.nonzero(dests[r][:, p])[0].tolist()]
+        rows = np.stack([xs[r][t] for r, t in srcs]) if srcs else np.zeros((0, H), dtype=np.float32)
+        y = np.asarray(expert(rows))
+        if y.shape != rows.shape:
+            raise ValueError(f"expert returned shape {y.shape} for input rows of shape {rows.shape}")
+        for (r, t), yrow in zip(srcs, y):
+            outputs[r][(t, p)] = yrow
+    return idxs, outputs, H
+
+
 def reference_combine(all_x, all_indices, shape: EpShape, *,
                       expert: Callable[[np.ndarray], np.ndarray] = lambda rows: rows) -> list[np.ndarray]:
     """The docs/ep-protocols.md §12 model, end to end: per rank ``out [n, H]`` float32.
@@ -480,21 +503,10 @@ def reference_combine(all_x, all_indices, shape: EpShape, *,
     every p in P(t) (float64 accumulation, one rounding to float32). With the identity expert,
     ``out[t] = U(t) * x[t]``. Tokens with an empty P(t) give zero rows.
     """
-    idxs = _all_indices(all_indices, shape)
-    xs = [np.asarray(x, dtype=np.float32) for x in _rank_list(all_x, shape, "all_x")]
-    dests = [destinations(idx, shape) for idx in idxs]
-    H = next((x.shape[1] for x in xs if x.ndim == 2), 0)
-    for r, x in enumerate(xs):
-        if x.shape[0] != idxs[r].shape[0]:
-            raise ValueError(f"rank {r}: x has {x.shape[0]} rows but indices have {idxs[r].shape[0]}")
+    idxs, outputs, H = _destination_outputs(all_x, all_indices, shape, expert)
     acc = [np.zeros((idx.shape[0], H), dtype=np.float64) for idx in idxs]
-    for p in range(shape.W):
-        srcs = [(r, t) for r in range(shape.W) for t in np.nonzero(dests[r][:, p])[0].tolist()]
-        rows = np.stack([xs[r][t] for r, t in srcs]) if srcs else np.zeros((0, H), dtype=np.float32)
-        y = np.asarray(expert(rows))
-        if y.shape != rows.shape:
-            raise ValueError(f"expert returned shape {y.shape} for input rows of shape {rows.shape}")
-        for (r, t), yrow in zip(srcs, y):
+    for r, rows in enumerate(outputs):
+        for (t, _p), yrow in rows.items():
             acc[r][t] += yrow
     return [a.astype(np.float32) for a in acc]
 
@@ -509,6 +521,61 @@ def reference_combine_weights(w, indices, shape: EpShape):
     u = unique_dest_count(indices, shape)
     w = np.asarray(w, dtype=np.float32).reshape(u.shape[0], shape.K)
     return (w.astype(np.float64) * u[:, None]).astype(np.float32)
+
+
+# ---- nodes: the inter-node kernel types (docs/ep-protocols.md §15) ---------------------------------------
+
+
+def remote_nodes(indices, shape: EpShape, topology: EpTopology, rank: int) -> list[tuple[int, ...]]:
+    """Per token of ``rank``: the nodes other than the rank's own holding a PE of P(t), ascending (where an
+    inter-node kernel sends the token, once per node, to the proxy ``topology.proxy(rank, node)``)."""
+    _check_topology(shape, topology)
+    home = topology.node_of(rank)
+    dest = destinations(indices, shape)
+    return [tuple(sorted({topology.node_of(p) for p in np.nonzero(row)[0].tolist()} - {home})) for row in dest]
+
+
+def predicted_internode_sends(all_indices, shape: EpShape, topology: EpTopology, kind: str) -> np.ndarray:
+    """int64 [W]: the token records each source rank sends to other nodes (the "RDMA" count): ``"V1"`` sends a
+    token once to each remote node of its P(t); ``"V1LL"`` sends every token to every remote node (its 64-token
+    chunks are not filtered)."""
+    _check_topology(shape, topology)
+    idxs = _all_indices(all_indices, shape)
+    if kind == "V1":
+        return np.array([sum(len(n) for n in remote_nodes(idx, shape, topology, r)) for r, idx in enumerate(idxs)],
+                        dtype=np.int64)  # fmt: skip
+    if kind == "V1LL":
+        return np.array([idx.shape[0] * (topology.nodes - 1) for idx in idxs], dtype=np.int64)
+    raise ValueError(f"kind must be 'V1' or 'V1LL', got {kind!r}")
+
+
+def hierarchical_combine(all_x, all_indices, shape: EpShape, topology: EpTopology, dtype_name: str, *,
+                         expert: Callable[[np.ndarray], np.ndarray] = lambda rows: rows) -> list[np.ndarray]:
+    """InterNodeV1/V1LL's combine, per rank ``out [n, H]`` float32 (values of ``dtype_name``): for each token,
+    each node's partial (the fp32 sum of the rows of that node's PEs in P(t)) is stored in ``dtype_name``,
+    then the at most N partials are summed in fp32 and rounded once: two roundings where the flat combine
+    (``reference_combine``) has one. ``expert`` as in ``reference_combine``."""
+    _check_topology(shape, topology)
+    idxs, outputs, H = _destination_outputs(all_x, all_indices, shape, expert)
+    result = []
+    for r, rows in enumerate(outputs):
+        partials: dict[tuple[int, int], np.ndarray] = {}  # (token, node) -> fp32 sum
+        for (t, p), yrow in rows.items():
+            key = (t, topology.node_of(p))
+            partials[key] = partials.get(key, np.zeros(H, dtype=np.float32)) + yrow.astype(np.float32)
+        out = np.zeros((idxs[r].shape[0], H), dtype=np.float32)
+        for (t, _node), partial in sorted(partials.items()):
+            out[t] += quantize(partial, dtype_name)
+        result.append(quantize(out, dtype_name))
+    return result
+
+
+def _check_topology(shape: EpShape, topology: EpTopology) -> None:
+    if topology.world_size != shape.W:
+        raise ValueError(f"topology of {topology.world_size} PEs for a shape of {shape.W}")
+    problems = topology_problems(topology.world_size, topology.gpu_per_node)
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def combine_tolerance(dtype_name: str, quant_type: str = "none") -> tuple[float, float]:
