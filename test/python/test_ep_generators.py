@@ -4,6 +4,8 @@ in the user's file)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from mori_compiler import ep_schema
@@ -150,12 +152,18 @@ def test_kernel_config_sizes_come_from_the_schema():
 # ---- the builder details the generators rely on -------------------------------------------------------
 
 
-def test_builder_insertion_point_is_restored_after_a_region():
+@contextlib.contextmanager
+def _builder_before_return():
+    """(module, entry block, a Builder inserting before the return) of an empty ``func.func``."""
     ctx = new_context()
     module = registry.parse_source("func.func @f() {\n  return\n}\n", ctx, "-")
     with ctx, ir.Location.unknown():
         entry = module.body.operations[0].regions[0].blocks[0]
-        b = bld.Builder(entry, before=entry.operations[0])
+        yield module, entry, bld.Builder(entry, before=entry.operations[0])
+
+
+def test_builder_insertion_point_is_restored_after_a_region():
+    with _builder_before_return() as (module, entry, b):
         cond = b.const_i1(True)
         with b.if_(cond):
             b.const_i32(1)
@@ -166,11 +174,7 @@ def test_builder_insertion_point_is_restored_after_a_region():
 
 
 def test_builder_refuses_constants_that_would_wrap():
-    ctx = new_context()
-    module = registry.parse_source("func.func @f() {\n  return\n}\n", ctx, "-")
-    with ctx, ir.Location.unknown():
-        entry = module.body.operations[0].regions[0].blocks[0]
-        b = bld.Builder(entry, before=entry.operations[0])
+    with _builder_before_return() as (_, _entry, b):
         assert b.const_i32(2**32 - 1) is not None and b.const_i32(-(2**31)) is not None  # both readings fit
         with pytest.raises(ValueError, match="constant 8589934592 does not fit i32"):
             b.const_i32(2**33)
