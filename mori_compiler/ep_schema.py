@@ -52,7 +52,7 @@ def dtypes_within(dtypes: tuple[str, ...], max_token_bytes: int) -> list[str]:
 
 
 class EpDispatchCombineKernelType(enum.IntEnum):
-    """MORI's kernel types (values as MORI's enum). Implemented: IntraNode, IntraNodeLL, AsyncLL."""
+    """MORI's kernel types (values as MORI's enum); all are implemented (the inter-node ones: docs/ep-protocols.md §16)."""
 
     IntraNode = 0
     InterNode = 1
@@ -71,15 +71,19 @@ SIZE_ATTRIBUTES = ("world_size", "hidden", "top_k", "experts_per_rank", "max_tok
 
 
 class EpSizes(namedtuple("EpSizes", ("world_size", "hidden", "top_k", "experts_per_rank", "max_tokens_per_rank",
-                                     "max_recv_per_rank", "token_bytes", "scale_bytes", "external_input"),
-                         defaults=(2, 0, True))):  # fmt: skip
+                                     "max_recv_per_rank", "token_bytes", "scale_bytes", "external_input",
+                                     "gpu_per_node", "hop_size"),
+                         defaults=(2, 0, True, 0, 0))):  # fmt: skip
     """The compile-time sizes of one EP configuration, in the kernels' terms.
 
     W world_size, H hidden, K top_k, Er experts_per_rank, M max_tokens_per_rank, Rp max_recv_per_rank
     (receive slots per source PE), token_bytes (bytes per element of a token row: the widest token dtype
     for the host, which sizes the buffers by it; the kernel's dtype for a kernel, whose rows are packed
     at its own dtype), scale_bytes (bytes of one token's scales), external_input (the push combine's
-    staging buffers are sized only when used). An immutable tuple (``collections.namedtuple``: cheaper to
+    staging buffers are sized only when used); for the inter-node kernel types, gpu_per_node (G; 0: one
+    node) and hop_size (the PEs one inter-node send reaches through one target: G for InterNodeV1/V1LL,
+    whose target is the rail-aligned proxy of a node, 1 for InterNode, which sends to each remote PE;
+    0: no inter-node sends). An immutable tuple (``collections.namedtuple``: cheaper to
     import than a dataclass or ``typing``; the schema is on the warm-start path).
     """
 
@@ -93,14 +97,16 @@ class EpSizes(namedtuple("EpSizes", ("world_size", "hidden", "top_k", "experts_p
                    max_recv_per_rank=recv_per_rank(cfg.max_num_inp_token_per_rank, cfg.max_total_recv_tokens,
                                                    cfg.world_size),
                    token_bytes=cfg.max_token_type_size, scale_bytes=cfg.scale_dim * cfg.scale_type_size,
-                   external_input=bool(cfg.use_external_inp_buf))  # fmt: skip
+                   external_input=bool(cfg.use_external_inp_buf),
+                   **internode_sizes(KernelType(cfg.kernel_type), cfg.gpu_per_node))  # fmt: skip
 
     @classmethod
     def from_attributes(cls, ints: dict, dtype: str) -> "EpSizes":
         """Of one kernel: from its mori_ep op's integer attributes (``SIZE_ATTRIBUTES``, ``scale_bytes``)
         and its dtype."""
         return cls(**{name: ints[name] for name in SIZE_ATTRIBUTES}, token_bytes=TOKEN_BYTES[dtype],
-                   scale_bytes=ints.get("scale_bytes", 0))  # fmt: skip
+                   scale_bytes=ints.get("scale_bytes", 0), gpu_per_node=ints.get("gpu_per_node", 0),
+                   hop_size=ints.get("hop_size", 0))  # fmt: skip
 
     @classmethod
     def for_routing(cls, world_size: int, top_k: int, experts_per_rank: int, max_tokens_per_rank: int,
@@ -133,6 +139,37 @@ class EpSizes(namedtuple("EpSizes", ("world_size", "hidden", "top_k", "experts_p
     @property
     def async_slots(self) -> int:  # AsyncLL records per PE: per round parity (2) and source PE (W), Rp each
         return 2 * self.world_size * self.max_recv_per_rank
+
+    # ---- inter-node (docs/ep-protocols.md §16) ----
+    @property
+    def node_size(self) -> int:  # G (the whole world when no topology is set)
+        return self.gpu_per_node or self.world_size
+
+    @property
+    def nodes(self) -> int:  # N = W / G
+        return self.world_size // self.node_size
+
+    @property
+    def hops(self) -> int:  # inter-node send targets a PE can have: W / hop_size (N for V1, W for V0)
+        return self.world_size // (self.hop_size or self.node_size)
+
+    @property
+    def chunk_rows(self) -> int:  # records of one source's landing region: M rounded up to whole chunks
+        return -(-self.max_tokens_per_rank // MAX_CHUNK) * MAX_CHUNK
+
+    @property
+    def max_chunks(self) -> int:  # chunk signals per source: chunks of the smallest size
+        return -(-self.max_tokens_per_rank // MIN_CHUNK)
+
+    @property
+    def record_bytes(self) -> int:
+        """One token's inter-node record: row | K expert ids (i32) | K weights (f32) | scales | source
+        position (i32), padded to 16 bytes (docs/ep-protocols.md §16)."""
+        return _round16(self.row_bytes + 8 * self.top_k + self.scale_bytes + 4)
+
+    @property
+    def partial_bytes(self) -> int:  # one combine partial: row | K weights (f32), padded to 16 bytes
+        return _round16(self.row_bytes + 4 * self.top_k)
 
     def fwd_code(self, pe: int, slot: int) -> int:
         return pe * self.recv_capacity + slot
@@ -185,6 +222,36 @@ def topology_problems(world_size: int, gpu_per_node: int) -> list[str]:
     return problems
 
 
+# Inter-node chunks are one wave of tokens (a lane per token): 32 or 64. Buffers are sized for both.
+MIN_CHUNK, MAX_CHUNK = 32, 64
+INTERNODE = frozenset({KernelType.InterNode, KernelType.InterNodeV1, KernelType.InterNodeV1LL})
+# Per inter-node kernel type: PEs per send target (None: G, the rail-aligned proxy of a node; 1: the PE
+# itself) and whether a token goes only to the targets whose PEs hold one of its experts (V1LL sends
+# every token to every remote node).
+INTERNODE_KINDS = {KernelType.InterNode: (1, True), KernelType.InterNodeV1: (None, True),
+                   KernelType.InterNodeV1LL: (None, False)}  # fmt: skip
+
+
+def _round16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def internode_sizes(kind: KernelType, gpu_per_node: int) -> dict:
+    """The EpSizes fields of the topology: {} for the intra-node kernel types."""
+    if kind not in INTERNODE_KINDS:
+        return {}
+    hop, _ = INTERNODE_KINDS[kind]
+    return {"gpu_per_node": gpu_per_node, "hop_size": hop or gpu_per_node}
+
+
+def internode_attributes(kind: KernelType, gpu_per_node: int, num_qp_per_pe: int) -> dict:
+    """The mori_ep attributes of an inter-node kernel type's ops (besides the sizes): G, the PEs per send
+    target, whether every token goes to every remote target (V1LL), the queue pairs per peer."""
+    hop, selective = INTERNODE_KINDS[kind]
+    return {"gpu_per_node": gpu_per_node, "hop_size": hop or gpu_per_node, "send_all": int(not selective),
+            "num_qp": num_qp_per_pe}  # fmt: skip
+
+
 def recv_per_rank(max_tokens: int, max_total_recv: int, world_size: int) -> int:
     """Rp: receive slots per source PE, ``ceil(max_total_recv / W)`` capped at M (M when no cap is set)."""
     return min(-(-max_total_recv // world_size), max_tokens) if max_total_recv > 0 else max_tokens
@@ -196,9 +263,11 @@ def async_dispatch_signal(round_: int, count: int) -> int:
 
 # ---- the symmetric buffer table ---------------------------------------------------------------------
 
-_SYNC = frozenset({KernelType.IntraNode, KernelType.IntraNodeLL})  # the count-handshake kernel types
+_SYNC = frozenset({KernelType.IntraNode, KernelType.IntraNodeLL})  # the intra-node count-handshake kernel types
 _ASYNC = frozenset({KernelType.AsyncLL})
-_ALL = _SYNC | _ASYNC
+_INTER = INTERNODE
+_HANDSHAKE = _SYNC | _INTER  # the kernel types with the count handshake and the device barrier
+_ALL = _SYNC | _ASYNC | _INTER
 
 
 class Buffer(namedtuple("Buffer", ("name", "size", "zeroed", "kinds", "doc"))):
@@ -240,19 +309,46 @@ BUFFERS: tuple[Buffer, ...] = (
     Buffer("a_csig", lambda s: 2 * s.world_size * 8, True, _ASYNC, "combine signals [2][W] (epoch-tagged)"),
     Buffer("a_rounds", lambda s: 32, True, _ASYNC, "rounds: dispatch, combine, finished blocks of each"),
     Buffer("a_grid", lambda s: 16, True, _ASYNC, "grid barrier words {arrivals, generation}"),
-    # IntraNode / IntraNodeLL: the count handshake, the grid and device barriers.
-    Buffer("slot_ctrs", lambda s: 16, True, _SYNC, "slot counters, double-buffered by round parity"),
-    Buffer("signals", lambda s: 8 * s.world_size, True, _SYNC, "count-handshake slots [W] u64"),
-    Buffer("dispatch_grid", lambda s: 16, True, _SYNC, "dispatch grid barrier words"),
-    Buffer("round_ctr", lambda s: 16, True, _SYNC, "dispatch round (u64, advanced on the device)"),
-    Buffer("dest_ctr", lambda s: 4 * s.world_size, True, _SYNC, "tokens sent to each PE this round"),
-    Buffer("reg_w", lambda s: s.recv_capacity * s.top_k * 4, False, _SYNC, "registered combine weights"),
+    # IntraNode / IntraNodeLL and the inter-node types: the count handshake, the grid and device barriers.
+    Buffer("slot_ctrs", lambda s: 16, True, _HANDSHAKE, "slot counters, double-buffered by round parity"),
+    Buffer("signals", lambda s: 8 * s.world_size, True, _HANDSHAKE, "count-handshake slots [W] u64"),
+    Buffer("dispatch_grid", lambda s: 16, True, _HANDSHAKE, "dispatch grid barrier words"),
+    Buffer("round_ctr", lambda s: 16, True, _HANDSHAKE, "dispatch round (u64, advanced on the device)"),
+    Buffer("dest_ctr", lambda s: 4 * s.world_size, True, _HANDSHAKE, "tokens sent to each PE this round"),
+    Buffer("reg_w", lambda s: s.recv_capacity * s.top_k * 4, False, _HANDSHAKE, "registered combine weights"),
     Buffer("stage_x", lambda s: _push_rows(s) * _tok(s), False, _SYNC, "push-combine staging rows [W*M, H]"),
     Buffer("stage_w", lambda s: _push_rows(s) * s.top_k * 4, False, _SYNC, "push-combine staging weights"),
-    Buffer("combine_grid", lambda s: 16, True, _SYNC, "push-combine grid barrier words"),
-    Buffer("bar_slots", lambda s: 8 * MAX_BLOCKS * s.world_size, True, _SYNC, "device barrier [MAX_BLOCKS][W]"),
-    Buffer("bar_epochs", lambda s: 8 * MAX_BLOCKS, True, _SYNC, "device barrier epoch per block"),
+    Buffer("combine_grid", lambda s: 16, True, _HANDSHAKE, "combine grid barrier words"),
+    Buffer("bar_slots", lambda s: 8 * MAX_BLOCKS * s.world_size, True, _HANDSHAKE, "device barrier [MAX_BLOCKS][W]"),
+    Buffer("bar_epochs", lambda s: 8 * MAX_BLOCKS, True, _HANDSHAKE, "device barrier epoch per block"),
+    # The inter-node types (docs/ep-protocols.md §16): per round parity (2) and send source (hops), a
+    # landing region of chunk_rows records and a signal per chunk, each way.
+    Buffer("i_stage", lambda s: s.chunk_rows * s.record_bytes, False, _INTER, "this PE's tokens as records [M]"),
+    Buffer("i_land", lambda s: 2 * s.hops * s.chunk_rows * s.record_bytes, False, _INTER,
+           "records received from remote sources [2][hops][chunk_rows]"),
+    Buffer("i_flag", lambda s: 2 * s.hops * s.max_chunks * 8, True, _INTER,
+           "dispatch chunk signals [2][hops][chunks] u64 (round-tagged)"),
+    Buffer("i_smap", lambda s: max(s.max_tokens_per_rank * s.hops * 4, 16), False, _INTER,
+           "send map [M][hops]: a token's record slot at each target, -1 when not sent"),
+    Buffer("i_pfwd", lambda s: s.hops * s.chunk_rows * s.top_k * 4, False, _INTER,
+           "forward map of the records this PE forwarded [hops][chunk_rows][K]"),
+    Buffer("i_part", lambda s: s.max_tokens_per_rank * s.partial_bytes, False, _INTER,
+           "combine: this node's partial of each own token [M]"),
+    Buffer("i_fpart", lambda s: s.hops * s.chunk_rows * s.partial_bytes, False, _INTER,
+           "combine: partials of the forwarded records [hops][chunk_rows]"),
+    Buffer("i_crecv", lambda s: 2 * s.hops * s.chunk_rows * s.partial_bytes, False, _INTER,
+           "combine: partials received from the targets [2][hops][chunk_rows]"),
+    Buffer("i_cflag", lambda s: 2 * s.hops * s.max_chunks * 8, True, _INTER,
+           "combine chunk signals [2][hops][chunks] u64 (round-tagged)"),
+    Buffer("i_done", lambda s: s.hops * s.max_chunks * 4, True, _INTER, "combine: finished records per chunk"),
+    Buffer("i_rounds", lambda s: 32, True, _INTER, "combine round, finished blocks (u64 each)"),
+    Buffer("traffic", lambda s: 8 * len(TRAFFIC_COUNTERS), True, _INTER,
+           "bytes moved, cumulative (u64 each): TRAFFIC_COUNTERS"),
 )
+# The inter-node kernels' byte counters (buffer ``traffic``, in this order): bytes put to PEs of other
+# nodes ("rdma") and bytes stored to or read from PEs of this node ("xgmi"), per leg; what each counts is
+# docs/ep-protocols.md §16's.
+TRAFFIC_COUNTERS = ("dispatch_rdma", "dispatch_xgmi", "combine_rdma", "combine_xgmi")
 BUFFER_NAMES = frozenset(b.name for b in BUFFERS)
 
 
@@ -284,6 +380,7 @@ def _b(name: str, buffer: str | None = None) -> Param:
 
 
 _N = Param("n", "i32")  # tokens of this PE's call
+_RDMA_BLOCKS = Param("rdma_blocks", "i32")  # the inter-node kernels: blocks [0, rdma_blocks) do the inter-node work
 _OUT_CW = Param("out_w", "ptr", "out_cw", optional=True)  # the combine's output weights; null without weights
 
 
@@ -380,6 +477,29 @@ KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
         _b("cx", "a_cx"), _b("cw", "a_cw"), _b("fwd"), _N, _b("csig", "a_csig"), _b("rounds", "a_rounds"),
         _b("grid_ctr", "a_grid"), _b("out", "out_c"), _OUT_CW, _b("zero_row"),
     ), "AsyncLL combine receive phase", "combine_recv", "combine", _ASYNC),
+    # The inter-node types (docs/ep-protocols.md §16): each leg is several kernels, launched in this order.
+    KernelSignature("inter_stage", _TOKENS_IN + (_b("stage", "i_stage"),),
+                    "inter-node dispatch, step 1: this PE's tokens packed as records", "internode_stage",
+                    "dispatch", _INTER),  # fmt: skip
+    KernelSignature("inter_dispatch", _TOKENS_IN + (
+        _RDMA_BLOCKS, _b("out_x"), _b("out_w"), _b("out_s"), _b("out_idx"), _b("src_pos"), _b("slot_ctrs"),
+        _b("signals"), _b("grid_ctr", "dispatch_grid"), _b("round_ctr"), _b("fwd"), _b("dest_ctr"), _b("total"),
+        _b("status"), _b("stage", "i_stage"), _b("land", "i_land"), _b("flag", "i_flag"), _b("smap", "i_smap"),
+        _b("pfwd", "i_pfwd"), _b("traffic"),
+    ), "inter-node dispatch, step 2: chunked sends to the targets, receive-and-forward, same-node rows",
+        "internode_dispatch", "dispatch", _INTER),
+    KernelSignature("inter_combine", (
+        _N, _RDMA_BLOCKS, Param("has_w", "i32"), _b("reg_x"), _b("reg_w"), _b("fwd"), _b("round_ctr"),
+        _b("flag", "i_flag"), _b("pfwd", "i_pfwd"), _b("part", "i_part"), _b("fpart", "i_fpart"),
+        _b("crecv", "i_crecv"), _b("cflag", "i_cflag"), _b("done", "i_done"), _b("rounds", "i_rounds"),
+        _b("bar_slots"), _b("bar_epochs"), _b("zero_row"), _b("traffic"),
+    ), "inter-node combine, step 1: per-node partials, the forwarded records' partials back to their sources",
+        "internode_combine", "combine", _INTER),
+    KernelSignature("inter_combine_all", (
+        _N, _b("smap", "i_smap"), _b("part", "i_part"), _b("crecv", "i_crecv"), _b("cflag", "i_cflag"),
+        _b("rounds", "i_rounds"), _b("grid_ctr", "combine_grid"), _b("out", "out_c"), _OUT_CW, _b("zero_row"),
+    ), "inter-node combine, step 2: each token's node partials summed in fp32", "internode_combine_all",
+        "combine", _INTER),
 )}  # fmt: skip
 
 # Which mori_ep op becomes which kernel family (combine: by its zero_copy attribute).
