@@ -554,7 +554,7 @@ def _internode_kind(kind) -> str:
 
 def internode_records(all_indices, shape: EpShape, topology: EpTopology, kind) -> np.ndarray:
     """int64 [W, W]: ``records[r, q]`` = the token records source PE r puts to PE q of another node in one
-    dispatch (PLAN of issue 13, docs/ep-protocols.md §15). ``"V1"``: once per token to the proxy of each remote
+    dispatch (docs/ep-protocols.md §15). ``"V1"``: once per token to the proxy of each remote
     node holding a PE of P(t); ``"V1LL"``: every token to the proxy of every remote node; ``"V0"``: once per
     token to each remote PE of P(t). Sentinel and out-of-range slots are dropped (all three types)."""
     _check_topology(shape, topology)
@@ -609,7 +609,7 @@ def predicted_traffic(all_indices, shape: EpShape, topology: EpTopology, kind, *
                       dispatch_dtype: str, combine_dtype: str = "bf16", scale_bytes: int = 0,
                       scales_given: bool = True, has_w: bool = True) -> list[dict[str, int]]:
     """Per PE, the bytes one dispatch + combine adds to each inter-node traffic counter (``op.internode_traffic()``
-    deltas), keyed by ``ep_schema.TRAFFIC_COUNTERS``, as the kernels count them (PLAN of issue 13):
+    deltas), keyed by ``ep_schema.TRAFFIC_COUNTERS``, as the kernels count them:
 
     * ``dispatch_rdma`` (the sender): ``EpSizes.record_bytes`` at the dispatch dtype with the config's
       ``scale_bytes`` (the record layout) per record put to another node (:func:`internode_records`);
