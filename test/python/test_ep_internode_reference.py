@@ -283,3 +283,67 @@ def test_a_capped_dispatch_is_checked_on_the_rows_it_received():
     wrong[1, 0] = 9
     with pytest.raises(AssertionError, match="src rank 0, src token 1"):
         ref.check_dispatch(1, wrong, None, None, idx_rows, pos, 2, expected, shape, complete=False)
+
+
+# ---- the GPU oracle's host side (test/python/gpu/test_ep_internode_gpu.py), on the reference model ----------
+
+
+def _gpu_tests():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+    import test_ep_internode_gpu
+
+    return test_ep_internode_gpu
+
+
+def test_the_gpu_configs_fit_their_heaps_and_rules():
+    from mori_compiler.ep_schema import EpSizes, buffers_for
+
+    gpu = _gpu_tests()
+    configs = list(gpu.all_configs())
+    assert len({repr(c) for c in configs}) == len(configs) == len(gpu.KINDS) * (3 * len(gpu.TOPOLOGIES) + 1)
+    for c in configs:
+        assert topology_problems(c.world_size, c.gpu_per_node) == []
+        assert c.block_num % c.world_size == 0 and c.block_num >= 2 and 0 < c.rdma_block_num < c.block_num
+        need = sum(size for _, size in buffers_for(KernelType(c.kernel_type), EpSizes.from_config(c)))
+        assert need < gpu.heap_size(c.world_size, c.gpu_per_node)
+    assert sum(W * gpu.heap_size(W, G) for W, G in gpu.TOPOLOGIES) < 16 << 30  # far below the H200's 139 GiB
+
+
+@pytest.mark.parametrize("n, case", list(enumerate(_gpu_tests().CASES)), ids=lambda v: str(v) if isinstance(v, int)
+                         else "-".join(str(x) for x in v[:4]))  # fmt: skip
+def test_the_gpu_rounds_pass_on_the_reference_model(n, case):
+    """Each GPU oracle case, with the reference model standing in for the kernels (rows in a shuffled arrival
+    order, the hierarchical combine): the oracle accepts it, and the predicted traffic is consistent."""
+    gpu = _gpu_tests()
+    config, routing, counts, dtype, weights, scales = case
+    kind = gpu.KINDS[n % 3]
+    W, G = gpu.TOPOLOGIES[n % len(gpu.TOPOLOGIES)]
+    cfg = gpu.CONFIGS[config](kind, W, G)
+    shape, topo = gpu._shape(cfg), gpu._topology(cfg)
+    inputs = gpu.Inputs(cfg, shape, routing=routing, counts=counts, dtype=dtype, seed=n, weights=weights,
+                        scales=scales)  # fmt: skip
+    expected = inputs.expected_rows()
+    rng = np.random.default_rng(n)
+    for p in range(W):
+        keys = list(expected[p])
+        keys = [keys[i] for i in rng.permutation(len(keys))]
+        rows = [expected[p][key] for key in keys]
+        stack = (lambda get, width, dt: np.stack([get(r) for r in rows]) if rows else np.zeros((0, width), dt))
+        ref.check_dispatch(p, stack(lambda r: r.x, cfg.hidden_dim, np.uint16),
+                           stack(lambda r: r.w, shape.K, np.float32) if weights else None,
+                           stack(lambda r: r.s, cfg.scale_dim * 4, np.uint8) if scales else None,
+                           stack(lambda r: r.idx, shape.K, np.int32),
+                           np.array([shape.encode_src(*key) for key in keys], np.int64), len(keys), expected[p],
+                           shape)  # fmt: skip
+    combined = ref.hierarchical_combine(inputs.x, inputs.idx, shape, topo, "bf16")
+    for p in range(W):
+        ref.check_hierarchical_combine(combined[p], inputs.x[p], inputs.idx[p], shape, "bf16", rank=p)
+    traffic = inputs.predicted_traffic(has_w=weights)
+    rows = int(ref.expected_recv_counts(inputs.idx, shape).sum())
+    sb = cfg.scale_dim * 4 if scales else 0
+    elem = 1 if dtype.startswith("fp8") else 2
+    assert sum(d["dispatch_xgmi"] for d in traffic) == rows * (cfg.hidden_dim * elem + 8 * shape.K + 4 + sb)
+    assert sum(d["combine_xgmi"] for d in traffic) == rows * (cfg.hidden_dim * 2 + 4 * shape.K * weights)
