@@ -33,12 +33,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mori_compiler.ep_schema import EpSizes, EpTopology, topology_problems
+from mori_compiler.ep_schema import TRAFFIC_COUNTERS, EpSizes, EpTopology, KernelType, topology_problems
 
 __all__ = [
     "EpShape", "route", "destinations", "unique_dest_count", "expected_recv_counts", "RecvOverflow",
     "recv_overflow", "AsyncLLSegment", "asyncll_layout", "check_asyncll_layout", "RecvRow", "expected_recv_rows", "check_dispatch", "reference_combine",
-    "reference_combine_weights", "remote_nodes", "predicted_internode_sends", "hierarchical_combine",
+    "reference_combine_weights", "remote_nodes", "INTERNODE_KIND_NAMES", "internode_records", "predicted_internode_sends", "row_writers",
+    "predicted_traffic", "hierarchical_combine", "hierarchical_bound", "check_hierarchical_combine",
     "combine_tolerance", "check_combine", "check_combine_weights",
     "convert_dispatch_output_ref", "convert_combine_input_ref", "ROUTING_MODES", "make_routing",
     "make_token_counts", "make_tokens", "make_weights", "make_scales", "DTYPES", "canonical_dtype",
@@ -391,7 +392,7 @@ def _first_row_mismatch(name, rank, got, want, rows, src, *, as_bytes=True, atol
 
 
 def check_dispatch(rank: int, out_x, out_w, out_s, out_idx, src_pos, total_recv, expected, shape: EpShape, *,
-                   atol: float = 0) -> None:
+                   atol: float = 0, complete: bool = True) -> None:
     """The docs/ep-protocols.md §12 dispatch oracle for one rank; raises AssertionError naming rank, row, (src, tok) and
     the difference.
 
@@ -405,7 +406,9 @@ def check_dispatch(rank: int, out_x, out_w, out_s, out_idx, src_pos, total_recv,
     * ``expected``: ``expected_recv_rows(...)[rank]``, or the whole per-rank list (then indexed by ``rank``).
 
     Checks: total_recv == the expected count (<= R); every src_pos decodes to a token routed here; src_pos are
-    unique; every row is equal to its source token's row. Row order is free (arrival order).
+    unique; every row is equal to its source token's row. Row order is free (arrival order). With
+    ``complete=False`` (a receive cap dropped rows) total_recv may be smaller: the rows received are checked,
+    the missing ones are not reported.
     """
     if isinstance(expected, (list, tuple)):
         expected = expected[rank]
@@ -419,7 +422,7 @@ def check_dispatch(rank: int, out_x, out_w, out_s, out_idx, src_pos, total_recv,
     pos = pos_all[:total]
     decoded = [shape.decode_src(p) for p in pos]
 
-    if total != want_n:
+    if total > want_n or (complete and total != want_n):
         got_keys = set(decoded)
         missing = sorted(set(expected) - got_keys)
         extra = sorted(got_keys - set(expected))
@@ -439,7 +442,7 @@ def check_dispatch(rank: int, out_x, out_w, out_s, out_idx, src_pos, total_recv,
         if key not in expected:
             raise AssertionError(f"rank {rank}: recv row {i}: (src {key[0]}, tok {key[1]}) (src_pos {p}) was not "
                                  f"routed to this rank")
-    missing = sorted(set(expected) - set(first_row))
+    missing = sorted(set(expected) - set(first_row)) if complete else []
     if missing:  # unreachable with unique keys and equal counts, kept as a guard
         raise AssertionError(f"rank {rank}: rows missing for (src, tok) {missing[:8]}")
     if total == 0:
@@ -535,18 +538,102 @@ def remote_nodes(indices, shape: EpShape, topology: EpTopology, rank: int) -> li
     return [tuple(sorted({topology.node_of(p) for p in np.nonzero(row)[0].tolist()} - {home})) for row in dest]
 
 
-def predicted_internode_sends(all_indices, shape: EpShape, topology: EpTopology, kind: str) -> np.ndarray:
-    """int64 [W]: the token records each source rank sends to other nodes (the "RDMA" count): ``"V1"`` sends a
-    token once to each remote node of its P(t); ``"V1LL"`` sends every token to every remote node (its 64-token
-    chunks are not filtered)."""
+INTERNODE_KIND_NAMES = {KernelType.InterNode: "V0", KernelType.InterNodeV1: "V1", KernelType.InterNodeV1LL: "V1LL"}
+
+
+def _internode_kind(kind) -> str:
+    """``"V0"``, ``"V1"`` or ``"V1LL"`` for one of these names or an inter-node ``KernelType``."""
+    if isinstance(kind, KernelType):
+        if kind not in INTERNODE_KIND_NAMES:
+            raise ValueError(f"{kind.name} is no inter-node kernel type")
+        return INTERNODE_KIND_NAMES[kind]
+    if kind not in INTERNODE_KIND_NAMES.values():
+        raise ValueError(f"kind must be 'V0', 'V1' or 'V1LL' (or an inter-node KernelType), got {kind!r}")
+    return kind
+
+
+def internode_records(all_indices, shape: EpShape, topology: EpTopology, kind) -> np.ndarray:
+    """int64 [W, W]: ``records[r, q]`` = the token records source PE r puts to PE q of another node in one
+    dispatch (docs/ep-protocols.md §15). ``"V1"``: once per token to the proxy of each remote
+    node holding a PE of P(t); ``"V1LL"``: every token to the proxy of every remote node; ``"V0"``: once per
+    token to each remote PE of P(t). Sentinel and out-of-range slots are dropped (all three types)."""
     _check_topology(shape, topology)
-    idxs = _all_indices(all_indices, shape)
-    if kind == "V1":
-        return np.array([sum(len(n) for n in remote_nodes(idx, shape, topology, r)) for r, idx in enumerate(idxs)],
-                        dtype=np.int64)  # fmt: skip
-    if kind == "V1LL":
-        return np.array([idx.shape[0] * (topology.nodes - 1) for idx in idxs], dtype=np.int64)
-    raise ValueError(f"kind must be 'V1' or 'V1LL', got {kind!r}")
+    name = _internode_kind(kind)
+    records = np.zeros((shape.W, shape.W), dtype=np.int64)
+    for r, idx in enumerate(_all_indices(all_indices, shape)):
+        dest = destinations(idx, shape)
+        for node in range(topology.nodes):
+            if node == topology.node_of(r):
+                continue
+            pes = list(topology.node_pes(node))
+            if name == "V0":
+                records[r, pes] += dest[:, pes].sum(axis=0)
+            elif name == "V1":
+                records[r, topology.proxy(r, node)] += int(dest[:, pes].any(axis=1).sum())
+            else:
+                records[r, topology.proxy(r, node)] += idx.shape[0]
+    return records
+
+
+def predicted_internode_sends(all_indices, shape: EpShape, topology: EpTopology, kind) -> np.ndarray:
+    """int64 [W]: the token records each source rank sends to other nodes (the "RDMA" count), the row sums
+    of :func:`internode_records`: ``"V1"`` sends a token once to each remote node of its P(t); ``"V1LL"`` sends
+    every token to every remote node (its 64-token chunks are not filtered); ``"V0"`` sends it once to each
+    remote PE of its P(t)."""
+    return internode_records(all_indices, shape, topology, kind).sum(axis=1)
+
+
+def row_writers(all_indices, shape: EpShape, topology: EpTopology, kind) -> np.ndarray:
+    """int64 [W]: the output rows each PE writes in one dispatch (and reads back in the combine): a row on a
+    PE of the source's node is written by the source itself; one on a remote node by the PE that received
+    the record (``"V1"`` / ``"V1LL"``: the node's proxy, which forwards it to its node; ``"V0"``: the
+    destination itself). Sums to the receive counts' sum (uncapped)."""
+    _check_topology(shape, topology)
+    name = _internode_kind(kind)
+    writers = np.zeros(shape.W, dtype=np.int64)
+    for r, idx in enumerate(_all_indices(all_indices, shape)):
+        rows = destinations(idx, shape).sum(axis=0)
+        for p in range(shape.W):
+            if topology.node_of(p) == topology.node_of(r):
+                writers[r] += rows[p]
+            else:
+                writers[p if name == "V0" else topology.proxy(r, topology.node_of(p))] += rows[p]
+    return writers
+
+
+def _token_elem(dtype_name: str) -> int:
+    return {"float32": 4, "bf16": 2, "fp8_e4m3fn": 1, "fp8_e4m3fnuz": 1}[canonical_dtype(dtype_name)]
+
+
+def predicted_traffic(all_indices, shape: EpShape, topology: EpTopology, kind, *, hidden: int,
+                      dispatch_dtype: str, combine_dtype: str = "bf16", scale_bytes: int = 0,
+                      scales_given: bool = True, has_w: bool = True) -> list[dict[str, int]]:
+    """Per PE, the bytes one dispatch + combine adds to each inter-node traffic counter (``op.internode_traffic()``
+    deltas), keyed by ``ep_schema.TRAFFIC_COUNTERS``, as the kernels count them:
+
+    * ``dispatch_rdma`` (the sender): ``EpSizes.record_bytes`` at the dispatch dtype with the config's
+      ``scale_bytes`` (the record layout) per record put to another node (:func:`internode_records`);
+    * ``dispatch_xgmi`` (the PE writing the row, :func:`row_writers`): ``H*elem + 8K + 4 + sb`` per output row
+      written to a PE of its own node, sb = ``scale_bytes`` when the call passed scales (``scales_given``);
+    * ``combine_rdma`` (the record's receiver, sending a partial back): ``EpSizes.partial_bytes`` at the combine
+      dtype per record it received;
+    * ``combine_xgmi`` (the PE gathering the row): ``H*elem`` at the combine dtype, ``+ 4K`` when the combine
+      was given weights (``has_w``), per row read from a PE of its node.
+
+    Uncapped: rows dropped for want of receive capacity are not modelled.
+    """
+    records = internode_records(all_indices, shape, topology, kind)
+    writers = row_writers(all_indices, shape, topology, kind)
+    d_elem, c_elem, K, H = _token_elem(dispatch_dtype), _token_elem(combine_dtype), shape.K, int(hidden)
+    base = shape.sizes._replace(hidden=H, gpu_per_node=topology.gpu_per_node)
+    record = base._replace(token_bytes=d_elem, scale_bytes=int(scale_bytes)).record_bytes
+    partial = base._replace(token_bytes=c_elem).partial_bytes
+    sb = int(scale_bytes) if scales_given else 0
+    row_in, row_out = H * d_elem + 8 * K + 4 + sb, H * c_elem + 4 * K * bool(has_w)
+    sent, received = records.sum(axis=1), records.sum(axis=0)
+    return [dict(zip(TRAFFIC_COUNTERS, (int(sent[p]) * record, int(writers[p]) * row_in, int(received[p]) * partial,
+                                        int(writers[p]) * row_out)))
+            for p in range(shape.W)]  # fmt: skip
 
 
 def hierarchical_combine(all_x, all_indices, shape: EpShape, topology: EpTopology, dtype_name: str, *,
@@ -576,6 +663,49 @@ def _check_topology(shape: EpShape, topology: EpTopology) -> None:
     problems = topology_problems(topology.world_size, topology.gpu_per_node)
     if problems:
         raise ValueError("; ".join(problems))
+
+
+# unit roundoff (half an ulp at 1, round to nearest) and smallest positive value of each combine dtype
+_ROUNDING = {"float32": (2.0**-24, 2.0**-149), "bf16": (2.0**-8, 2.0**-133), "fp8_e4m3fn": (2.0**-4, 2.0**-9),
+             "fp8_e4m3fnuz": (2.0**-4, 2.0**-10)}  # fmt: skip
+
+
+def hierarchical_bound(dtype_name: str, partials: int) -> tuple[float, float]:
+    """(atol, rtol) bounding ``|out - U(t) x[t]|`` of a hierarchical combine with the identity expert
+    (:func:`hierarchical_combine`), where ``partials`` bounds the partials summed per token (N for
+    V1/V1LL; W covers every scheme).
+
+    With the identity expert node n's partial is ``c_n x`` (exact in fp32: c_n <= G), all of x's sign, so
+    ``Σ c_n |x| = U |x|``. Rounding each partial to the dtype errs by at most ``u Σ |c_n x| = u U|x|`` (u the
+    unit roundoff); the fp32 sum of at most ``partials`` terms by ``(partials - 1) 2^-24 (1 + u) U|x|``; the
+    final rounding by ``u`` of that sum, ``<= u (1 + u + ...) U|x|``. Hence
+    ``rtol = 2u + u² + (partials - 1) 2^-24 (1 + u)²`` and, for results in the dtype's subnormal range,
+    ``atol`` = its smallest positive value (two half-ulp roundings). The flat combine's single rounding
+    (``u U|x|``) is within it.
+    """
+    u, tiny = _ROUNDING[canonical_dtype(dtype_name)]
+    if not isinstance(partials, (int, np.integer)) or partials < 1:
+        raise ValueError(f"partials must be a positive integer, got {partials!r}")
+    return tiny, 2 * u + u * u + (int(partials) - 1) * 2.0**-24 * (1 + u) ** 2
+
+
+def check_hierarchical_combine(out, x, indices, shape: EpShape, dtype_name: str, *, copies=None,
+                               rank: int | None = None) -> None:
+    """The combine check of the inter-node kernel types for one rank: ``out[t] ≈ copies[t] * x[t]`` within
+    :func:`hierarchical_bound` (``partials = W``), for t in [0, n). ``copies`` defaults to U(t) (every
+    destination received the token); with a receive cap pass the number of PEs that hold a row of each token.
+    ``out`` / ``x`` float32 values as in :func:`check_combine`. NaN never passes."""
+    idx = _indices(indices, shape)
+    n = idx.shape[0]
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[0] != n:
+        raise ValueError(f"x has {x.shape[0]} rows but indices have {n}")
+    c = unique_dest_count(idx, shape) if copies is None else np.asarray(copies, dtype=np.int64).reshape(-1)
+    if c.shape[0] != n:
+        raise ValueError(f"copies has {c.shape[0]} entries but indices have {n} tokens")
+    atol, rtol = hierarchical_bound(dtype_name, shape.W)
+    want = x.astype(np.float64) * c[:, None]
+    _check_close("combine output", "?" if rank is None else rank, out, want, atol, rtol, n)
 
 
 def combine_tolerance(dtype_name: str, quant_type: str = "none") -> tuple[float, float]:
@@ -829,7 +959,8 @@ def representable_values(dtype_name: str) -> np.ndarray:
 
 # ---- input generators (docs/ep-protocols.md §12) -----------------------------------------------------------
 
-ROUTING_MODES = ("random", "random_dup", "spread", "all_to_one", "sentinel", "round_robin", "remote_round_robin")
+ROUTING_MODES = ("random", "random_dup", "spread", "spread_pes", "all_to_one", "sentinel", "round_robin",
+                 "remote_round_robin")
 
 
 def _distinct(rng: np.random.Generator, n: int, pool: int, k: int) -> np.ndarray:
@@ -848,6 +979,8 @@ def make_routing(mode: str, n_tokens_per_rank: Sequence[int], shape: EpShape, se
     * ``random_dup``: K independent draws (duplicate experts within a token possible, as in the v2 tests).
     * ``spread``: K == W (else ValueError); one expert on each rank in a random slot order: every token goes
       everywhere, recv = Σ n.
+    * ``spread_pes``: K <= W; one expert on each of K distinct ranks (a random choice per token): every token
+      reaches K PEs, the most a top-K routing can (``spread`` when K == W).
     * ``all_to_one``: K distinct experts of rank 0 (needs K <= Er).
     * ``sentinel``: ``random``, then about 1/4 of the slots set to -1 and about 1/8 of the tokens (at least one
       when n >= 4) entirely -1.
@@ -864,6 +997,8 @@ def make_routing(mode: str, n_tokens_per_rank: Sequence[int], shape: EpShape, se
         raise ValueError(f"unknown routing mode {mode!r} (known: {', '.join(ROUTING_MODES)})")
     if mode == "spread" and K != W:
         raise ValueError(f"spread routing needs K == W (K={K}, W={W})")
+    if mode == "spread_pes" and K > W:
+        raise ValueError(f"spread_pes routing needs K <= W (K={K}, W={W})")
     if mode == "all_to_one" and K > Er:
         raise ValueError(f"all_to_one routing needs K <= Er (K={K}, Er={Er})")
     if mode == "remote_round_robin" and (W < 2 or K > (W - 1) * Er):
@@ -880,6 +1015,8 @@ def make_routing(mode: str, n_tokens_per_rank: Sequence[int], shape: EpShape, se
             local = rng.integers(0, Er, size=(n, W))
             order = _distinct(rng, n, W, W)  # slot k -> rank order[t, k]
             idx = order * Er + np.take_along_axis(local, order, axis=1)
+        elif mode == "spread_pes":
+            idx = _distinct(rng, n, W, K) * Er + rng.integers(0, Er, size=(n, K))
         elif mode == "all_to_one":
             idx = _distinct(rng, n, Er, K)
         elif mode == "round_robin":

@@ -260,6 +260,7 @@ def ep_bundles(cache_root, configs, *, virtual_pes: bool = True) -> list:
 def precompile_all(cache_root) -> list:
     """Every bundle the GPU tests load."""
     import test_ep_gpu
+    import test_ep_internode_gpu
     import test_ep_ll_gpu
     import test_ep_multigpu
 
@@ -267,6 +268,7 @@ def precompile_all(cache_root) -> list:
     multi = [test_ep_multigpu.multi_gpu_config(w, 0, kind) for w in (2, 4, 8) for kind in test_ep_multigpu.KINDS]
     return (bundles + ep_bundles(cache_root, list(test_ep_gpu.all_configs()))
             + ep_bundles(cache_root, list(test_ep_ll_gpu.all_configs()))
+            + ep_bundles(cache_root, list(test_ep_internode_gpu.all_configs()))
             + ep_bundles(cache_root, multi, virtual_pes=False))  # fmt: skip
 
 
