@@ -322,6 +322,32 @@ class Builder:
         return self._one("gpu.subgroup_broadcast", (value, lane), value.type,
                          self._parsed_attr("broadcast_type", "#gpu<broadcast specific_lane>"))  # fmt: skip
 
+    def ctpop(self, value: ir.Value) -> ir.Value:
+        """``llvm.intr.ctpop``: the number of set bits."""
+        return self._one("llvm.intr.ctpop", (value,), value.type)
+
+    def ballot(self, pred: ir.Value, wave: int) -> ir.Value:
+        """The warp's ballot of ``pred`` (i1) as an i64: bit j set when lane j's ``pred`` is; every lane
+        gets it. Portable (no target intrinsic): an OR butterfly of xor shuffles on two 32-bit halves
+        (one for wave 32). Called by the whole warp."""
+        lane = self.index_cast(self.i32, self.lane_id())
+        c0, c1, c31, c32 = self.const_i32(0), self.const_i32(1), self.const_i32(31), self.const_i32(32)
+        bit = self.shli(c1, self.andi(lane, c31))
+        low_lane = self.cmpi("ult", lane, c32)
+        halves = [self.select(self.andi(pred, low_lane), bit, c0)]
+        if wave > 32:
+            halves.append(self.select(self.andi(pred, self.xori(low_lane, self.const_i1(True))), bit, c0))
+        width = self.const_i32(wave)
+        offset = wave // 2
+        while offset >= 1:
+            off = self.const_i32(offset)
+            halves = [self.ori(h, self.shuffle("xor", h, off, width)[0]) for h in halves]
+            offset //= 2
+        mask = self.extui(self.i64, halves[0])
+        if wave > 32:
+            mask = self.ori(mask, self.shli(self.extui(self.i64, halves[1]), self.const_i64(32)))
+        return mask
+
     # ---- control flow ----------------------------------------------------------------------------------
     def yield_(self, values: Sequence = ()) -> None:
         self.op("scf.yield", values)

@@ -80,4 +80,51 @@ irdl.dialect @mori_comm {
     %dtype = irdl.any_of(%bf16, %f32)
     irdl.attributes { "dtype" = %dtype }
   }
+  // The PE of this PE's node with the local rank of `pe`: (me / group_size) * group_size + pe % group_size.
+  // Every same-node (P2P) access of the inter-node kernels names its peer through it.
+  irdl.operation @node_pe {
+    %i32 = irdl.is i32
+    irdl.operands(pe: %i32)
+    irdl.results(result: %i32)
+    %group_size = irdl.any
+    irdl.attributes { "group_size" = %group_size }
+  }
+  // count_signal among the group_size PEs of this PE's node (lane p < group_size talks to node_pe(p)).
+  irdl.operation @node_count_signal {
+    %ptr = irdl.is !llvm.ptr
+    irdl.operands(signals: %ptr, counts: %ptr, total: %ptr)
+    %world_size = irdl.any
+    %group_size = irdl.any
+    irdl.attributes { "world_size" = %world_size, "group_size" = %group_size }
+  }
+  // device_barrier among the group_size PEs of this PE's node.
+  irdl.operation @node_device_barrier {
+    %ptr = irdl.is !llvm.ptr
+    irdl.operands(slots: %ptr, epochs: %ptr)
+    %world_size = irdl.any
+    %group_size = irdl.any
+    %max_blocks = irdl.any
+    irdl.attributes { "world_size" = %world_size, "group_size" = %group_size, "max_blocks" = %max_blocks }
+  }
+  // Chunked send with one signal (warp): the records of a chunk whose bit is set in `mask` (bit j: record
+  // j at source + j * record_bytes) are put, one non-blocking put per run of consecutive set bits, packed
+  // in bit order at dest on PE `pe` over queue pair `qp`; then one put-with-signal stores
+  // signal_base + popcount(mask) into the u64 `signal` on `pe` (release). Returns the bytes put.
+  irdl.operation @chunk_send {
+    %ptr = irdl.is !llvm.ptr
+    %i64 = irdl.is i64
+    %i32 = irdl.is i32
+    irdl.operands(dest: %ptr, source: %ptr, record_bytes: %i64, mask: %i64, signal: %ptr, signal_base: %i64,
+                  pe: %i32, qp: %i32)
+    irdl.results(bytes: %i64)
+  }
+  // The receiving side (one thread): wait until the local u64 `signal` is >= signal_base, acquire, and
+  // return the count it carries (its low 32 bits).
+  irdl.operation @chunk_wait {
+    %ptr = irdl.is !llvm.ptr
+    %i64 = irdl.is i64
+    %i32 = irdl.is i32
+    irdl.operands(signal: %ptr, signal_base: %i64)
+    irdl.results(count: %i32)
+  }
 }

@@ -19,7 +19,20 @@ count_signal      a warp exchanges counts with every PE, with flow      ``__mori
 grid_barrier      all blocks of this PE's grid meet                     ``__mori_comm_grid_barrier``
 device_barrier    block b of every PE meets block b of every other PE   ``__mori_comm_device_barrier_w{W}``
 accumulate_rows   a warp sums K rows in fp32                            ``__mori_comm_accumulate_rows_{dtype}_k{K}``
+node_pe           the PE of this node with a given local rank (pure)    ``__mori_comm_node_pe_g{G}``
+node_count_signal count_signal among the G PEs of this PE's node        ``__mori_comm_count_signal_w{W}_g{G}``
+node_device_      device_barrier among the G PEs of this PE's node      ``__mori_comm_device_barrier_w{W}_g{G}``
+barrier
+chunk_send        a warp puts a chunk's selected records to a PE, then  ``__mori_comm_chunk_send``
+                  one signal
+chunk_wait        one thread waits for a chunk's signal, acquires, and  ``__mori_comm_chunk_wait``
+                  returns its count
 ================= ===================================================== ==================================
+
+The inter-node kernels (docs/ep-protocols.md §16) reach PEs of other nodes **only** through chunk_send
+(puts and put-with-signal with a queue-pair argument: over RDMA with MORI's bitcode); every P2P op they
+use (row copies, reservations, ``mori_shmem.p``/``ptr``) names its peer through node_pe, so the peer is on
+this node by construction (test/python/test_ep_transport.py checks both).
 
 Each builder below documents its op: semantics, the ordering contract (who writes, who waits, at which
 scope, in which order) and the mori_shmem ABI functions its helper calls (the rules of those functions:
@@ -172,6 +185,78 @@ def accumulate_rows(out, elems, sources, *, dtype: str, loc=None, ip=None) -> ir
     return _create("accumulate_rows", [out, elems, *sources], {"dtype": ir.StringAttr.get(dtype)}, loc=loc, ip=ip)
 
 
+def node_pe(pe, *, group_size: int, loc=None, ip=None) -> ir.Value:
+    """``mori_comm.node_pe(pe: i32) {group_size = G} -> i32``: ``(me / G) * G + pe % G``, the PE of this PE's
+    node (G consecutive PEs) with the local rank of ``pe``; ``pe`` itself when it is on this node.
+
+    Who: any thread; pure (no memory access). Why an op: the inter-node kernels name every same-node
+    (P2P) peer through it, which makes "P2P only within the node" a property of the IR that a test checks.
+
+    Helper: ``__mori_comm_node_pe_g{G}`` (``mori_shmem_my_pe``).
+    """
+    return _create("node_pe", [pe], {"group_size": _i64(group_size)}, results=[ir.IntegerType.get_signless(32)],
+                   loc=loc, ip=ip).result  # fmt: skip
+
+
+def node_count_signal(signals, counts, total, *, world_size: int, group_size: int, loc=None, ip=None) -> ir.Operation:
+    """``mori_comm.node_count_signal(signals, counts, total) {world_size = W, group_size = G}``: count_signal
+    (same protocol, same buffers indexed by PE) among the G PEs of this PE's node only: lane p < G talks
+    to PE ``(me / G) * G + p``; counts for PEs of other nodes are neither sent nor reset.
+
+    Helper: ``__mori_comm_count_signal_w{W}_g{G}`` (count_signal's ABI calls).
+    """
+    attrs = {"world_size": _i64(world_size), "group_size": _i64(group_size)}
+    return _create("node_count_signal", [signals, counts, total], attrs, loc=loc, ip=ip)
+
+
+def node_device_barrier(slots, epochs, *, world_size: int, group_size: int, max_blocks: int, loc=None,
+                        ip=None) -> ir.Operation:  # fmt: skip
+    """``mori_comm.node_device_barrier(slots, epochs) {world_size = W, group_size = G, max_blocks = B}``:
+    device_barrier (same protocol and buffers) among the G PEs of this PE's node: thread p < G talks to
+    PE ``(me / G) * G + p``.
+
+    Helper: ``__mori_comm_device_barrier_w{W}_g{G}`` (device_barrier's ABI calls).
+    """
+    attrs = {"world_size": _i64(world_size), "group_size": _i64(group_size), "max_blocks": _i64(max_blocks)}
+    return _create("node_device_barrier", [slots, epochs], attrs, loc=loc, ip=ip)
+
+
+def chunk_send(dest, source, record_bytes, mask, signal, signal_base, pe, qp, *, loc=None, ip=None) -> ir.Value:
+    """``mori_comm.chunk_send(dest, source, record_bytes: i64, mask: i64, signal, signal_base: i64, pe: i32,
+    qp: i32) -> i64``: send the selected records of one chunk to PE ``pe`` and signal it once.
+
+    Record j of the chunk is ``source + j * record_bytes`` (local, in the symmetric heap: an RDMA source
+    must be); it is sent when bit j of ``mask`` is set, to ``dest + rank_j * record_bytes`` on ``pe`` where
+    rank_j is the number of set bits below j (the selected records packed in order). Result: the bytes
+    put (popcount(mask) * record_bytes).
+
+    Who: a warp (every lane, identical operands). Protocol: one ``putmem_nbi`` (warp scope, queue pair
+    ``qp``) per run of consecutive set bits, then one ``putmem_nbi_signal`` (warp scope, 0 bytes, SET,
+    the same ``pe`` and ``qp``) of ``signal_base + popcount(mask)`` into the u64 ``signal`` on ``pe``: over
+    one queue pair the signal is ordered after the data (RDMA), and over P2P every lane fences (release,
+    system scope) before lane 0 stores it. The signal is sent also when ``mask`` is 0 (count 0: the
+    receiver learns the chunk is empty). ``signal_base`` carries the round (``(round + 1) << 32``), so
+    signals are never reset: a reader of round r waits for a value >= its base.
+
+    Helper: ``__mori_comm_chunk_send`` (``mori_shmem_putmem_nbi_warp``, ``mori_shmem_putmem_nbi_signal_warp``).
+    """
+    operands = [dest, source, record_bytes, mask, signal, signal_base, pe, qp]
+    return _create("chunk_send", operands, results=[ir.IntegerType.get_signless(64)], loc=loc, ip=ip).result
+
+
+def chunk_wait(signal, signal_base, *, loc=None, ip=None) -> ir.Value:
+    """``mori_comm.chunk_wait(signal, signal_base: i64) -> i32``: the receiving side of chunk_send: poll
+    the local u64 ``signal`` (relaxed, system scope) until it is >= ``signal_base``, ``fence`` (acquire:
+    the chunk's records are visible), and return its low 32 bits (the record count).
+
+    Who: one thread (its fence orders its own later loads; it publishes the count to others itself).
+
+    Helper: ``__mori_comm_chunk_wait`` (``mori_shmem_uint64_wait_until_greater_than``, ``mori_shmem_fence_thread``).
+    """
+    return _create("chunk_wait", [signal, signal_base], results=[ir.IntegerType.get_signless(32)], loc=loc,
+                   ip=ip).result  # fmt: skip
+
+
 def extra_verify(op: ir.Operation) -> list[str]:
     """The ranges IRDL cannot state: integer attributes and their bounds, at least one source row."""
     op = op.operation
@@ -193,6 +278,13 @@ def extra_verify(op: ir.Operation) -> list[str]:
              f"(one lane per destination), got {ints['max_peers']}")  # fmt: skip
     if short == "accumulate_rows":
         need(len(op.operands) >= 3, "needs at least one source row")
+    if "group_size" in ints:
+        g = ints["group_size"]
+        need(1 <= g <= MAX_LANE_PEERS and not g & (g - 1), f"attribute 'group_size' must be a power of two in "
+             f"[1, {MAX_LANE_PEERS}], got {g}")  # fmt: skip
+        if "world_size" in ints and 1 <= g:
+            need(ints["world_size"] % g == 0, f"attribute 'group_size' ({g}) must divide 'world_size' "
+                 f"({ints['world_size']}): whole nodes")  # fmt: skip
     return rules.errors
 
 

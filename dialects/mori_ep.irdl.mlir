@@ -3,8 +3,10 @@
 //
 // Expanded by `mori-ep-to-kernels` into gpu.func kernels built from the generic communication blocks of
 // the `mori_comm` dialect (row copies, slot reservation, count handshake, barriers, row accumulation):
-//   dispatch and combine (IntraNode), dispatch_ll (IntraNodeLL), and the AsyncLL send/recv halves
-//   dispatch_send, dispatch_recv, combine_send, combine_recv. The halves carry the
+//   dispatch and combine (IntraNode), dispatch_ll (IntraNodeLL), the AsyncLL send/recv halves
+//   dispatch_send, dispatch_recv, combine_send, combine_recv, and the inter-node steps (InterNode,
+//   InterNodeV1, InterNodeV1LL) internode_stage, internode_dispatch, internode_combine,
+//   internode_combine_all. The halves carry the
 //   AsyncLL notification mode, resolved once per op (mori_compiler/ops/asyncll.py): early_notify (the send
 //   posts each payload's ready notification right after it) and fused_recv (the receive waits fold into
 //   the copy passes; needs early_notify), each 0 or 1.
@@ -145,5 +147,97 @@ irdl.dialect @mori_ep {
                       "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank,
                       "max_recv_per_rank" = %max_recv_per_rank, "warps_per_block" = %warps_per_block,
                       "wave_size" = %wave_size, "early_notify" = %early_notify, "fused_recv" = %fused_recv }
+  }
+  // Inter-node dispatch, step 1 (docs/ep-protocols.md §16): every token packed as a record; ep_inter_stage_<dtype>.
+  // The inter-node ops carry gpu_per_node (G), hop_size (PEs per send target: G for V1/V1LL, 1 for V0),
+  // send_all (1: V1LL, every token to every remote node) and num_qp (queue pairs per peer).
+  irdl.operation @internode_stage {
+    %world_size = irdl.any
+    %hidden = irdl.any
+    %dtype = irdl.any
+    %top_k = irdl.any
+    %experts_per_rank = irdl.any
+    %max_tokens_per_rank = irdl.any
+    %max_recv_per_rank = irdl.any
+    %scale_bytes = irdl.any
+    %warps_per_block = irdl.any
+    %wave_size = irdl.any
+    %gpu_per_node = irdl.any
+    %hop_size = irdl.any
+    %send_all = irdl.any
+    %num_qp = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
+                      "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank,
+                      "max_recv_per_rank" = %max_recv_per_rank, "scale_bytes" = %scale_bytes,
+                      "warps_per_block" = %warps_per_block, "wave_size" = %wave_size, "gpu_per_node" = %gpu_per_node,
+                      "hop_size" = %hop_size, "send_all" = %send_all, "num_qp" = %num_qp }
+  }
+  // Inter-node dispatch, step 2: chunked sends with one signal per chunk, receive-and-forward on the
+  // targets, same-node rows, the node's count handshake; ep_inter_dispatch_<dtype>.
+  irdl.operation @internode_dispatch {
+    %world_size = irdl.any
+    %hidden = irdl.any
+    %dtype = irdl.any
+    %top_k = irdl.any
+    %experts_per_rank = irdl.any
+    %max_tokens_per_rank = irdl.any
+    %max_recv_per_rank = irdl.any
+    %scale_bytes = irdl.any
+    %warps_per_block = irdl.any
+    %wave_size = irdl.any
+    %gpu_per_node = irdl.any
+    %hop_size = irdl.any
+    %send_all = irdl.any
+    %num_qp = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
+                      "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank,
+                      "max_recv_per_rank" = %max_recv_per_rank, "scale_bytes" = %scale_bytes,
+                      "warps_per_block" = %warps_per_block, "wave_size" = %wave_size, "gpu_per_node" = %gpu_per_node,
+                      "hop_size" = %hop_size, "send_all" = %send_all, "num_qp" = %num_qp }
+  }
+  // Inter-node combine, step 1: per-node partials of the forwarded records back to their sources, the
+  // own tokens' node partials; ep_inter_combine_<dtype>.
+  irdl.operation @internode_combine {
+    %world_size = irdl.any
+    %hidden = irdl.any
+    %dtype = irdl.any
+    %top_k = irdl.any
+    %experts_per_rank = irdl.any
+    %max_tokens_per_rank = irdl.any
+    %max_recv_per_rank = irdl.any
+    %warps_per_block = irdl.any
+    %wave_size = irdl.any
+    %gpu_per_node = irdl.any
+    %hop_size = irdl.any
+    %send_all = irdl.any
+    %num_qp = irdl.any
+    %max_blocks = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
+                      "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank,
+                      "max_recv_per_rank" = %max_recv_per_rank, "warps_per_block" = %warps_per_block,
+                      "wave_size" = %wave_size, "gpu_per_node" = %gpu_per_node, "hop_size" = %hop_size,
+                      "send_all" = %send_all, "num_qp" = %num_qp, "max_blocks" = %max_blocks }
+  }
+  // Inter-node combine, step 2: the hierarchical sum of each token's node partials;
+  // ep_inter_combine_all_<dtype>.
+  irdl.operation @internode_combine_all {
+    %world_size = irdl.any
+    %hidden = irdl.any
+    %dtype = irdl.any
+    %top_k = irdl.any
+    %experts_per_rank = irdl.any
+    %max_tokens_per_rank = irdl.any
+    %max_recv_per_rank = irdl.any
+    %warps_per_block = irdl.any
+    %wave_size = irdl.any
+    %gpu_per_node = irdl.any
+    %hop_size = irdl.any
+    %send_all = irdl.any
+    %num_qp = irdl.any
+    irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
+                      "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank,
+                      "max_recv_per_rank" = %max_recv_per_rank, "warps_per_block" = %warps_per_block,
+                      "wave_size" = %wave_size, "gpu_per_node" = %gpu_per_node, "hop_size" = %hop_size,
+                      "send_all" = %send_all, "num_qp" = %num_qp }
   }
 }

@@ -13,7 +13,19 @@ dispatch_send  AsyncLL send phase (docs/ep-protocols.md §10): ``ep_async_dispat
 dispatch_recv  AsyncLL receive phase: ``ep_async_dispatch_recv_<dtype>``
 combine_send   ``ep_async_combine_send_<dtype>``
 combine_recv   ``ep_async_combine_recv_<dtype>``
+internode_     inter-node dispatch, step 1 (InterNode, InterNodeV1, InterNodeV1LL; docs/ep-protocols.md
+stage          §16): every token packed as a record, ``ep_inter_stage_<dtype>``
+internode_     step 2: chunked sends to the targets (one signal per chunk), receive-and-forward on the
+dispatch       targets, the same-node rows, the node's count handshake: ``ep_inter_dispatch_<dtype>``
+internode_     combine step 1: per-node partials (forwarded records' back to their sources, own tokens'
+combine        kept): ``ep_inter_combine_<dtype>``
+internode_     combine step 2: the hierarchical fp32 sum of each token's node partials:
+combine_all    ``ep_inter_combine_all_<dtype>``
 ============== ===============================================================================
+
+The inter-node ops also carry ``gpu_per_node`` (G, a power of two dividing world_size), ``hop_size`` (the
+PEs one send target serves: G for V1/V1LL's rail proxy, 1 for V0), ``send_all`` (1 for V1LL: every token
+to every remote node) and ``num_qp`` (queue pairs per peer, in [1, MAX_QP]).
 
 The AsyncLL halves carry the notification mode as ``early_notify``/``fused_recv`` (0 or 1, fused needs
 early). ``ep_op`` builds an EP op from Python values (ops/bundle.py builds a config's module with it).
@@ -40,7 +52,10 @@ MAX_LIMITS = {"hidden": ep_schema.MAX_HIDDEN_DIM, "experts_per_rank": ep_schema.
               "scale_bytes": ep_schema.MAX_SCALE_DIM * ep_schema.MAX_SCALE_TYPE_SIZE,
               "max_blocks": ep_schema.MAX_BLOCKS}  # fmt: skip
 HALF_OPS = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")  # AsyncLL send/recv phases
-EP_OPS = ("dispatch", "combine", "dispatch_ll") + HALF_OPS
+INTERNODE_OPS = ("internode_stage", "internode_dispatch", "internode_combine", "internode_combine_all")
+COMBINE_OPS = ("combine", "combine_send", "combine_recv", "internode_combine", "internode_combine_all")
+EP_OPS = ("dispatch", "combine", "dispatch_ll") + HALF_OPS + INTERNODE_OPS
+MAX_QP = ep_schema.MAX_QP_PER_PE
 
 
 def ep_op(short_name: str, attributes: dict, *, loc=None, ip=None) -> ir.Operation:
@@ -77,7 +92,7 @@ def extra_verify(op: ir.Operation) -> list[str]:
     if "world_size" in ints:
         need(1 <= ints["world_size"] <= MAX_WORLD_SIZE, f"attribute 'world_size' must be in [1, {MAX_WORLD_SIZE}], "
              f"got {ints['world_size']}")  # fmt: skip
-    dtypes = COMBINE_DTYPES if short.startswith("combine") else DISPATCH_DTYPES
+    dtypes = COMBINE_DTYPES if short in COMBINE_OPS else DISPATCH_DTYPES
     dtype = strs.get("dtype")
     shown = repr(dtype) if dtype is not None or "dtype" not in op.attributes else str(op.attributes["dtype"])
     need(dtype in dtypes, f"attribute 'dtype' must be one of {', '.join(map(repr, dtypes))}, got {shown}")
@@ -124,9 +139,28 @@ def extra_verify(op: ir.Operation) -> list[str]:
         if ints.get("fused_recv") == 1 and ints.get("early_notify") == 0:
             need(False, "attribute 'fused_recv' = 1 needs 'early_notify' = 1 (the fused receive waits for the "
                         "notifications only the early-notify send posts)")
+    if short in INTERNODE_OPS:
+        _internode_rules(ints, need)
     if "zero_copy" in ints:
         need(ints["zero_copy"] in (0, 1), "attribute 'zero_copy' must be 0 or 1")
     return rules.errors
+
+
+def _internode_rules(ints: dict, need) -> None:
+    """The topology attributes of an inter-node op: G a power of two dividing world_size, hop_size G or 1,
+    send_all 0 or 1 (only with hop_size G: V1LL), num_qp in [1, MAX_QP]."""
+    g, w = ints.get("gpu_per_node"), ints.get("world_size")
+    if g is None or w is None:
+        return
+    if not (g >= 1 and not g & (g - 1) and w % g == 0):
+        need(False, f"attribute 'gpu_per_node' ({g}) must be a power of two dividing 'world_size' ({w})")
+        return
+    hop, send_all, qp = ints.get("hop_size"), ints.get("send_all"), ints.get("num_qp")
+    need(hop in (1, g), f"attribute 'hop_size' must be 'gpu_per_node' ({g}: V1, V1LL) or 1 (V0), got {hop}")
+    need(send_all in (0, 1), f"attribute 'send_all' must be 0 or 1, got {send_all}")
+    need(not (send_all == 1 and hop == 1 and g > 1), "attribute 'send_all' = 1 (V1LL) needs 'hop_size' = 'gpu_per_node'")
+    if qp is not None:
+        need(1 <= qp <= MAX_QP, f"attribute 'num_qp' must be in [1, {MAX_QP}], got {qp}")
 
 
 DIALECT = Dialect("mori_ep", "mori_ep.irdl.mlir", extra_verify)

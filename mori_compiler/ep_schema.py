@@ -44,6 +44,7 @@ MAX_TOKENS_PER_RANK = 2**16  # receive slots = world_size * tokens <= 2**21, tim
 MAX_EXPERTS_PER_RANK = 2**12  # expert ids (world_size * experts <= 2**17) index per-expert counters
 MAX_SCALE_DIM = 2**16  # scales of one token: at most one per element of a MAX_HIDDEN_DIM row
 MAX_SCALE_TYPE_SIZE = 8  # bytes of one scale element
+MAX_QP_PER_PE = 8  # queue pairs per peer of the inter-node sends (chunk c uses c % num_qp); MORI clamps to its shmem's
 
 
 def dtypes_within(dtypes: tuple[str, ...], max_token_bytes: int) -> list[str]:

@@ -279,7 +279,7 @@ def _warp_sum_i32(b: Builder, value: ir.Value, wave: int) -> ir.Value:
     return value
 
 
-def count_signal(symbol: str, world: int, wave: int) -> Helper:
+def count_signal(symbol: str, world: int, wave: int, group: int | None = None) -> Helper:
     # Protocol (one warp; lane p < W talks to PE p), per docs/ep-protocols.md (the count handshake):
     #  send:    wait (remote, relaxed system-scope polls) until PE p's slot signals[me] is 0, i.e. PE p
     #           consumed our previous round (flow control); fence (release: our payload stores to p are
@@ -287,26 +287,29 @@ def count_signal(symbol: str, world: int, wave: int) -> Helper:
     #  receive: poll our signals[p] until > 0; fence (acquire: PE p's payload is visible); count = v - 1;
     #           reset our slot to 0 with a relaxed system-scope store (PE p polls it next round).
     # Counts travel as count + 1 so that 0 means "nothing yet". The warp sums the counts into *total.
+    # With ``group`` G (node_count_signal): lane p < G talks to PE (me / G) * G + p instead, the buffers
+    # still indexed by PE.
     @_function(symbol, "ptr ptr ptr")
     def helper(b, signals, counts, total):
         qp = b.const_i32(0)
         lane = b.index_cast(b.i32, b.lane_id())
-        world_size = b.const_i32(world)
+        world_size = b.const_i32(world if group is None else group)
         me = mori_shmem.my_pe(**b.at())
+        peer = lane if group is None else b.addi(_node_base(b, me, group), lane)
 
         def talk():
             myslot = b.gep(signals, me, b.i64)
-            peerslot = mori_shmem.ptr(myslot, lane, **b.at())
+            peerslot = mori_shmem.ptr(myslot, peer, **b.at())
             z64 = b.const_i64(0)
             mori_shmem.wait_until(peerslot, z64, cmp="equals", elem="uint64", **b.at())  # PE p took the last one
-            cntp = b.gep(counts, lane, b.i32)
+            cntp = b.gep(counts, peer, b.i32)
             cnt64 = b.extui(b.i64, b.load(b.i32, cntp))
             one64 = b.const_i64(1)
             value = b.addi(cnt64, one64)
             mori_shmem.fence(**b.at())  # release
-            mori_shmem.p(myslot, value, lane, c_type="uint64", qp=qp, **b.at())
+            mori_shmem.p(myslot, value, peer, c_type="uint64", qp=qp, **b.at())
             b.store(b.const_i32(0), cntp)
-            inslot = b.gep(signals, lane, b.i64)
+            inslot = b.gep(signals, peer, b.i64)
             seen = mori_shmem.wait_until(inslot, z64, cmp="greater_than", elem="uint64", **b.at())
             mori_shmem.fence(**b.at())  # acquire
             mori_shmem.p(inslot, z64, me, c_type="uint64", qp=qp, **b.at())
@@ -376,7 +379,13 @@ def grid_barrier(symbol: str, global_space: bool) -> Helper:
     return helper
 
 
-def device_barrier(symbol: str, world: int) -> Helper:
+def _node_base(b: Builder, me: ir.Value, group: int) -> ir.Value:
+    """The first PE of ``me``'s node of ``group`` consecutive PEs: (me / G) * G."""
+    g = b.const_i32(group)
+    return b.muli(b.divui(me, g), g)
+
+
+def device_barrier(symbol: str, world: int, group: int | None = None) -> Helper:
     # Protocol (block b of PE me meets block b of every PE): every thread reads epoch e0 = epochs[b]
     # (this PE's private counter for block b), the block meets, thread 0 stores e = e0 + 1 back (no one
     # reads it again this round). Threads p < W: fence (release: everything this PE wrote before the
@@ -396,20 +405,84 @@ def device_barrier(symbol: str, world: int) -> Helper:
         tid = b.index_cast(b.i32, b.thread_id())
         with b.if_(b.cmpi("eq", tid, b.const_i32(0))):
             b.store(e, epp)
-        world_size = b.const_i32(world)
+        world_size = b.const_i32(world if group is None else group)
         world64 = b.const_i64(world)
-        with b.if_(b.cmpi("ult", tid, world_size)):  # thread p talks to PE p
-            me64 = b.extui(b.i64, mori_shmem.my_pe(**b.at()))
-            p64 = b.extui(b.i64, tid)
+        with b.if_(b.cmpi("ult", tid, world_size)):  # thread p talks to PE p (group G: PE (me / G) * G + p)
+            me = mori_shmem.my_pe(**b.at())
+            me64 = b.extui(b.i64, me)
+            peer = tid if group is None else b.addi(_node_base(b, me, group), tid)
+            p64 = b.extui(b.i64, peer)
             row = b.muli(block, world64)
             outslot = b.gep(slots, b.addi(row, me64), b.i64)
             mori_shmem.fence(**b.at())  # release
-            mori_shmem.p(outslot, e, tid, c_type="uint64", qp=qp, **b.at())
+            mori_shmem.p(outslot, e, peer, c_type="uint64", qp=qp, **b.at())
             inslot = b.gep(slots, b.addi(row, p64), b.i64)
             mori_shmem.wait_until(inslot, b.subi(e, one), cmp="greater_than", elem="uint64", **b.at())
             mori_shmem.fence(**b.at())  # acquire
         b.barrier()
         b.return_()
+
+    return helper
+
+
+def node_pe(symbol: str, group: int) -> Helper:
+    # Pure: (me / G) * G + pe % G. No memory access, no ordering.
+    @_function(symbol, "i32", "i32")
+    def helper(b, pe):
+        me = mori_shmem.my_pe(**b.at())
+        b.return_([b.addi(_node_base(b, me, group), b.remui(pe, b.const_i32(group)))])
+
+    return helper
+
+
+# ---- chunked sends (the inter-node kernels) ----------------------------------------------------------
+
+
+def chunk_send(symbol: str) -> Helper:
+    # Protocol (one warp, identical operands): for each run of consecutive set bits of `mask` (low bit
+    # first; warp-uniform loop), one putmem_nbi_warp of run * record bytes from source + start * record
+    # to dest + rank * record (rank = set bits below start) on `pe`, queue pair `qp`. Then one
+    # putmem_nbi_signal_warp of 0 bytes with SET of signal_base + popcount(mask) on the same pe and qp:
+    # over RDMA the signal's work request follows the data's on that queue pair; over P2P the library's
+    # warp variant has every lane fence (release, system scope) before lane 0's release store. The
+    # reader: chunk_wait (wait >= signal_base, then an acquire fence).
+    @_function(symbol, "ptr ptr i64 i64 ptr i64 i32 i32", "i64")
+    def helper(b, dest, source, rec, mask, signal, base, pe, qp):
+        zero, one = b.const_i64(0), b.const_i64(1)
+        count = b.ctpop(mask)
+
+        def before(rem):
+            return b.cmpi("ne", rem, zero), [rem]
+
+        def after(rem):
+            low = b.andi(rem, b.subi(zero, rem))  # lowest set bit: the start of the next run
+            below = b.subi(low, one)
+            start = b.ctpop(below)
+            rest = b.shrui(rem, start)
+            run = b.ctpop(b.subi(b.andi(b.xori(rest, b.const_i64(-1)), b.addi(rest, one)), one))  # trailing ones
+            rank = b.ctpop(b.andi(mask, below))
+            dst = b.gep(dest, b.muli(rank, rec), b.i8)
+            src = b.gep(source, b.muli(start, rec), b.i8)
+            mori_shmem.putmem_nbi(dst, src, b.muli(run, rec), pe, scope="warp", qp=qp, **b.at())
+            return [b.andi(rem, b.addi(rem, low))]  # the run cleared (the carry lands on a clear bit)
+
+        b.while_([mask], before, after)
+        mori_shmem.putmem_nbi_signal(dest, source, zero, signal, b.addi(base, count), pe, signal_op="set",
+                                     scope="warp", qp=qp, **b.at())  # fmt: skip
+        b.return_([b.muli(count, rec)])
+
+    return helper
+
+
+def chunk_wait(symbol: str) -> Helper:
+    # Protocol (one thread): poll the local u64 signal (relaxed, system scope) until it is >= base (the
+    # round's tag; older rounds carry smaller tags), fence (acquire), return the low 32 bits (the count).
+    @_function(symbol, "ptr i64", "i32")
+    def helper(b, signal, base):
+        seen = mori_shmem.wait_until(signal, b.subi(base, b.const_i64(1)), cmp="greater_than", elem="uint64",
+                                     **b.at())  # fmt: skip
+        mori_shmem.fence(**b.at())  # acquire
+        b.return_([b.trunci(b.i32, seen)])
 
     return helper
 
@@ -518,6 +591,16 @@ def _lower_device_barrier(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
     return device_barrier(f"{PREFIX}device_barrier_w{world}", world)
 
 
+def _lower_node_count_signal(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
+    world, group = _int_attr(op, "world_size"), _int_attr(op, "group_size")
+    return count_signal(f"{PREFIX}count_signal_w{world}_g{group}", world, p.wave_size, group)
+
+
+def _lower_node_device_barrier(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
+    world, group = _int_attr(op, "world_size"), _int_attr(op, "group_size")
+    return device_barrier(f"{PREFIX}device_barrier_w{world}_g{group}", world, group)
+
+
 def _lower_accumulate_rows(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
     dtype, k = op.attributes["dtype"].value, len(op.operands) - 2
     return accumulate_rows(f"{PREFIX}accumulate_rows_{dtype}_k{k}", dtype, k, p.wave_size, p.global_address_space,
@@ -533,6 +616,12 @@ LOWERINGS: dict[str, Callable[[ir.Operation, "MoriCommToCalls"], Helper]] = {
     "mori_comm.grid_barrier": lambda op, p: grid_barrier(f"{PREFIX}grid_barrier", p.global_address_space),
     "mori_comm.device_barrier": _lower_device_barrier,
     "mori_comm.accumulate_rows": _lower_accumulate_rows,
+    "mori_comm.node_pe": lambda op, p: node_pe(f"{PREFIX}node_pe_g{_int_attr(op, 'group_size')}",
+                                               _int_attr(op, "group_size")),
+    "mori_comm.node_count_signal": _lower_node_count_signal,
+    "mori_comm.node_device_barrier": _lower_node_device_barrier,
+    "mori_comm.chunk_send": lambda op, p: chunk_send(f"{PREFIX}chunk_send"),
+    "mori_comm.chunk_wait": lambda op, p: chunk_wait(f"{PREFIX}chunk_wait"),
 }
 
 

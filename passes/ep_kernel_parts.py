@@ -80,6 +80,12 @@ class EpKernelConfig(NamedTuple):
     scale_bytes: int = 0
     zero_copy: int = 1
     max_blocks: int = ep_schema.MAX_BLOCKS
+    # The inter-node kernel types (ep_schema.internode_attributes): G, PEs per send target, every token
+    # to every remote target (V1LL), queue pairs per peer.
+    gpu_per_node: int = 0
+    hop_size: int = 0
+    send_all: int = 0
+    num_qp: int = 1
 
     @property
     def elem_bytes(self) -> int:
@@ -303,21 +309,27 @@ def reserve_on_peer(slot_ctr: ir.Value) -> Callable[[KernelFrame, ir.Value], ir.
 
 def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
                 reserve: Callable[[KernelFrame, ir.Value], ir.Value], capacity: ir.Value | None = None,
-                count_dest: bool = True) -> Route:  # fmt: skip
+                count_dest: bool = True, ids: ir.Value | None = None, fwd_row: ir.Value | None = None,
+                accept: Callable[[ir.Value], ir.Value] | None = None) -> Route:  # fmt: skip
     """Route token ``token`` (index; one warp, lanes < K hold one expert slot each): read the expert id
     (``idx``), drop invalid ids and duplicates per destination PE (the lowest k represents it), reserve
     a slot on the destination (``reserve(f, pe)`` returns it), drop and count (``status``) reservations at
     or past ``capacity`` (default R), store the forward map (pe * R + slot, or NULL) in ``fwd``, and,
-    with ``count_dest``, count the tokens sent to each PE (``dest_ctr``)."""
+    with ``count_dest``, count the tokens sent to each PE (``dest_ctr``). The inter-node kernels route
+    records: ``ids`` (the token's K ids, default row t of ``idx``), ``fwd_row`` (where its K forward codes
+    go, default row t of ``fwd``) and ``accept(pe) -> i1`` (the destinations this warp serves; the others
+    get NULL and are no duplicates of anything)."""
     b, p = f.b, f.params
     t = b.index_cast(b.i32, token)
     slotidx = b.addi(b.muli(t, f.K), f.lane)
-    e = b.if_else(f.is_k, [b.i32], lambda: [b.load(b.i32, b.gep(p.idx, slotidx, b.i32))],
-                  lambda: [b.const_i32(-1)])[0]  # fmt: skip
+    id_at = b.gep(p.idx, slotidx, b.i32) if ids is None else b.gep(ids, f.lane, b.i32)
+    e = b.if_else(f.is_k, [b.i32], lambda: [b.load(b.i32, id_at)], lambda: [b.const_i32(-1)])[0]
     nonneg = b.cmpi("sge", e, f.c0i)
     pe_raw = b.divsi(e, inputs.experts_per_rank)
     inrange = b.cmpi("slt", pe_raw, f.W)
     valid = b.andi(b.andi(nonneg, inrange), f.is_k)
+    if accept is not None:
+        valid = b.andi(valid, accept(b.select(valid, pe_raw, f.c0i)))
     pe = b.select(valid, pe_raw, f.W)
 
     def earlier_same(j, d):
@@ -337,7 +349,7 @@ def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
         b.atomicrmw("add", p.status, f.c1i, "monotonic")
     with b.if_(f.is_k):
         code = b.select(ok, b.addi(b.muli(pe, f.R), slot), f.NULL)
-        b.store(code, b.gep(p.fwd, slotidx, b.i32))
+        b.store(code, b.gep(p.fwd, slotidx, b.i32) if fwd_row is None else b.gep(fwd_row, f.lane, b.i32))
     if count_dest:
         with b.if_(ok):
             b.atomicrmw("add", b.gep(p.dest_ctr, pe, b.i32), f.c1i, "monotonic")
@@ -370,29 +382,37 @@ def token_source(f: KernelFrame, route: Route, inputs: TokenInputs) -> TokenSour
 
 
 def send_row_to_peers(f: KernelFrame, route: Route, source: TokenSource, inputs: TokenInputs,
-                      dbase: ir.Value) -> None:  # fmt: skip
+                      dbase: ir.Value, *, peer: Callable[[ir.Value], ir.Value] | None = None) -> None:  # fmt: skip
     """The token row to all its destinations at once (``mori_comm.row_copy_to_peers``: lane k < K names
     destination k, row dbase + slot of ``out_x`` on PE pe, when ``ok``); each vector is loaded once and
-    stored to every destination."""
+    stored to every destination. ``peer(pe)``: the PE value the copy names (the inter-node kernels'
+    ``mori_comm.node_pe``); default ``pe`` itself."""
     b = f.b
     ldrow64 = b.extui(b.i64, b.addi(dbase, route.slot))
     ldst = b.gep(f.params.out_x, b.muli(ldrow64, inputs.row), b.i8)
-    mori_comm.row_copy_to_peers(ldst, source.src_row, inputs.row, route.pe, route.ok, max_peers=f.cfg.top_k,
+    pe = route.pe if peer is None else peer(route.pe)
+    mori_comm.row_copy_to_peers(ldst, source.src_row, inputs.row, pe, route.ok, max_peers=f.cfg.top_k,
                                 **b.at())  # fmt: skip
 
 
 def send_to_destinations(f: KernelFrame, route: Route, source: TokenSource, inputs: TokenInputs,
-                         dbase: ir.Value, *, rows: bool = True, scales: bool = True) -> None:  # fmt: skip
+                         dbase: ir.Value, *, rows: bool = True, scales: bool = True,
+                         peer: Callable[[ir.Value], ir.Value] | None = None, scale_source: ir.Value | None = None,
+                         position: ir.Value | None = None) -> None:  # fmt: skip
     """For each destination of the token (the K representatives, broadcast from their lanes), to row
     dbase + slot on its PE: the row (``rows``: ``mori_comm.row_copy`` into ``out_x``), the scales
     (``scales``, when the config has them and ``s`` is given: into ``out_s``), the K expert ids and
     weights (lanes < K, into ``out_idx`` / ``out_w``) and the source position me * S + t (lane 0, into
-    ``src_pos``), all relaxed system-scope stores."""
+    ``src_pos``), all relaxed system-scope stores. The inter-node kernels forward records: ``peer(pe)``
+    names the PE (``mori_comm.node_pe``), ``scale_source`` is the token's scales (default row t of ``s``)
+    and ``position`` its source position (default me * S + t)."""
     b, p, cfg = f.b, f.params, f.cfg
     with b.for_(f.c0x, f.Kx, f.c1x) as k:
         k32 = b.index_cast(b.i32, k)
         okk, _ = b.shuffle("idx", route.ok32, k32, f.wave)
         pek, _ = b.shuffle("idx", route.pe, k32, f.wave)
+        if peer is not None:
+            pek = peer(pek)
         slk, _ = b.shuffle("idx", route.slot, k32, f.wave)
         with b.if_(b.cmpi("ne", okk, f.c0i)):
             drow = b.addi(dbase, slk)
@@ -404,7 +424,7 @@ def send_to_destinations(f: KernelFrame, route: Route, source: TokenSource, inpu
                 with b.if_(inputs.has_s):
                     sb = b.const_i64(cfg.scale_bytes)
                     sdst = b.gep(p.out_s, b.muli(sl64, sb), b.i8)
-                    ssrc = b.gep(p.s, b.muli(source.t64, sb), b.i8)
+                    ssrc = b.gep(p.s, b.muli(source.t64, sb), b.i8) if scale_source is None else scale_source
                     mori_comm.row_copy(sdst, ssrc, sb, pek, **b.at())
             with b.if_(f.is_k):
                 mi = b.addi(b.muli(drow, f.K), f.lane)
@@ -412,7 +432,7 @@ def send_to_destinations(f: KernelFrame, route: Route, source: TokenSource, inpu
                 with b.if_(inputs.has_w):
                     mori_shmem.p(b.gep(p.out_w, mi, b.f32), source.wv, pek, c_type="float", qp=f.qp, **b.at())
             with b.if_(f.lane0):
-                pos = b.addi(b.muli(f.me, inputs.send_stride), route.t)
+                pos = b.addi(b.muli(f.me, inputs.send_stride), route.t) if position is None else position
                 mori_shmem.p(b.gep(p.src_pos, drow, b.i32), pos, pek, c_type="int32", qp=f.qp, **b.at())
 
 
@@ -448,7 +468,8 @@ class ForwardEntry(NamedTuple):
 
 def reduce_tokens(f: KernelFrame, rowc: ir.Value,
                   source_row: Callable[[ForwardEntry], tuple[ir.Value, ir.Value]], *, uniform: bool = False,
-                  narrow: bool = False) -> None:  # fmt: skip
+                  narrow: bool = False, out: ir.Value | None = None, out_w: ir.Value | None = None,
+                  warps: tuple[ir.Value, ir.Value] | None = None) -> None:  # fmt: skip
     """Per token t < ``n``: the K source rows (``source_row(entry)`` gives source k's row and weight-row
     addresses; invalid sources read ``zero_row``) summed in fp32 into row t of ``out``
     (``mori_comm.accumulate_rows``), and the K weight vectors summed into ``out_w`` when given.
@@ -458,8 +479,13 @@ def reduce_tokens(f: KernelFrame, rowc: ir.Value,
     k's forward entry is broadcast with ``gpu.subgroup_broadcast`` (AMDGPU: v_readlane into SGPRs, the
     per-token address arithmetic is scalar) instead of a shuffle, and the weight rows are read as global
     memory. ``narrow``: the work-item divisions in 32 bits when every index fits (64-bit division is ~100
-    instructions on AMDGPU). Values a ``source_row`` needs once per warp are built before the call."""
+    instructions on AMDGPU). Values a ``source_row`` needs once per warp are built before the call.
+    The inter-node combine writes its node partials elsewhere: ``out``/``out_w`` (default the parameters
+    ``out``/``out_w``; ``out_w`` null: no weights), on the warps ``warps`` = (first, count) (default all)."""
     b, p, cfg = f.b, f.params, f.cfg
+    out = p.out if out is None else out
+    out_w = p.out_w if out_w is None else out_w
+    gw, nw = (f.gw, f.nw) if warps is None else warps
     nvec = cfg.row_bytes // 16
     per_vec = 16 // cfg.elem_bytes
     narrow = narrow and cfg.max_tokens_per_rank * nvec < 2**31
@@ -474,12 +500,12 @@ def reduce_tokens(f: KernelFrame, rowc: ir.Value,
     n_x = b.index_cast(b.index, p.n)
     nvec_x = b.const_index(nvec)
     n1 = b.maxui(n_x, f.c1x)
-    spt0 = div("divui", f.nw, n1)
+    spt0 = div("divui", nw, n1)
     spt = b.minui(b.maxui(spt0, f.c1x), nvec_x)  # row slices per token
     chunk1 = b.subi(b.addi(nvec_x, spt), f.c1x)
     chunk = div("divui", chunk1, spt)  # vectors per slice
     items = b.muli(n_x, spt)
-    with b.for_(f.gw, items, f.nw) as it:
+    with b.for_(gw, items, nw) as it:
         t_x = div("divui", it, spt)
         sl_x = div("remui", it, spt)
         v0 = b.muli(sl_x, chunk)
@@ -506,9 +532,9 @@ def reduce_tokens(f: KernelFrame, rowc: ir.Value,
             nv64 = b.index_cast(b.i64, b.subi(v1, v0))
             elems = b.muli(nv64, b.const_i64(per_vec))
             offs = [b.gep(src, boff, b.i8) for src in srcs]
-            orow = b.gep(p.out, b.addi(b.muli(t64, rowc), boff), b.i8)
+            orow = b.gep(out, b.addi(b.muli(t64, rowc), boff), b.i8)
             mori_comm.accumulate_rows(orow, elems, offs, dtype=cfg.dtype, **b.at())
-            want_w = f.present(p.out_w)
+            want_w = f.present(out_w)
             first_slice = b.cmpi("eq", sl_x, f.c0x)
             lane_w = b.andi(b.andi(want_w, f.is_k), first_slice)
             with b.if_(lane_w):
@@ -517,7 +543,7 @@ def reduce_tokens(f: KernelFrame, rowc: ir.Value,
                     if uniform:  # AMDGPU: the weight rows as global memory too
                         wsrc = b.addrspacecast(b.ptr_global, wsrc)
                     cur = b.addf(cur, b.load(b.f32, b.gep(wsrc, f.lane, b.f32)))
-                b.store(cur, b.gep(p.out_w, fidx, b.f32))
+                b.store(cur, b.gep(out_w, fidx, b.f32))
 
 
 def return_rows(f: KernelFrame, locate: Callable[[ir.Value], tuple[ir.Value, ir.Value]], dst_x: ir.Value,

@@ -3,7 +3,7 @@
 Each EP op (config in its attributes) names a kernel family (``ep_schema.OP_FAMILIES``; a combine by its
 ``zero_copy``): ``dispatch`` / ``combine`` are the IntraNode kernels (passes/ep_intranode_kernels.py),
 ``dispatch_ll`` and the AsyncLL halves (``dispatch_send`` ... ``combine_recv``) the low-latency ones
-(passes/ep_ll_kernels.py). A generator builds its kernels (and LDS globals) directly before the op, with
+(passes/ep_ll_kernels.py), ``internode_*`` the inter-node steps (passes/ep_internode_kernels.py). A generator builds its kernels (and LDS globals) directly before the op, with
 ``Builder``; the pass verifies each, then erases the op. The protocols are documented next to their
 generators.
 """
@@ -20,7 +20,7 @@ from mori_compiler.dialects import mori_ep
 from mori_compiler.dialects.builder import GeneratorError, generator_of, verify_generated
 from mori_compiler.errors import MoriCompilerError
 
-from . import ep_intranode_kernels, ep_ll_kernels
+from . import ep_internode_kernels, ep_intranode_kernels, ep_ll_kernels
 from .ep_kernel_parts import EpKernelConfig
 
 # A generator: (EP op, its config, the pass options) -> the ops it built before the EP op.
@@ -59,6 +59,10 @@ GENERATORS: dict[str, tuple[str, Generator]] = {
     "dispatch_ll": ("ep_ll_kernels.dispatch_ll_kernel", _low_latency),
     **{family: ("ep_ll_kernels.async_kernels_for", _low_latency)
        for family in ("async_dispatch_send", "async_dispatch_recv", "async_combine_send", "async_combine_recv")},
+    "inter_stage": _intranode(ep_internode_kernels.stage_kernel),
+    "inter_dispatch": _intranode(ep_internode_kernels.dispatch_kernel),
+    "inter_combine": _intranode(ep_internode_kernels.combine_kernel),
+    "inter_combine_all": _intranode(ep_internode_kernels.combine_all_kernel),
 }  # fmt: skip
 
 

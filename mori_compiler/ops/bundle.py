@@ -18,7 +18,8 @@ import operator
 import os
 from collections import namedtuple
 
-from mori_compiler.ep_schema import LEGS, MAX_BLOCKS, SIZE_ATTRIBUTES, EpSizes, KernelSignature, families, leg_dtypes
+from mori_compiler.ep_schema import (INTERNODE, LEGS, MAX_BLOCKS, SIZE_ATTRIBUTES, EpSizes, KernelSignature, families,
+                                     internode_attributes, leg_dtypes)
 
 from .config import EpDispatchCombineConfig, EpDispatchCombineKernelType, validate_config
 
@@ -77,20 +78,34 @@ class EpModulePlan(namedtuple("EpModulePlan", ("gpu_module", "ops"))):
 
 def _op_attributes(kernel: PlannedKernel, sizes: EpSizes, cfg: EpDispatchCombineConfig, wave_size: int,
                    asyncll) -> tuple:  # fmt: skip
-    """The attributes of ``kernel``'s mori_ep op (dialects/mori_ep.py says what each means)."""
+    """The attributes of ``kernel``'s mori_ep op (dialects/mori_ep.py says what each means): the sizes, the
+    launch geometry and dtype; the scale bytes on the dispatch leg; the combine's form; the topology of the
+    inter-node kernel types (ep_schema.internode_attributes); the barrier's block bound for the kernels
+    with the device barrier; AsyncLL's notification mode."""
     sig = kernel.signature
     attrs = [(name, getattr(sizes, name)) for name in SIZE_ATTRIBUTES]
     attrs += [("warps_per_block", cfg.warp_num_per_block), ("wave_size", wave_size), ("dtype", kernel.dtype)]
     if sig.leg == "dispatch":
         attrs.append(("scale_bytes", sizes.scale_bytes))
     if sig.zero_copy is not None:
-        attrs += [("zero_copy", sig.zero_copy), ("max_blocks", MAX_BLOCKS)]
+        attrs.append(("zero_copy", sig.zero_copy))
+    if sig.kinds & INTERNODE:
+        kind = EpDispatchCombineKernelType(cfg.kernel_type)
+        attrs += list(internode_attributes(kind, cfg.gpu_per_node, cfg.num_qp_per_pe).items())
+    if _uses_device_barrier(sig):  # its epoch slots are per block: the grid it may be launched with
+        attrs.append(("max_blocks", MAX_BLOCKS))
     if EpDispatchCombineKernelType.AsyncLL in sig.kinds:
         attrs += list(asyncll.ir_attributes().items())
     return tuple((name, value if isinstance(value, str) else operator.index(value)) for name, value in attrs)
 
 
+def _uses_device_barrier(sig: KernelSignature) -> bool:
+    return any(p.buffer == "bar_epochs" for p in sig.params)
+
+
 def _module_name(kind: EpDispatchCombineKernelType) -> str:
+    if kind in INTERNODE:
+        return "mori_ep_internode"
     return {EpDispatchCombineKernelType.AsyncLL: "mori_ep_asyncll",
             EpDispatchCombineKernelType.IntraNodeLL: "mori_ep_intranode_ll"}.get(kind, "mori_ep_intranode")  # fmt: skip
 

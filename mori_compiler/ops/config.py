@@ -4,8 +4,12 @@ Standard library only: the op, the CLI's ``--precompile`` and the reference mode
 kernels, the buffers and the launches must agree on (dtypes, limits, the kernel-type enum, the derived
 sizes) is the EP schema's (mori_compiler/ep_schema.py), re-exported here under MORI's names.
 ``validate_config`` is table-driven (``_RULES``: each field's type and range, with the reason for each
-bound), then checks the relations between fields; fields only MORI's inter-node kernels read must keep
-their defaults (``rdma_block_num`` 0, ``num_qp_per_pe`` 1), so that no value is silently ignored.
+bound), then checks the relations between fields, some of them per kernel type: the inter-node types
+(InterNode = V0, InterNodeV1, InterNodeV1LL) need a topology (``gpu_per_node`` a power of two dividing
+``world_size``), a grid with a block for each role (``rdma_block_num`` in [0, ``block_num``)) and, for V0, a
+grid that splits evenly over the destination PEs; the intra-node types must keep the defaults of the fields
+only the inter-node kernels read (``rdma_block_num`` 0, ``num_qp_per_pe`` 1), so that no value is silently
+ignored.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from dataclasses import dataclass
 
 from mori_compiler.ep_schema import (COMBINE_DTYPES, DISPATCH_DTYPES, MAX_BLOCKS, MAX_EXPERTS_PER_RANK,  # noqa: F401
                                      MAX_HIDDEN_DIM, MAX_SCALE_DIM, MAX_TOKENS_PER_RANK, MAX_WORLD_SIZE, TOKEN_BYTES,
-                                     EpDispatchCombineKernelType, EpSizes, families, recv_per_rank)
+                                     INTERNODE, EpDispatchCombineKernelType, EpSizes, families, recv_per_rank,
+                                     topology_problems)
 from mori_compiler.targets import MAX_BLOCK_THREADS
 
 _TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "fp8_e4m3fn",
@@ -88,7 +93,11 @@ class ConfigError(ValueError, TypeError):
 
 # Upper bounds, and why: the EP schema's (MAX_WORLD_SIZE, MAX_BLOCKS, MAX_HIDDEN_DIM, ...) and these:
 MAX_RECV_CAP = 2**31 - 1  # max_total_recv_tokens is a 32-bit count (larger caps change nothing)
-MAX_GPU_PER_NODE = 64  # describes the machine; only MORI's inter-node kernels read it
+MAX_GPU_PER_NODE = 64  # describes the machine; only the inter-node kernel types read it
+# Queue pairs per peer (the inter-node kernels' ``num_qp``): a bound we choose, well above what MORI's
+# configurations use (1 or 2); every queue pair adds one signal per peer and round to the inter-node
+# barrier (MORI counts them as epoch * num_qp), so more only adds control traffic.
+MAX_QP_PER_PE = 8
 
 
 def _is_int(value) -> bool:
@@ -133,8 +142,8 @@ _RULES: dict[str, _Rule] = {
     "use_external_inp_buf": _Rule("bool"),
     "kernel_type": _Rule("kernel_type"),
     "gpu_per_node": _Rule("int", 1, MAX_GPU_PER_NODE, why="describes the machine; the intra-node kernels do not read it"),
-    "rdma_block_num": _Rule("int", allowed=(0,), why="intra-node kernel types use no RDMA blocks"),
-    "num_qp_per_pe": _Rule("int", allowed=(1,), why="intra-node kernel types use no RDMA queue pairs"),
+    "rdma_block_num": _Rule("int", 0, MAX_BLOCKS - 1, why="the inter-node role's blocks; 0: the op chooses"),
+    "num_qp_per_pe": _Rule("int", 1, MAX_QP_PER_PE, why="queue pairs per peer of the inter-node kernel types"),
     "quant_type": _Rule("str", allowed=("none",), why="not implemented in this version"),
 }
 
@@ -218,6 +227,43 @@ def config_problems(cfg: EpDispatchCombineConfig, wave_size: int) -> list[str]:
     if ok("kernel_type", "warp_num_per_block") and cfg.kernel_type == EpDispatchCombineKernelType.IntraNodeLL:
         need(cfg.warp_num_per_block >= 2, f"config.warp_num_per_block {cfg.warp_num_per_block}: IntraNodeLL needs "
              ">= 2 warps per block (a control warp and at least one data warp)")  # fmt: skip
+    if ok("kernel_type"):
+        kind = EpDispatchCombineKernelType(cfg.kernel_type)
+        problems += (_internode_problems if kind in INTERNODE else _intranode_problems)(cfg, kind, ok)
+    return problems
+
+
+def _internode_problems(cfg: EpDispatchCombineConfig, kind: EpDispatchCombineKernelType, ok) -> list[str]:
+    """What an inter-node kernel type needs of the topology and the grid (the op's per-call checks are
+    dispatch_combine.internode_rdma_blocks's)."""
+    problems = []
+    if ok("world_size", "gpu_per_node"):
+        problems += [f"config.{p} ({kind.name} splits the PEs into nodes of gpu_per_node PEs)"
+                     for p in topology_problems(cfg.world_size, cfg.gpu_per_node)]  # fmt: skip
+    if not ok("block_num"):
+        return problems
+    blocks = cfg.block_num
+    if blocks < 2:
+        problems.append(f"config.block_num {blocks}: {kind.name} needs >= 2 blocks (at least one for the inter-node "
+                        "role and one for the same-node role)")  # fmt: skip
+    elif ok("rdma_block_num") and cfg.rdma_block_num >= blocks:
+        problems.append(f"config.rdma_block_num {cfg.rdma_block_num} must be in [0, block_num={blocks}) for "
+                        f"{kind.name} (0: the op chooses; the other blocks take the same-node role)")  # fmt: skip
+    if kind == EpDispatchCombineKernelType.InterNode and ok("world_size") and blocks % cfg.world_size:
+        problems.append(f"config.block_num {blocks} must be a multiple of world_size {cfg.world_size} for InterNode "
+                        "(V0 partitions its grid per destination PE)")  # fmt: skip
+    return problems
+
+
+def _intranode_problems(cfg: EpDispatchCombineConfig, kind: EpDispatchCombineKernelType, ok) -> list[str]:
+    """The fields only the inter-node kernels read keep their defaults (a value would be silently ignored)."""
+    problems = []
+    if ok("rdma_block_num") and cfg.rdma_block_num != 0:
+        problems.append(f"config.rdma_block_num {cfg.rdma_block_num} is not allowed for {kind.name}; allowed: 0 "
+                        "(intra-node kernel types use no RDMA blocks)")  # fmt: skip
+    if ok("num_qp_per_pe") and cfg.num_qp_per_pe != 1:
+        problems.append(f"config.num_qp_per_pe {cfg.num_qp_per_pe} is not allowed for {kind.name}; allowed: 1 "
+                        "(intra-node kernel types use no RDMA queue pairs)")  # fmt: skip
     return problems
 
 

@@ -13,10 +13,26 @@ Two ways to run, chosen by how shmem was initialized (mori_compiler.runtime.shme
   argument is then a list with one tensor per PE, and every result is a list per PE.
 
 Kernel types: ``IntraNode`` (one warp per token), ``IntraNodeLL`` (one block per token, each 16-byte vector
-loaded once and stored to every destination; IntraNode's combine) and ``AsyncLL`` (send and receive
+loaded once and stored to every destination; IntraNode's combine), ``AsyncLL`` (send and receive
 phases as separate kernels: ``dispatch_send()``/``dispatch_recv()``, ``combine_send()``/``combine_recv()``,
-with independent work in between; ``dispatch``/``combine`` run both; output rows grouped by source PE).
+with independent work in between; ``dispatch``/``combine`` run both; output rows grouped by source PE)
+and the inter-node types ``InterNode`` (MORI's V0), ``InterNodeV1`` and ``InterNodeV1LL``.
 AsyncLL's notification mode (mori_compiler/ops/asyncll.py) is resolved once, at construction.
+
+Inter-node types (docs/ep-protocols.md §15-16): the PEs form nodes of ``gpu_per_node`` PEs. A token's
+same-node destinations get its row directly; a remote node gets it as a record, sent by the blocks of the
+inter-node role (the first ``rdma_block_num`` of the grid): V1 once per remote node holding one of its
+experts, to the rail-aligned proxy, which forwards it to that node's destinations; V1LL to every remote
+node, whether or not the node holds one of its experts; V0 to each remote PE holding one of its experts.
+Each leg is two kernels launched back to back on the stream: dispatch ``inter_stage`` (this PE's tokens
+packed as records) then ``inter_dispatch``; combine copies the input rows and weights into the registered
+buffers (``reg_x``, ``reg_w``; no copy when the input already is the registered buffer) then launches
+``inter_combine`` (per node, the partial sum of each token's rows on that node, stored in the combine
+dtype, returned to the token's PE) and ``inter_combine_all`` (each token's at most N partials summed in
+fp32: the hierarchical combine, two roundings where the intra-node combine has one). The outputs are
+IntraNode's (the same views, rows in arrival order, ``src_pos``, the combine's ``[M, H]``), and expert id -1
+drops a slot in all three types (MORI's V1LL and V0 send it to PE 0). ``internode_traffic()`` reads the
+bytes moved within and across nodes.
 
 The op is the argument checks and the calls; the rest has its own module: the configuration and its
 validation (config.py), the bundle and its mori_ep source (bundle.py), the symmetric buffers
@@ -33,16 +49,46 @@ from __future__ import annotations
 
 import dataclasses
 
-from mori_compiler.ep_schema import combine_family, families
+import struct
+
+from mori_compiler.ep_schema import INTERNODE, TRAFFIC_COUNTERS, combine_family, families
 
 from . import standard_moe
 from .bundle import ep_bundle, kernel_module_source, kernel_names, kernel_plan  # noqa: F401 (re-exported)
 from .config import (COMBINE_DTYPES, DISPATCH_DTYPES, IMPLEMENTED, MAX_BLOCKS,  # noqa: F401 (re-exported)
-                     EpDispatchCombineConfig, EpDispatchCombineKernelType, _dtype_name, validate_config)
+                     EpDispatchCombineConfig, EpDispatchCombineKernelType, _dtype_name, _is_int, validate_config)
+
+
+def internode_rdma_blocks(config: EpDispatchCombineConfig, blocks: int, rdma_block_num) -> int:
+    """The blocks ``[0, rdma_blocks)`` of an inter-node kernel type's grid of ``blocks`` that take the
+    inter-node role (the others the same-node role): the call's ``rdma_block_num`` if > 0, else
+    ``config.rdma_block_num`` if > 0, else half the grid (at least 1). A ValueError when a role would be
+    left without a block, or when InterNode's (V0's) grid is not a multiple of world_size."""
+    kind = EpDispatchCombineKernelType(config.kernel_type)
+    if blocks < 2:
+        raise ValueError(f"block_num {blocks}: {kind.name} needs >= 2 blocks (at least one for the inter-node role "
+                         "and one for the same-node role)")  # fmt: skip
+    if kind == EpDispatchCombineKernelType.InterNode and blocks % config.world_size:
+        raise ValueError(f"block_num {blocks} must be a multiple of world_size {config.world_size} for InterNode "
+                         "(V0 partitions its grid per destination PE)")  # fmt: skip
+    call = -1 if rdma_block_num is None else rdma_block_num
+    if not _is_int(call):
+        raise ValueError(f"rdma_block_num must be an int (-1: the config's), got {rdma_block_num!r}")
+    if call > 0:
+        rdma, origin = int(call), ""
+    elif config.rdma_block_num > 0:
+        rdma, origin = config.rdma_block_num, " (config.rdma_block_num)"
+    else:
+        return max(1, blocks // 2)
+    if not 1 <= rdma <= blocks - 1:
+        raise ValueError(f"rdma_block_num {rdma}{origin} must be in [1, {blocks - 1}] for {kind.name} with "
+                         f"{blocks} blocks (the other blocks take the same-node role)")  # fmt: skip
+    return rdma
 
 
 class EpDispatchCombineOp:
-    """EP dispatch/combine (MORI's ``mori.ops.EpDispatchCombineOp`` API) for IntraNode, IntraNodeLL and AsyncLL.
+    """EP dispatch/combine (MORI's ``mori.ops.EpDispatchCombineOp`` API) for every kernel type: IntraNode,
+    IntraNodeLL, AsyncLL, InterNode (V0), InterNodeV1 and InterNodeV1LL.
 
     ``asyncll``: for AsyncLL, the notification mode (an :class:`AsyncLLOptions`, or a dict of overrides of
     the ``MORI_ASYNCLL_*`` variables); resolved once here and compiled into this op's kernels.
@@ -77,7 +123,7 @@ class EpDispatchCombineOp:
         self.sizes = config.sizes
         self.bundle = ep_bundle(config, self.target.name, virtual_pes=self.virtual, asyncll=self.asyncll)
         plan = kernel_plan(config)
-        if not self.is_async:
+        if not self.is_async and not self.is_internode:
             self._dispatch_family = families(self.kernel_type, "dispatch")[0].family
         self.buffers = EpBuffers(self.kernel_type, self.sizes, self._pes(), virtual=self.virtual)
         threads = config.warp_num_per_block * self.target.wave_size
@@ -99,6 +145,10 @@ class EpDispatchCombineOp:
     @property
     def is_async(self) -> bool:
         return self.kernel_type == EpDispatchCombineKernelType.AsyncLL
+
+    @property
+    def is_internode(self) -> bool:
+        return self.kernel_type in INTERNODE
 
     # ---- buffers ---------------------------------------------------------------------------------
     @property
@@ -178,11 +228,20 @@ class EpDispatchCombineOp:
     def dispatch(self, input, weights, scales, indices, block_num: int = -1, rdma_block_num: int = -1,
                  warp_per_block: int = -1, call_local_expert_count: bool = False):  # fmt: skip
         """Send every token to the PEs of its experts. Returns (out, out_weights, out_scales, out_indices,
-        total_recv) per PE (a tuple, or a list of tuples with virtual PEs). AsyncLL: send, then receive."""
+        total_recv) per PE (a tuple, or a list of tuples with virtual PEs). AsyncLL: send, then receive.
+        Inter-node types: ``rdma_block_num`` blocks (see internode_rdma_blocks) take the inter-node role."""
         if self.is_async:
             results = self.dispatch_send(input, weights, scales, indices, block_num, rdma_block_num, warp_per_block)
             self.dispatch_recv(block_num, warp_per_block, call_local_expert_count)
             return results
+        if self.is_internode:
+            rdma_blocks = internode_rdma_blocks(self.config, self._grid(block_num), rdma_block_num)
+            dtype, tokens, results, blocks = self._dispatch_inputs(input, weights, scales, indices, block_num,
+                                                                   warp_per_block)  # fmt: skip
+            self.launches.launch("inter_stage", dtype, tokens, blocks)
+            self.launches.launch("inter_dispatch", dtype, [(pe, {**args, "rdma_blocks": rdma_blocks})
+                                                           for pe, args in tokens], blocks)  # fmt: skip
+            return results if self.virtual else results[0]
         dtype, tokens, results, blocks = self._dispatch_inputs(input, weights, scales, indices, block_num,
                                                                warp_per_block)  # fmt: skip
         self.launches.launch(self._dispatch_family, dtype, tokens, blocks)
@@ -265,12 +324,14 @@ class EpDispatchCombineOp:
     def combine(self, input, weights, indices, block_num: int = -1, rdma_block_num: int = -1,
                 warp_per_block: int = -1, use_external_inp_buf: int = -1, call_reset: bool = False):  # fmt: skip
         """Sum each token's rows back from its destination PEs. Returns (out [M, H], out_weights [M, K] or
-        None) per PE. AsyncLL: send, then receive."""
+        None) per PE. AsyncLL: send, then receive. Inter-node types: see _internode_combine."""
         if self.is_async:
             results = self.combine_send(input, weights, indices, block_num, rdma_block_num, warp_per_block,
                                         use_external_inp_buf, call_reset)  # fmt: skip
             self.combine_recv(block_num, warp_per_block)
             return results
+        if self.is_internode:
+            return self._internode_combine(input, weights, indices, block_num, rdma_block_num, warp_per_block)
         c = self.config
         external = c.use_external_inp_buf if use_external_inp_buf in (-1, None) else bool(use_external_inp_buf)
         if external and not c.use_external_inp_buf:
@@ -287,6 +348,32 @@ class EpDispatchCombineOp:
                     reg[: y.shape[0]].copy_(y)
                 calls.append((pe, {"inp_w": w, "n": n, **out_w}))
         self.launches.launch(combine_family(zero_copy=not external), dtype, calls, blocks)
+        return results if self.virtual else results[0]
+
+    def _internode_combine(self, input, weights, indices, block_num, rdma_block_num, warp_per_block):
+        """The inter-node combine: the input rows and weights copied into the registered buffers (torch
+        copies on the current stream; none where the input already is the registered buffer), then
+        ``inter_combine`` and ``inter_combine_all``. Both forms of ``use_external_inp_buf`` are accepted:
+        the kernels always read the registered buffers (as MORI's V1), so a caller that writes the expert
+        outputs into ``get_registered_combine_input_buffer()`` saves the copy."""
+        import torch
+
+        rdma_blocks = internode_rdma_blocks(self.config, self._grid(block_num), rdma_block_num)
+        dtype, rows, results, blocks = self._combine_inputs(input, weights, indices, block_num, warp_per_block)
+        R, K = self.config.max_recv, self.config.num_experts_per_token
+        ws = self._per_pe(weights, "weights")
+        combine_calls, sum_calls = [], []
+        for i, (pe, (y, _, n, out_w)) in enumerate(rows):
+            w = ws[i]
+            if w is not None and w.shape[0] > R:
+                raise ValueError(f"weights[{pe}] has {w.shape[0]} rows, more than the receive capacity {R}")
+            _copy_rows(y, self.get_registered_combine_input_buffer(y.dtype, pe=pe))
+            if w is not None:
+                _copy_rows(w, self._view("reg_w", pe, (R, K), torch.float32))
+            combine_calls.append((pe, {"n": n, "rdma_blocks": rdma_blocks, "has_w": int(w is not None)}))
+            sum_calls.append((pe, {"n": n, **out_w}))
+        self.launches.launch("inter_combine", dtype, combine_calls, blocks)
+        self.launches.launch("inter_combine_all", dtype, sum_calls, blocks)
         return results if self.virtual else results[0]
 
     def _combine_inputs(self, input, weights, indices, block_num, warp_per_block):
@@ -382,7 +469,7 @@ class EpDispatchCombineOp:
     def combine_standard_moe(self, input, weights, indices, **kwargs):
         """Expert outputs in the DeepEP layout [Er, W*M, H] (routing weights applied here, as MORI's) →
         (out [M, H], None)."""
-        if self.config.use_external_inp_buf and not self.is_async:
+        if self.config.use_external_inp_buf and not (self.is_async or self.is_internode):
             raise ValueError("combine_standard_moe uses the zero-copy combine: build the op with "
                              "use_external_inp_buf=False")  # fmt: skip
         packed = self._per_pe(input, "input")
@@ -438,6 +525,24 @@ class EpDispatchCombineOp:
         counts = [int(self._view("status", pe, (1,), torch.int32)[0]) for pe in self._pes()]
         return counts if self.virtual else counts[0]
 
+    def internode_traffic(self):
+        """Bytes the inter-node kernels moved since construction (synchronizes): per PE a dict over
+        ``ep_schema.TRAFFIC_COUNTERS``: ``dispatch_rdma``/``combine_rdma``, the records and partials put to
+        PEs of other nodes; ``dispatch_xgmi``/``combine_xgmi``, the rows stored to or read from PEs of this
+        node (docs/ep-protocols.md §16 says what each counts). A list with virtual PEs."""
+        import torch
+
+        if not self.is_internode:
+            raise RuntimeError(f"internode_traffic: the {self.kernel_type.name} kernel type has no traffic counters "
+                               "(only InterNode, InterNodeV1 and InterNodeV1LL count their bytes)")  # fmt: skip
+        torch.cuda.synchronize()
+        width = 8 * len(TRAFFIC_COUNTERS)  # one little-endian u64 each
+        counts = []
+        for pe in self._pes():
+            raw = bytes(self._view("traffic", pe, (width,), torch.uint8).cpu().tolist())
+            counts.append(dict(zip(TRAFFIC_COUNTERS, struct.unpack(f"<{len(TRAFFIC_COUNTERS)}Q", raw))))
+        return counts if self.virtual else counts[0]
+
     def close(self) -> None:
         """Free the op's symmetric buffers (every PE must close its ops in the same order)."""
         buffers = getattr(self, "buffers", None)
@@ -448,3 +553,9 @@ class EpDispatchCombineOp:
         mode = {"asyncll": self.asyncll.as_dict()} if self.asyncll else {}
         return dataclasses.asdict(self.config) | {"target": self.target.name, "virtual_pes": self.virtual} | mode
 
+
+def _copy_rows(src, registered) -> None:
+    """``src``'s rows into the first rows of the registered buffer view ``registered`` (same dtype, same
+    row width), on the current stream; nothing to do when ``src`` already is that buffer (zero-copy)."""
+    if src.data_ptr() != registered.data_ptr():
+        registered[: src.shape[0]].copy_(src)

@@ -70,7 +70,6 @@ def test_int_fields_refuse_values_out_of_range(name):
         ({"kernel_type": 4.0}, "config.kernel_type 4.0 must be an EpDispatchCombineKernelType"),
         ({"kernel_type": 9}, "config.kernel_type 9 is not a kernel type; allowed: IntraNode, InterNode"),
         ({"kernel_type": "AsyncLL"}, "config.kernel_type 'AsyncLL' must be an EpDispatchCombineKernelType"),
-        ({"kernel_type": EpDispatchCombineKernelType.InterNode}, "config.kernel_type InterNode is not implemented"),
         ({"quant_type": "fp8_direct_cast"}, "config.quant_type 'fp8_direct_cast' is not implemented in this version (only 'none')"),
         ({"quant_type": 0}, "config.quant_type 0 must be a str, not int"),
         ({"data_type": 5}, "config.data_type 5 is not a supported dtype; allowed: torch.bfloat16"),
@@ -97,8 +96,11 @@ def test_other_fields_refuse_wrong_types_and_values(overrides, needle):
         ({"num_experts_per_token": 9, "world_size": 1, "num_experts_per_rank": 8}, 64,
          "config.num_experts_per_token 9 exceeds the 8 experts"),
         ({"scale_dim": 8, "scale_type_size": 0}, 64, "config.scale_type_size 0 with config.scale_dim 8"),
-        ({"rdma_block_num": 4}, 64, "config.rdma_block_num 4 is not allowed; allowed: 0 (intra-node kernel types use no RDMA blocks)"),
-        ({"num_qp_per_pe": 2}, 64, "config.num_qp_per_pe 2 is not allowed; allowed: 1"),
+        ({"rdma_block_num": 4}, 64,
+         "config.rdma_block_num 4 is not allowed for IntraNode; allowed: 0 (intra-node kernel types use no RDMA blocks)"),
+        ({"num_qp_per_pe": 2, "kernel_type": EpDispatchCombineKernelType.AsyncLL}, 64,
+         "config.num_qp_per_pe 2 is not allowed for AsyncLL; allowed: 1 (intra-node kernel types use no RDMA queue pairs)"),
+        ({"num_qp_per_pe": 9}, 64, "config.num_qp_per_pe 9 exceeds 8 (queue pairs per peer of the inter-node kernel types)"),
         ({"gpu_per_node": 0}, 64, "config.gpu_per_node 0 must be >= 1"),
         ({"block_num": 1025}, 64, "config.block_num 1025 exceeds 1024"),
         ({"max_total_recv_tokens": -1}, 64, "config.max_total_recv_tokens -1 must be >= 0"),
@@ -173,3 +175,79 @@ def test_the_dialect_accepts_what_the_config_accepts(field, limit):
                                      **values)  # fmt: skip
     validate_config(config, 64)
     registry.parse_source(kernel_module_source(config, 64), new_context())  # raises on a refused attribute
+
+
+# ---- the inter-node kernel types -----------------------------------------------------------------------
+
+INTERNODE_TYPES = ("InterNode", "InterNodeV1", "InterNodeV1LL")
+
+
+def internode(kind: str, **overrides) -> EpDispatchCombineConfig:
+    """A valid inter-node config: W 8 in nodes of 4, 16 blocks (a multiple of W, as V0 needs)."""
+    return config(**({"kernel_type": EpDispatchCombineKernelType[kind], "gpu_per_node": 4, "block_num": 16}
+                     | overrides))  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", INTERNODE_TYPES)
+@pytest.mark.parametrize("wave", [32, 64])
+def test_the_internode_types_are_implemented_and_valid_configs_pass(kind, wave):
+    from mori_compiler.ops.config import IMPLEMENTED
+
+    assert EpDispatchCombineKernelType[kind] in IMPLEMENTED
+    validate_config(internode(kind), wave)
+    for world, gpus in ((8, 8), (8, 1), (16, 2), (32, 32), (1, 1)):  # one node, one PE per node, ...
+        validate_config(internode(kind, world_size=world, gpu_per_node=gpus, block_num=2 * world), wave)
+    validate_config(internode(kind, rdma_block_num=15, num_qp_per_pe=8), wave)
+
+
+@pytest.mark.parametrize("kind", INTERNODE_TYPES)
+@pytest.mark.parametrize(
+    ("world", "gpus", "problems"),
+    [
+        (8, 3, ["gpu_per_node 3 must be a power of two", "gpu_per_node 3 must divide world_size 8 (whole nodes)"]),
+        (12, 6, ["gpu_per_node 6 must be a power of two"]),  # whole nodes, but not a power of two
+        (8, 16, ["gpu_per_node 16 must divide world_size 8 (whole nodes)"]),  # G > W
+        (4, 8, ["gpu_per_node 8 must divide world_size 4 (whole nodes)"]),  # the default G on 4 PEs
+        (12, 8, ["gpu_per_node 8 must divide world_size 12 (whole nodes)"]),
+    ],
+)  # fmt: skip
+def test_internode_topology_problems(kind, world, gpus, problems):
+    got = config_problems(internode(kind, world_size=world, gpu_per_node=gpus, block_num=4 * world), 64)
+    assert got == [f"config.{p} ({kind} splits the PEs into nodes of gpu_per_node PEs)" for p in problems]
+
+
+def test_the_topology_is_checked_only_for_the_internode_types():
+    validate_config(config(world_size=4, gpu_per_node=3), 64)  # the intra-node kernels do not read it
+
+
+@pytest.mark.parametrize("kind", INTERNODE_TYPES)
+@pytest.mark.parametrize(("overrides", "needle"), [
+    ({"rdma_block_num": 16}, "config.rdma_block_num 16 must be in [0, block_num=16) for {kind} (0: the op chooses; "
+                             "the other blocks take the same-node role)"),
+    ({"rdma_block_num": 40}, "config.rdma_block_num 40 must be in [0, block_num=16)"),
+    ({"num_qp_per_pe": 0}, "config.num_qp_per_pe 0 must be >= 1 (allowed: [1, 8]) (queue pairs per peer of the "
+                           "inter-node kernel types)"),
+    ({"num_qp_per_pe": 9}, "config.num_qp_per_pe 9 exceeds 8"),
+    ({"block_num": 1, "world_size": 1, "gpu_per_node": 1}, "config.block_num 1: {kind} needs >= 2 blocks (at least "
+                                                           "one for the inter-node role and one for the same-node role)"),
+])  # fmt: skip
+def test_internode_grid_and_queue_pairs(kind, overrides, needle):
+    assert needle.format(kind=kind) in rejected(**(dict(kernel_type=EpDispatchCombineKernelType[kind],
+                                                        gpu_per_node=4, block_num=16) | overrides))  # fmt: skip
+
+
+@pytest.mark.parametrize("blocks", [12, 20, 81])
+def test_internode_v0_needs_a_grid_split_over_the_destination_pes(blocks):
+    message = f"config.block_num {blocks} must be a multiple of world_size 8 for InterNode (V0 partitions its grid " \
+              "per destination PE)"  # fmt: skip
+    assert config_problems(internode("InterNode", block_num=blocks), 64) == [message]
+    for kind in ("InterNodeV1", "InterNodeV1LL"):  # V1 and V1LL split the grid by role only
+        validate_config(internode(kind, block_num=blocks), 64)
+
+
+def test_a_kernel_type_without_kernels_is_refused(monkeypatch):
+    from mori_compiler.ops import config as cfg
+
+    monkeypatch.setattr(cfg, "IMPLEMENTED", tuple(k for k in cfg.IMPLEMENTED if k.name != "InterNodeV1LL"))
+    assert ("config.kernel_type InterNodeV1LL is not implemented in this version (implemented: IntraNode, InterNode, "
+            "InterNodeV1, AsyncLL, IntraNodeLL)") in rejected(kernel_type=EpDispatchCombineKernelType.InterNodeV1LL)

@@ -142,7 +142,8 @@ def test_ep_bundle_compiles_without_parsing_the_ep_text(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("bad", [dict(hidden_dim=1001), dict(num_experts_per_token=64), dict(world_size=0),
-                                 dict(kernel_type=EpDispatchCombineKernelType.InterNode)])  # fmt: skip
+                                 dict(kernel_type=EpDispatchCombineKernelType.InterNodeV1, gpu_per_node=3),
+                                 dict(kernel_type=EpDispatchCombineKernelType.InterNode, gpu_per_node=2, block_num=6)])  # fmt: skip
 def test_invalid_configs_are_refused_before_any_mlir(monkeypatch, bad):
     def no_mlir(*args, **kwargs):
         raise AssertionError("MLIR was reached for an invalid config")
@@ -151,6 +152,73 @@ def test_invalid_configs_are_refused_before_any_mlir(monkeypatch, bad):
     monkeypatch.setattr(cache, "get_bundle", no_mlir)
     with pytest.raises(ConfigError):
         ep_bundle(_config(**bad), "gfx942", virtual_pes=False)
+
+
+# ---- the inter-node kernel types: module text (the dialect's ops are the kernel generators' part) --------
+
+INTERNODE_CASES = [("InterNode", 1, 0), ("InterNodeV1", 2, 0), ("InterNodeV1LL", 2, 1)]  # kind, hop_size, send_all
+
+
+def _internode_config(kind: str, **fields) -> EpDispatchCombineConfig:
+    return _config(kind, **({"max_token_type_size": 2, "gpu_per_node": 2, "num_qp_per_pe": 3, "block_num": 8,
+                             "scale_dim": 4, "scale_type_size": 4} | fields))  # fmt: skip
+
+
+@pytest.mark.parametrize("kind,hop,send_all", INTERNODE_CASES)
+def test_internode_module_plan(kind, hop, send_all):
+    """Each leg's two kernels per dtype, in launch order; every op carries the sizes, its dtype (and on
+    the dispatch leg the scale bytes), the topology (G, the PEs one send target stands for, whether every
+    token goes to every target, queue pairs) and, for the combine with the device barrier, max_blocks."""
+    from mori_compiler.ep_schema import SIZE_ATTRIBUTES
+
+    cfg = _internode_config(kind)
+    plan = module_plan(cfg, 64)
+    assert plan.gpu_module == "mori_ep_internode"
+    dispatch = [(op, dt) for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz")
+                for op in ("internode_stage", "internode_dispatch")]  # fmt: skip
+    assert [(op.op, dict(op.attributes)["dtype"]) for op in plan.ops] == dispatch + [
+        ("internode_combine", "bf16"), ("internode_combine_all", "bf16")]
+    topology = [("gpu_per_node", 2), ("hop_size", hop), ("send_all", send_all), ("num_qp", 3)]
+    sizes = [("world_size", 4), ("hidden", 1024), ("top_k", 2), ("experts_per_rank", 4), ("max_tokens_per_rank", 16),
+             ("max_recv_per_rank", 16), ("warps_per_block", 8), ("wave_size", 64)]  # fmt: skip
+    assert [n for n, _ in sizes[:6]] == list(SIZE_ATTRIBUTES)
+    for op in plan.ops:
+        dtype = [("dtype", dict(op.attributes)["dtype"])]
+        tail = {"internode_stage": [("scale_bytes", 16)] + topology, "internode_dispatch": [("scale_bytes", 16)] + topology,
+                "internode_combine": topology + [("max_blocks", 1024)], "internode_combine_all": topology}[op.op]
+        assert list(op.attributes) == sizes + dtype + tail, op.op
+
+
+def test_internode_source_text():
+    """The text of the inter-node ops (the bundle key's input) for one V1LL config, pinned."""
+    common = _PINNED_COMMON  # the same sizes
+    topology = "gpu_per_node = 2 : i64, hop_size = 2 : i64, send_all = 1 : i64, num_qp = 3 : i64"
+    lines = [f'    "mori_ep.internode_stage"() {{{common}, dtype = "bf16", scale_bytes = 16 : i64, {topology}}} : () -> ()',
+             f'    "mori_ep.internode_dispatch"() {{{common}, dtype = "bf16", scale_bytes = 16 : i64, {topology}}} : () -> ()',
+             f'    "mori_ep.internode_combine"() {{{common}, dtype = "bf16", {topology}, max_blocks = 1024 : i64}} : () -> ()',
+             f'    "mori_ep.internode_combine_all"() {{{common}, dtype = "bf16", {topology}}} : () -> ()']  # fmt: skip
+    source = kernel_module_source(_internode_config("InterNodeV1LL", max_token_type_size=2), 64)
+    assert source.startswith("module attributes {gpu.container_module} {\n  gpu.module @mori_ep_internode {\n")
+    body = source.splitlines()[2:-2]
+    assert [body[0], body[1], body[-2], body[-1]] == lines and len(body) == 8
+
+
+def test_internode_queue_pairs_and_topology_follow_the_config():
+    one = module_plan(_internode_config("InterNodeV1", world_size=8, gpu_per_node=4, num_qp_per_pe=1), 32)
+    attrs = dict(one.ops[0].attributes)
+    assert (attrs["gpu_per_node"], attrs["hop_size"], attrs["num_qp"], attrs["wave_size"]) == (4, 4, 1, 32)
+    flat = dict(module_plan(_internode_config("InterNode", world_size=8, gpu_per_node=8), 64).ops[-1].attributes)
+    assert (flat["gpu_per_node"], flat["hop_size"], flat["send_all"]) == (8, 1, 0)
+
+
+@pytest.mark.parametrize("kind", [k for k, _, _ in INTERNODE_CASES])
+def test_ep_bundle_keys_an_internode_config_by_its_text(asked, kind):
+    cfg = _internode_config(kind)
+    ep_bundle(cfg, "gfx942", virtual_pes=True)
+    ((source, options, kw),) = asked
+    assert source == kernel_module_source(cfg, 64) and options.virtual_pes
+    assert kw["kernels"] == [f"ep_inter_{f}_{dt}" for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz")
+                             for f in ("stage", "dispatch")] + ["ep_inter_combine_bf16", "ep_inter_combine_all_bf16"]
 
 
 def test_a_built_module_is_checked_as_text_is():

@@ -11,7 +11,8 @@ from mori_compiler import ep_schema as S
 from mori_compiler.ops.config import EpDispatchCombineConfig, EpDispatchCombineKernelType as Kind
 from mori_compiler.ops.reference import EpShape
 
-IMPLEMENTED = (Kind.IntraNode, Kind.IntraNodeLL, Kind.AsyncLL)
+IMPLEMENTED = tuple(Kind)  # every kernel type has kernels
+INTRA = (Kind.IntraNode, Kind.IntraNodeLL, Kind.AsyncLL)  # the kinds whose buffers predate the schema
 
 
 def _config(kind, *, W=4, H=7168, K=8, Er=8, M=128, cap=0, tok=2, scale_dim=56, scale_size=4, external=True):
@@ -48,7 +49,7 @@ def _old_buffer_sizes(c, is_async: bool) -> tuple[dict[str, int], set[str]]:
     return sizes, zeroed
 
 
-@pytest.mark.parametrize("kind,cap,external,tok", itertools.product(IMPLEMENTED, (0, 300), (True, False), (1, 2, 4)))
+@pytest.mark.parametrize("kind,cap,external,tok", itertools.product(INTRA, (0, 300), (True, False), (1, 2, 4)))
 def test_buffer_sizes_are_the_old_formulas(kind, cap, external, tok):
     cfg = _config(kind, cap=cap, external=external, tok=tok)
     want, zeroed = _old_buffer_sizes(cfg, kind == Kind.AsyncLL)
@@ -108,7 +109,9 @@ def test_every_kernel_type_has_its_families():
         assert dispatch and combine, kind
     assert [s.family for s in S.families(Kind.IntraNodeLL, "dispatch")] == ["dispatch_ll"]
     assert [s.family for s in S.families(Kind.AsyncLL, "combine")] == ["async_combine_send", "async_combine_recv"]
-    assert not S.families(Kind.InterNode, "dispatch")
+    for kind in (Kind.InterNode, Kind.InterNodeV1, Kind.InterNodeV1LL):
+        assert [s.family for s in S.families(kind, "dispatch")] == ["inter_stage", "inter_dispatch"]
+        assert [s.family for s in S.families(kind, "combine")] == ["inter_combine", "inter_combine_all"]
     assert S.combine_family(True) == "combine_pull" and S.combine_family(False) == "combine_push"
     assert S.OP_FAMILIES["dispatch_send"] == "async_dispatch_send" and "combine" not in S.OP_FAMILIES
 
@@ -147,6 +150,8 @@ def test_sizes_survive_the_op_level_ir():
 
     for kind in IMPLEMENTED:
         cfg = _config(kind, cap=300, tok=4)
+        if kind in S.INTERNODE:
+            cfg.gpu_per_node = 2
         host = cfg.sizes
         with new_context() as ctx:
             module = registry.parse_source(kernel_module_source(cfg, 64, AsyncLLOptions()), ctx)
@@ -160,6 +165,7 @@ def test_sizes_survive_the_op_level_ir():
                 assert [getattr(kernel, f) for f in S.SIZE_ATTRIBUTES] == [getattr(host, f) for f in S.SIZE_ATTRIBUTES]
                 assert kernel.token_bytes == S.TOKEN_BYTES[dtype]
                 assert kernel.scale_bytes == (host.scale_bytes if planned.signature.leg == "dispatch" else 0)
+                assert (kernel.gpu_per_node, kernel.hop_size) == (host.gpu_per_node, host.hop_size)
 
 
 def test_the_world_size_limit_is_one_lane_per_peer():
@@ -168,3 +174,30 @@ def test_the_world_size_limit_is_one_lane_per_peer():
     from mori_compiler.targets import MIN_WAVE_SIZE
 
     assert S.MAX_WORLD_SIZE == MIN_WAVE_SIZE
+
+
+@pytest.mark.parametrize("kind,G,hops", [(Kind.InterNodeV1, 4, 2), (Kind.InterNodeV1LL, 2, 4), (Kind.InterNode, 4, 8),
+                                         (Kind.InterNodeV1, 8, 1)])
+def test_internode_sizes(kind, G, hops):
+    """Hops (send targets) per kind, record and partial layouts, chunk counts of the landing regions."""
+    cfg = _config(kind, M=100)
+    cfg.world_size, cfg.gpu_per_node = 8, G
+    s = S.EpSizes.from_config(cfg)
+    assert (s.node_size, s.nodes, s.hops) == (G, 8 // G, hops)
+    assert s.hop_size == (1 if kind == Kind.InterNode else G)
+    row = s.hidden * s.token_bytes
+    assert s.record_bytes % 16 == 0 and row + 8 * s.top_k + s.scale_bytes + 4 <= s.record_bytes < row + 8 * s.top_k + s.scale_bytes + 20
+    assert s.partial_bytes % 16 == 0 and row + 4 * s.top_k <= s.partial_bytes < row + 4 * s.top_k + 16
+    assert s.chunk_rows == 128 and s.max_chunks == 4  # M 100: two 64-token chunks, four 32-token ones
+    sizes = dict((b.name, n) for b, n in S.buffers_for(kind, s))
+    assert sizes["i_land"] == 2 * hops * s.chunk_rows * s.record_bytes
+    assert sizes["i_flag"] == 2 * hops * s.max_chunks * 8 and sizes["traffic"] == 8 * len(S.TRAFFIC_COUNTERS)
+    assert "stage_x" not in sizes and "a_rx" not in sizes  # no push staging, no AsyncLL regions
+
+
+def test_intranode_sizes_have_no_topology():
+    s = S.EpSizes.from_config(_config(Kind.IntraNode))
+    assert (s.gpu_per_node, s.hop_size, s.nodes, s.hops) == (0, 0, 1, 1)
+    attrs = S.internode_attributes(Kind.InterNodeV1LL, 4, 2)
+    assert attrs == {"gpu_per_node": 4, "hop_size": 4, "send_all": 1, "num_qp": 2}
+    assert S.internode_attributes(Kind.InterNode, 4, 1)["hop_size"] == 1
