@@ -343,7 +343,7 @@ def test_the_gpu_rounds_pass_on_the_reference_model(n, case):
         ref.check_hierarchical_combine(combined[p], inputs.x[p], inputs.idx[p], shape, "bf16", rank=p)
     traffic = inputs.predicted_traffic(has_w=weights)
     rows = int(ref.expected_recv_counts(inputs.idx, shape).sum())
-    sb = cfg.scale_dim * 4 if scales else 0
+    sb = cfg.scale_dim * 4  # the record layout's, passed or not
     elem = 1 if dtype.startswith("fp8") else 2
     assert sum(d["dispatch_xgmi"] for d in traffic) == rows * (cfg.hidden_dim * elem + 8 * shape.K + 4 + sb)
     assert sum(d["combine_xgmi"] for d in traffic) == rows * (cfg.hidden_dim * 2 + 4 * shape.K * weights)
