@@ -241,7 +241,8 @@ def print_table(rows) -> None:
         xgmi = sum(v for k, v in tb.items() if k.endswith("xgmi"))
         opt = (lambda key, f: f"{r[key]:{f}}" if r.get(key) is not None else "-")
         print(f"{r['kind']:<14}{r['gpu_per_node'] or '-':>3}{r['tokens']:>7} {r['leg']:<9}{r['dtype']:<6}"
-              f"{r['us']:>9.1f}{r['xgmi_GBps']:>11.1f}{opt('rdma_algo_GBps', '.1f'):>11}{opt('rdma_phys_GBps', '.1f'):>11}"
+              f"{r['us']:>9.1f}{r['xgmi_GBps']:>11.1f}{opt('rdma_algo_GBps', '.1f'):>11}"
+              f"{opt('rdma_phys_GBps', '.1f'):>11}"
               f"{(f'{rdma / 1e6:.1f}' if tb else '-'):>12}{(f'{xgmi / 1e6:.1f}' if tb else '-'):>12}"
               f"{opt('traffic_GBps', '.1f'):>10}  {_fmt_share(r)}")  # fmt: skip
 
@@ -306,9 +307,10 @@ def main(argv=None) -> int:
                 rows += measure(kind, gpn, tokens, args)
     finally:
         shmem.shmem_finalize()
-    print(f"{torch.cuda.get_device_name()}: {args.world} virtual PEs, hidden {HIDDEN}, top-{TOPK} of {EXPERTS} experts, "
-          f"{args.blocks} blocks ({args.rdma_blocks} inter-node) x {args.warps} warps per PE, graph replay median "
-          f"of {args.reps}. All PEs share this GPU: RDMA columns are bytes copied within its memory, not RDMA.")  # fmt: skip
+    print(f"{torch.cuda.get_device_name()}: {args.world} virtual PEs, hidden {HIDDEN}, top-{TOPK} of {EXPERTS} "
+          f"experts, {args.blocks} blocks ({args.rdma_blocks} inter-node) x {args.warps} warps per PE, graph "
+          f"replay median of {args.reps}. All PEs share this GPU: RDMA columns are bytes copied within its memory, "
+          "not RDMA.")  # fmt: skip
     print_table(rows)
     if args.json:
         meta = {"world": args.world, "hidden": HIDDEN, "top_k": TOPK, "experts": EXPERTS, "blocks": args.blocks,

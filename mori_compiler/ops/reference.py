@@ -38,8 +38,8 @@ from mori_compiler.ep_schema import TRAFFIC_COUNTERS, EpSizes, EpTopology, Kerne
 __all__ = [
     "EpShape", "route", "destinations", "unique_dest_count", "expected_recv_counts", "RecvOverflow",
     "recv_overflow", "AsyncLLSegment", "asyncll_layout", "check_asyncll_layout", "RecvRow", "expected_recv_rows", "check_dispatch", "reference_combine",
-    "reference_combine_weights", "remote_nodes", "INTERNODE_KIND_NAMES", "internode_records", "predicted_internode_sends", "row_writers",
-    "predicted_traffic", "hierarchical_combine", "hierarchical_bound", "check_hierarchical_combine",
+    "reference_combine_weights", "remote_nodes", "INTERNODE_KIND_NAMES", "internode_records",
+    "predicted_internode_sends", "row_writers", "predicted_traffic", "hierarchical_combine", "hierarchical_bound", "check_hierarchical_combine",
     "combine_tolerance", "check_combine", "check_combine_weights",
     "convert_dispatch_output_ref", "convert_combine_input_ref", "ROUTING_MODES", "make_routing",
     "make_token_counts", "make_tokens", "make_weights", "make_scales", "DTYPES", "canonical_dtype",

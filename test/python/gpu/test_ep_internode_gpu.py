@@ -323,7 +323,8 @@ def test_repeated_rounds_and_graph_replay(topo, kind):
     try:
         for seed in range(20):
             run_round(op, routing=("random", "sentinel", "spread_pes")[seed % 3], counts="random",
-                      dtype=("bf16", "fp8_e4m3fn")[seed % 2], seed=seed, check_rows=seed % 4 == 3 or seed == 19)  # fmt: skip
+                      dtype=("bf16", "fp8_e4m3fn")[seed % 2], seed=seed,
+                      check_rows=seed % 4 == 3 or seed == 19)  # fmt: skip
         torch.cuda.synchronize()
         # Graph: fixed input tensors (M tokens on every PE), refilled in place before each replay.
         first = Inputs(cfg, shape, routing="random", counts="max", dtype="bf16", seed=100, weights=True,
