@@ -614,7 +614,8 @@ def predicted_traffic(all_indices, shape: EpShape, topology: EpTopology, kind, *
     * ``dispatch_rdma`` (the sender): ``EpSizes.record_bytes`` at the dispatch dtype with the config's
       ``scale_bytes`` (the record layout) per record put to another node (:func:`internode_records`);
     * ``dispatch_xgmi`` (the PE writing the row, :func:`row_writers`): ``H*elem + 8K + 4 + sb`` per output row
-      written to a PE of its own node, sb = ``scale_bytes`` when the call passed scales (``scales_given``);
+      written to a PE of its own node, sb = ``scale_bytes`` (``scales_given=False``: 0, for a count of only the
+      scale bytes a call passed; the kernels count the config's for every row);
     * ``combine_rdma`` (the record's receiver, sending a partial back): ``EpSizes.partial_bytes`` at the combine
       dtype per record it received;
     * ``combine_xgmi`` (the PE gathering the row): ``H*elem`` at the combine dtype, ``+ 4K`` when the combine

@@ -343,7 +343,49 @@ def test_the_gpu_rounds_pass_on_the_reference_model(n, case):
         ref.check_hierarchical_combine(combined[p], inputs.x[p], inputs.idx[p], shape, "bf16", rank=p)
     traffic = inputs.predicted_traffic(has_w=weights)
     rows = int(ref.expected_recv_counts(inputs.idx, shape).sum())
-    sb = cfg.scale_dim * 4 if scales else 0
+    sb = cfg.scale_dim * 4  # the record layout's, passed or not
     elem = 1 if dtype.startswith("fp8") else 2
     assert sum(d["dispatch_xgmi"] for d in traffic) == rows * (cfg.hidden_dim * elem + 8 * shape.K + 4 + sb)
     assert sum(d["combine_xgmi"] for d in traffic) == rows * (cfg.hidden_dim * 2 + 4 * shape.K * weights)
+
+
+# ---- bench/ep_internode_bench.py's host side ---------------------------------------------------------------
+
+
+def _bench():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+    import ep_internode_bench
+
+    return ep_internode_bench
+
+
+def test_the_bench_counts_rdma_tokens_as_mori_does():
+    bench = _bench()
+    shape = EpShape(8, 1, 2, 4)
+    idx = [np.array([[0, 1], [0, 4], [-1, -1]]), *[np.zeros((0, 2), np.int64)] * 7]
+    # G = 4: token 0 on node 0 only (its own, counted), token 1 on nodes 0 and 1, token 2 nowhere
+    assert bench.rdma_algo_tokens(idx, shape, "InterNodeV1", 4)[0] == 3
+    assert bench.rdma_algo_tokens(idx, shape, "InterNode", 4)[0] == 3
+    assert bench.rdma_algo_tokens(idx, shape, "InterNodeV1LL", 4)[0] == 3 * 2  # every token on every node
+    assert bench.rdma_algo_tokens(idx, shape, "InterNodeV1", 1)[0] == 4  # G = 1: PEs 0, 1 / 0, 4
+
+
+def test_the_bench_refuses_bad_arguments_and_sizes_its_heap(capsys):
+    from mori_compiler.ep_schema import EpSizes, buffers_for
+
+    bench = _bench()
+    for argv, needle in ((["--gpn", "3"], "must be a power of two"), (["--kinds", "IntraNode,V2"], "unknown --kinds")):
+        with pytest.raises(SystemExit) as exc:
+            bench.parse_args(argv)
+        assert exc.value.code == 1 and needle in capsys.readouterr().err  # the user's error, not exit 2
+    args = bench.parse_args(["--tokens", "128,4096"])
+    assert [k for k, _ in bench.variants(args)].count("IntraNode") == 1
+    heap = bench.heap_size(args)
+    for tokens in args.tokens:
+        for kind, gpn in bench.variants(args):
+            cfg = bench.bench_config(kind, gpn, tokens, args)
+            assert cfg.block_num % cfg.world_size == 0 or kind != "InterNode"
+            assert sum(s for _, s in buffers_for(KernelType(cfg.kernel_type), EpSizes.from_config(cfg))) < heap

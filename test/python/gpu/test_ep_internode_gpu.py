@@ -183,12 +183,14 @@ class Inputs:
         return ref.expected_recv_rows(x_bits, self.w if self.has_w else None, s_bits, self.idx, self.shape)
 
     def predicted_traffic(self, *, has_w):
+        """The counters' expected growth. A written row is counted with the config's scale bytes whether or
+        not the call passed scales (the kernels' constant row size: passes/ep_internode_kernels.py)."""
         from mori_compiler.ops import reference as ref
 
         cfg = self.cfg
         return ref.predicted_traffic(self.idx, self.shape, _topology(cfg), SHORT[cfg.kernel_type.name],
                                      hidden=cfg.hidden_dim, dispatch_dtype=REF_DTYPE[self.dtype], combine_dtype="bf16",
-                                     scale_bytes=cfg.scale_dim * cfg.scale_type_size, scales_given=self.has_s,
+                                     scale_bytes=cfg.scale_dim * cfg.scale_type_size, scales_given=True,
                                      has_w=has_w)  # fmt: skip
 
 
@@ -260,10 +262,11 @@ def run_round(op, *, routing, counts, dtype, seed, weights=True, scales=False, c
     before = _traffic(op)
     outs = op.dispatch(inputs.xs, inputs.ws, inputs.ss, inputs.idxs)
     op.kernels.synchronize()  # with MORI_COMPILER_WAIT_LIMIT set, a wait that gave up is reported here
-    totals = [int(o[4].item()) for o in outs]
-    assert totals == ref.expected_recv_counts(inputs.idx, shape).tolist(), "receive counts per PE"
     if check_rows:
-        check_dispatch_outputs(op, shape, inputs, outs)
+        totals = check_dispatch_outputs(op, shape, inputs, outs)
+    else:
+        totals = [int(o[4].item()) for o in outs]
+        assert totals == ref.expected_recv_counts(inputs.idx, shape).tolist(), "receive counts per PE"
     ys = identity_expert(outs, totals, cfg.hidden_dim)
     wys = [outs[p][1][:t].clone() for p, t in enumerate(totals)] if weights else None
     res = op.combine(ys, wys, inputs.idxs)
