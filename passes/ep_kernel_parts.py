@@ -322,8 +322,10 @@ def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
     b, p = f.b, f.params
     t = b.index_cast(b.i32, token)
     slotidx = b.addi(b.muli(t, f.K), f.lane)
-    id_at = b.gep(p.idx, slotidx, b.i32) if ids is None else b.gep(ids, f.lane, b.i32)
-    e = b.if_else(f.is_k, [b.i32], lambda: [b.load(b.i32, id_at)], lambda: [b.const_i32(-1)])[0]
+    def load_id():
+        return [b.load(b.i32, b.gep(p.idx, slotidx, b.i32) if ids is None else b.gep(ids, f.lane, b.i32))]
+
+    e = b.if_else(f.is_k, [b.i32], load_id, lambda: [b.const_i32(-1)])[0]
     nonneg = b.cmpi("sge", e, f.c0i)
     pe_raw = b.divsi(e, inputs.experts_per_rank)
     inrange = b.cmpi("slt", pe_raw, f.W)

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 
 from mori_compiler.ep_schema import (COMBINE_DTYPES, DISPATCH_DTYPES, MAX_BLOCKS, MAX_EXPERTS_PER_RANK,  # noqa: F401
-                                     MAX_HIDDEN_DIM, MAX_SCALE_DIM, MAX_TOKENS_PER_RANK, MAX_WORLD_SIZE, TOKEN_BYTES,
+                                     MAX_QP_PER_PE, MAX_HIDDEN_DIM, MAX_SCALE_DIM, MAX_TOKENS_PER_RANK, MAX_WORLD_SIZE, TOKEN_BYTES,
                                      INTERNODE, EpDispatchCombineKernelType, EpSizes, families, recv_per_rank,
                                      topology_problems)
 from mori_compiler.targets import MAX_BLOCK_THREADS
@@ -97,7 +97,6 @@ MAX_GPU_PER_NODE = 64  # describes the machine; only the inter-node kernel types
 # Queue pairs per peer (the inter-node kernels' ``num_qp``): a bound we choose, well above what MORI's
 # configurations use (1 or 2); every queue pair adds one signal per peer and round to the inter-node
 # barrier (MORI counts them as epoch * num_qp), so more only adds control traffic.
-MAX_QP_PER_PE = 8
 
 
 def _is_int(value) -> bool:

@@ -48,7 +48,6 @@ token's destination PEs (routing weights are not applied) and the weight rows li
 from __future__ import annotations
 
 import dataclasses
-
 import struct
 
 from mori_compiler.ep_schema import INTERNODE, TRAFFIC_COUNTERS, combine_family, families

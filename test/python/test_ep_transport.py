@@ -101,7 +101,7 @@ def test_every_off_node_access_is_a_put(kind, W, G):
 
 def test_the_check_catches_a_world_wide_peer(monkeypatch):
     """A P2P store to a PE computed from an expert id (any node) is reported."""
-    from passes import ep_internode_kernels
+    from mori_compiler.passes import ep_internode_kernels
 
     monkeypatch.setattr(ep_internode_kernels, "_peer", lambda f, topo: (lambda pe: pe))
     ctx, module = _expanded(_config(Kind.InterNodeV1))

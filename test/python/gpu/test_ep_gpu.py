@@ -291,11 +291,11 @@ def test_bad_inputs_raise_before_launch(pes):
                 op.dispatch(**kw)
         with pytest.raises(ValueError, match="wave size"):
             EpDispatchCombineOp(_config(pes, hidden=4096, k=40, er=16, m=8))
-        with pytest.raises(ValueError, match="not implemented"):
+        with pytest.raises(ValueError, match="must be a power of two"):
             from mori_compiler.ops import EpDispatchCombineKernelType
 
             c = _config(pes, hidden=4096, m=8)
-            c.kernel_type = EpDispatchCombineKernelType.InterNodeV1
+            c.kernel_type, c.gpu_per_node = EpDispatchCombineKernelType.InterNodeV1, 3
             EpDispatchCombineOp(c)
     finally:
         op.close()
