@@ -259,8 +259,9 @@ def parse_args(argv=None):
     ap.add_argument("--gpn", default="8,4,2", help="gpu_per_node values (each a power of two dividing --world)")
     ap.add_argument("--tokens", default="128,4096")
     ap.add_argument("--kinds", default="IntraNode," + ",".join(INTER_KINDS))
-    ap.add_argument("--blocks", type=int, default=32, help="blocks per PE (InterNode: a multiple of --world)")
-    ap.add_argument("--rdma-blocks", type=int, default=16, help="blocks per PE doing the inter-node work")
+    ap.add_argument("--blocks", type=int, default=16, help="blocks per PE (InterNode: a multiple of --world; every "
+                    "PE's blocks must be co-resident on the one GPU: 8 PEs x 16 fit an H200's 132 SMs)")
+    ap.add_argument("--rdma-blocks", type=int, default=8, help="blocks per PE doing the inter-node work")
     ap.add_argument("--warps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")

@@ -69,6 +69,7 @@ combine round c = ``i_rounds[0]``, parity c % 2, base ``(c + 1) << 32``):
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 from mori_compiler._mlir import ir
@@ -78,6 +79,10 @@ from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, TokenIn
                               open_kernel, reduce_tokens, route_token, send_row_to_peers, send_to_destinations,
                               token_inputs, token_source)  # fmt: skip
 
+# Warps sharing one chunk's records on the receiving side (record q goes to warp q % CHUNK_WARPS): each warp
+# pays one acquire (dispatch) or one release + count (combine) per chunk share, not per record, and the
+# chunks still spread over enough warps at small token counts.
+CHUNK_WARPS = 4
 TRAFFIC = {"dispatch_rdma": 0, "dispatch_xgmi": 1, "combine_rdma": 2, "combine_xgmi": 3}  # ep_schema.TRAFFIC_COUNTERS
 
 
@@ -290,27 +295,22 @@ def _row_meta_bytes(f: KernelFrame) -> ir.Value:
 
 def _forward_records(f: KernelFrame, topo: Topology, inputs: TokenInputs, par: ir.Value, base: ir.Value,
                      first: ir.Value, count: ir.Value, reserve) -> None:  # fmt: skip
-    """One warp per (remote source hop, chunk, record): wait for the chunk, then forward the record to
-    the destinations on this PE's hop group."""
+    """One warp per (remote source hop, chunk, share): wait for the chunk, then forward its records
+    q = share, share + CHUNK_WARPS, ... to the destinations on this PE's hop group."""
     b, p, cfg = f.b, f.params, f.cfg
     s = cfg.sizes
     wave = cfg.wave_size
     rec = _record(cfg)
     recc = b.const_i64(rec.size)
-    per_hop = b.const_index(topo.chunks * wave)
-    wave_x = b.const_index(wave)
     rinputs = _record_inputs(f, inputs)
     peer = _peer(f, topo)
-    with b.for_(first, b.const_index(topo.remote * topo.chunks * wave), count) as it:
-        j = b.index_cast(b.i32, b.divui(it, per_hop))
-        r = b.remui(it, per_hop)
-        c = b.index_cast(b.i32, b.divui(r, wave_x))
-        q = b.index_cast(b.i32, b.remui(r, wave_x))
+    with _chunk_shares(f, topo, first, count) as (j, c, share):
         hop = _remote_hop(f, topo, j)
         region = _i64(f, b.addi(b.muli(par, topo.b_hops), hop))
         flag = b.gep(p.flag, b.addi(b.muli(region, b.const_i64(s.max_chunks)), _i64(f, c)), b.i64)
         got = mori_comm.chunk_wait(flag, base, **b.at())  # every lane: the fence acquires for each
-        with b.if_(b.cmpi("ult", q, got)):
+        with b.for_(share, b.index_cast(b.index, got), b.const_index(CHUNK_WARPS)) as q_x:
+            q = b.index_cast(b.i32, q_x)
             slot64 = _i64(f, b.addi(b.muli(c, b.const_i32(wave)), q))  # record row in the source's region
             record = b.gep(p.land, b.muli(b.addi(b.muli(region, b.const_i64(s.chunk_rows)), slot64), recc), b.i8)
             kept = b.addi(b.muli(_i64(f, hop), b.const_i64(s.chunk_rows)), slot64)  # [hop][record] of i_pfwd
@@ -327,6 +327,18 @@ def _forward_records(f: KernelFrame, topo: Topology, inputs: TokenInputs, par: i
                                  scale_source=b.gep(record, rec.scales, b.i8), position=position)  # fmt: skip
             with b.if_(route.ok):
                 _count(f, "dispatch_xgmi", _row_meta_bytes(f))
+
+
+@contextlib.contextmanager
+def _chunk_shares(f: KernelFrame, topo: Topology, first: ir.Value, count: ir.Value):
+    """A loop over the work items (remote hop j, chunk c, share) of the warps [first, first + count):
+    yields j and c (i32) and the share (index, in [0, CHUNK_WARPS))."""
+    b = f.b
+    shares = b.const_index(CHUNK_WARPS)
+    per_hop = b.const_index(topo.chunks * CHUNK_WARPS)
+    with b.for_(first, b.const_index(topo.remote * topo.chunks * CHUNK_WARPS), count) as it:
+        r = b.remui(it, per_hop)
+        yield b.index_cast(b.i32, b.divui(it, per_hop)), b.index_cast(b.i32, b.divui(r, shares)), b.remui(r, shares)
 
 
 def _send_same_node(f: KernelFrame, topo: Topology, inputs: TokenInputs, first: ir.Value, count: ir.Value,
@@ -389,47 +401,39 @@ def _return_partials(f: KernelFrame, topo: Topology, dpar: ir.Value, cpar: ir.Va
     wave = cfg.wave_size
     rowc, kb = b.const_i64(cfg.row_bytes), b.const_i64(4 * cfg.top_k)
     prec = b.const_i64(s.partial_bytes)
-    per_hop = b.const_index(topo.chunks * wave)
-    wave_x = b.const_index(wave)
     peer = _peer(f, topo)
-    with b.for_(first, b.const_index(topo.remote * topo.chunks * wave), count) as it:
-        j = b.index_cast(b.i32, b.divui(it, per_hop))
-        r = b.remui(it, per_hop)
-        c = b.index_cast(b.i32, b.divui(r, wave_x))
-        q = b.index_cast(b.i32, b.remui(r, wave_x))
+    with _chunk_shares(f, topo, first, count) as (j, c, share):
         hop = _remote_hop(f, topo, j)
         dregion = _i64(f, b.addi(b.muli(dpar, topo.b_hops), hop))
         dflag = b.gep(p.flag, b.addi(b.muli(dregion, b.const_i64(s.max_chunks)), _i64(f, c)), b.i64)
         got = b.trunci(b.i32, b.load(b.i64, dflag))  # the dispatch's count (acquired by its chunk_wait)
-        rows = b.maxui(got, f.c1i)  # an empty chunk still has one item: its signal
-        with b.if_(b.cmpi("ult", q, rows)):
-            crow = b.muli(c, b.const_i32(wave))
-            kept = b.addi(b.muli(_i64(f, hop), b.const_i64(s.chunk_rows)), _i64(f, b.addi(crow, q)))
-            part = b.gep(p.fpart, b.muli(kept, prec), b.i8)
-            with b.if_(b.cmpi("ult", q, got)):
-                _sum_forwarded(f, topo, b.gep(p.pfwd, b.muli(kept, b.const_i64(cfg.top_k)), b.i32), part, rowc, kb,
-                               has_w, peer)  # fmt: skip
-            mori_shmem.fence(**b.at())  # release: this record's partial, before it is counted done
-            counter = b.gep(p.done, b.addi(b.muli(_i64(f, hop), b.const_i64(s.max_chunks)), _i64(f, c)), b.i32)
-            old = b.if_else(f.lane0, [b.i32], lambda: [b.atomicrmw("add", counter, f.c1i, "monotonic")],
-                            lambda: [f.c0i])[0]  # fmt: skip
-            old = b.shuffle("idx", old, f.c0i, f.wave)[0]
-            with b.if_(b.cmpi("eq", b.addi(old, f.c1i), rows)):  # the chunk's last record
-                mori_shmem.fence(**b.at())  # acquire: every record's partial of the chunk
-                full = b.cmpi("uge", got, b.const_i32(64))
-                ones = b.subi(b.shli(b.const_i64(1), _i64(f, b.select(full, f.c0i, got))), b.const_i64(1))
-                mask = b.select(full, b.const_i64(-1), ones)
-                region = _i64(f, b.addi(b.muli(cpar, topo.b_hops), topo.my_hop))
-                dest = b.gep(p.crecv, b.muli(b.addi(b.muli(region, b.const_i64(s.chunk_rows)), _i64(f, crow)), prec),
-                             b.i8)  # fmt: skip
-                src_kept = b.addi(b.muli(_i64(f, hop), b.const_i64(s.chunk_rows)), _i64(f, crow))
-                src = b.gep(p.fpart, b.muli(src_kept, prec), b.i8)
-                cflag = b.gep(p.cflag, b.addi(b.muli(region, b.const_i64(s.max_chunks)), _i64(f, c)), b.i64)
-                qp = b.remui(c, b.const_i32(cfg.num_qp))
-                sent = mori_comm.chunk_send(dest, src, prec, mask, cflag, base, _hop_target(f, topo, hop), qp, **b.at())
-                with b.if_(f.lane0):
-                    b.store(f.c0i, counter)  # every record of the chunk is done: ready for the next round
-                    _count(f, "combine_rdma", sent)
+        crow = b.muli(c, b.const_i32(wave))
+        with b.for_(share, b.index_cast(b.index, got), b.const_index(CHUNK_WARPS)) as q_x:
+            kept = b.addi(b.muli(_i64(f, hop), b.const_i64(s.chunk_rows)),
+                          _i64(f, b.addi(crow, b.index_cast(b.i32, q_x))))  # fmt: skip
+            _sum_forwarded(f, topo, b.gep(p.pfwd, b.muli(kept, b.const_i64(cfg.top_k)), b.i32),
+                           b.gep(p.fpart, b.muli(kept, prec), b.i8), rowc, kb, has_w, peer)  # fmt: skip
+        mori_shmem.fence(**b.at())  # release: this share's partials, before the share is counted done
+        counter = b.gep(p.done, b.addi(b.muli(_i64(f, hop), b.const_i64(s.max_chunks)), _i64(f, c)), b.i32)
+        old = b.if_else(f.lane0, [b.i32], lambda: [b.atomicrmw("add", counter, f.c1i, "monotonic")],
+                        lambda: [f.c0i])[0]  # fmt: skip
+        old = b.shuffle("idx", old, f.c0i, f.wave)[0]
+        with b.if_(b.cmpi("eq", b.addi(old, f.c1i), b.const_i32(CHUNK_WARPS))):  # the chunk's last share
+            mori_shmem.fence(**b.at())  # acquire: every share's partials of the chunk
+            full = b.cmpi("uge", got, b.const_i32(64))
+            ones = b.subi(b.shli(b.const_i64(1), _i64(f, b.select(full, f.c0i, got))), b.const_i64(1))
+            mask = b.select(full, b.const_i64(-1), ones)
+            region = _i64(f, b.addi(b.muli(cpar, topo.b_hops), topo.my_hop))
+            dest = b.gep(p.crecv, b.muli(b.addi(b.muli(region, b.const_i64(s.chunk_rows)), _i64(f, crow)), prec),
+                         b.i8)  # fmt: skip
+            src_kept = b.addi(b.muli(_i64(f, hop), b.const_i64(s.chunk_rows)), _i64(f, crow))
+            src = b.gep(p.fpart, b.muli(src_kept, prec), b.i8)
+            cflag = b.gep(p.cflag, b.addi(b.muli(region, b.const_i64(s.max_chunks)), _i64(f, c)), b.i64)
+            qp = b.remui(c, b.const_i32(cfg.num_qp))
+            sent = mori_comm.chunk_send(dest, src, prec, mask, cflag, base, _hop_target(f, topo, hop), qp, **b.at())
+            with b.if_(f.lane0):
+                b.store(f.c0i, counter)  # every share of the chunk is done: ready for the next round
+                _count(f, "combine_rdma", sent)
 
 
 def _sum_forwarded(f: KernelFrame, topo: Topology, fwd_row: ir.Value, part: ir.Value, rowc: ir.Value, kb: ir.Value,
@@ -438,9 +442,16 @@ def _sum_forwarded(f: KernelFrame, topo: Topology, fwd_row: ir.Value, part: ir.V
     summed in fp32 into ``part`` (row, then K weights when ``has_w``)."""
     b, p, cfg = f.b, f.params, f.cfg
     code = b.if_else(f.is_k, [b.i32], lambda: [b.load(b.i32, b.gep(fwd_row, f.lane, b.i32))], lambda: [f.NULL])[0]
+    # A record reaches at most one row per PE of the hop group (dedup per PE): sum only that many sources,
+    # the valid codes taken in lane order from the ballot (the others would read the zero row).
+    left = b.ballot(b.cmpi("ne", code, f.NULL), cfg.wave_size)
+    zero, one = b.const_i64(0), b.const_i64(1)
     rows, wrows, valids = [], [], []
-    for k in range(cfg.top_k):
-        ck = b.shuffle("idx", code, b.const_i32(k), f.wave)[0]
+    for _ in range(min(cfg.top_k, topo.hop_size)):
+        lowest = b.andi(left, b.subi(zero, left))
+        ck = b.shuffle("idx", code, b.trunci(b.i32, b.ctpop(b.subi(lowest, one))), f.wave)[0]
+        ck = b.select(b.cmpi("ne", left, zero), ck, f.NULL)  # (no set bit left: lane 64 % wave, a NULL lane)
+        left = b.andi(left, b.subi(left, one))
         valid = b.cmpi("ne", ck, f.NULL)
         pe = peer(b.divui(ck, f.R))
         slot64 = _i64(f, b.remui(ck, f.R))
