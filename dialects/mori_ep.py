@@ -13,8 +13,8 @@ dispatch_send  AsyncLL send phase (docs/ep-protocols.md §10): ``ep_async_dispat
 dispatch_recv  AsyncLL receive phase: ``ep_async_dispatch_recv_<dtype>``
 combine_send   ``ep_async_combine_send_<dtype>``
 combine_recv   ``ep_async_combine_recv_<dtype>``
-internode_     inter-node dispatch, step 1 (InterNode, InterNodeV1, InterNodeV1LL; docs/ep-protocols.md
-stage          §16): every token packed as a record, ``ep_inter_stage_<dtype>``
+internode_     inter-node dispatch, step 1 (InterNode, InterNodeV1, InterNodeV1LL; docs/ep-protocols.md §16):
+stage          every token packed as a record, ``ep_inter_stage_<dtype>``
 internode_     step 2: chunked sends to the targets (one signal per chunk), receive-and-forward on the
 dispatch       targets, the same-node rows, the node's count handshake: ``ep_inter_dispatch_<dtype>``
 internode_     combine step 1: per-node partials (forwarded records' back to their sources, own tokens'

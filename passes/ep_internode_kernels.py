@@ -20,7 +20,7 @@ Protocols, with who writes, who waits, the scope and the order:
    K weights | scales | source position me * S + t). Plain local stores; the kernel boundary orders them
    before step 2 reads them.
 2. ``ep_inter_dispatch_<dtype>``: blocks [0, rdma_blocks) take the inter-node role, the others the
-   same-node role.
+   same-node role (with one node, every block the same-node role).
 
    * *Chunked send* (inter-node warps, one warp per (remote hop, chunk of ``wave`` tokens)): lane = token;
      the ballot of the tokens the hop needs (V1/V0: an expert on the hop's PEs; V1LL: every live token)
@@ -152,6 +152,13 @@ def _count(f: KernelFrame, counter: str, nbytes: ir.Value) -> None:
     b.atomicrmw("add", b.gep(f.params.traffic, TRAFFIC[counter], b.i64), nbytes, "monotonic")
 
 
+def _rdma_blocks(f: KernelFrame, topo: Topology) -> ir.Value:
+    """The blocks of the inter-node role (index): the call's ``rdma_blocks``, or none when the topology has
+    one node (no remote hop: every block then serves the same-node role)."""
+    b = f.b
+    return b.index_cast(b.index, f.params.rdma_blocks) if topo.remote else f.c0x
+
+
 def _warps(f: KernelFrame, rdma_blocks: ir.Value) -> tuple[tuple[ir.Value, ir.Value], tuple[ir.Value, ir.Value]]:
     """((first, count) of the inter-node role's warps, (first, count) of the same-node role's): blocks
     [0, rdma_blocks) and the rest."""
@@ -210,7 +217,7 @@ def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation |
     rnd = dispatch_round(f)
     topo = _topology(f)
     base = _round_base(f, rnd.round)
-    rdma_blocks = b.index_cast(b.index, p.rdma_blocks)
+    rdma_blocks = _rdma_blocks(f, topo)
     (rw, nrw), (xw, nxw) = _warps(f, rdma_blocks)
     in_rdma = b.cmpi("ult", f.bid_i, rdma_blocks)
     reserve = _reserve(f, topo, rnd.slot_ctr)
@@ -376,7 +383,7 @@ def combine_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | 
     cpar = b.trunci(b.i32, b.andi(cround, one64))
     base = _round_base(f, cround)
     has_w = b.cmpi("ne", p.has_w, f.c0i)
-    rdma_blocks = b.index_cast(b.index, p.rdma_blocks)
+    rdma_blocks = _rdma_blocks(f, topo)
     (rw, nrw), (xw, nxw) = _warps(f, rdma_blocks)
     in_rdma = b.cmpi("ult", f.bid_i, rdma_blocks)
     with b.if_(in_rdma):
