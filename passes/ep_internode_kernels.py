@@ -17,7 +17,7 @@ Protocols, with who writes, who waits, the scope and the order:
 **Dispatch** (round r = ``round_ctr``, parity r % 2, signal base ``(r + 1) << 32``):
 
 1. ``ep_inter_stage_<dtype>``: one warp per token packs it into ``i_stage[t]`` as a record (row | K ids |
-   K weights | scales | source position me * S + t). Plain local stores; the kernel boundary orders them
+   K weights | source position me * S + t | scales). Plain local stores; the kernel boundary orders them
    before step 2 reads them.
 2. ``ep_inter_dispatch_<dtype>``: blocks [0, rdma_blocks) take the inter-node role, the others the
    same-node role (with one node, every block the same-node role).
@@ -98,7 +98,8 @@ class Record(NamedTuple):
 
 def _record(cfg: EpKernelConfig) -> Record:
     row, k = cfg.row_bytes, cfg.top_k
-    return Record(row, row + 4 * k, row + 8 * k, row + 8 * k + cfg.scale_bytes, cfg.sizes.record_bytes)
+    # The position before the scales: it stays 4-byte aligned whatever the scales' size (3 one-byte scales...).
+    return Record(row, row + 4 * k, row + 8 * k + 4, row + 8 * k, cfg.sizes.record_bytes)
 
 
 class Topology(NamedTuple):

@@ -303,7 +303,7 @@ def test_the_gpu_configs_fit_their_heaps_and_rules():
 
     gpu = _gpu_tests()
     configs = list(gpu.all_configs())
-    assert len({repr(c) for c in configs}) == len(configs) == len(gpu.KINDS) * (3 * len(gpu.TOPOLOGIES) + 1)
+    assert len({repr(c) for c in configs}) == len(configs) == len(gpu.KINDS) * (3 * len(gpu.TOPOLOGIES) + 2)
     for c in configs:
         assert topology_problems(c.world_size, c.gpu_per_node) == []
         assert c.block_num % c.world_size == 0 and c.block_num >= 2 and 0 < c.rdma_block_num < c.block_num

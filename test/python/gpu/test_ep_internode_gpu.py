@@ -45,11 +45,12 @@ HEAP_SLACK = 256 << 20
 
 
 def _config(kind: str, W: int, G: int, *, hidden=7168, m=64, er=EXPERTS_PER_RANK, k=None, scale_dim=SCALE_DIM,
-            cap=0):  # fmt: skip
+            cap=0, scale_type_size=4):  # fmt: skip
     from mori_compiler.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType
 
     return EpDispatchCombineConfig(kernel_type=EpDispatchCombineKernelType[kind], data_type="bf16", rank=0,
-                                   world_size=W, hidden_dim=hidden, scale_dim=scale_dim, scale_type_size=4,
+                                   world_size=W, hidden_dim=hidden, scale_dim=scale_dim,
+                                   scale_type_size=scale_type_size,
                                    max_token_type_size=2, max_num_inp_token_per_rank=m, num_experts_per_rank=er,
                                    num_experts_per_token=min(W, 8) if k is None else k, warp_num_per_block=WARPS,
                                    block_num=BLOCKS, max_total_recv_tokens=cap, use_external_inp_buf=False,
@@ -75,6 +76,14 @@ def cap_config(kind, W, G):  # a receive cap of a quarter of the tokens per sour
     return _config(kind, W, G, hidden=4096, m=m, scale_dim=0, cap=W * m // 4)
 
 
+ODD_TOPOLOGY = (8, 2)
+
+
+def odd_config(kind):  # odd sizes: hidden 2064, M 37 (a partial chunk), top-5 of 3 experts per PE, 3 one-byte scales
+    W, G = ODD_TOPOLOGY
+    return _config(kind, W, G, hidden=2064, m=37, er=3, k=5, scale_dim=3, scale_type_size=1)
+
+
 def all_configs():
     """Every op configuration these tests build (the GPU machine finds their kernels precompiled)."""
     for kind in KINDS:
@@ -83,6 +92,7 @@ def all_configs():
             yield small_config(kind, W, G)
             yield cap_config(kind, W, G)
         yield deepseek_config(kind)
+        yield odd_config(kind)
 
 
 def heap_size(W: int, G: int) -> int:
@@ -162,7 +172,8 @@ class Inputs:
         self.idx = ref.make_routing(routing, self.ns, shape, seed)
         self.x = [ref.make_tokens(n, H, REF_DTYPE[dtype], seed * 100 + p) for p, n in enumerate(self.ns)]
         self.w = [ref.make_weights(n, K, seed * 100 + 50 + p) for p, n in enumerate(self.ns)]
-        self.s = [ref.make_scales(n, cfg.scale_dim, seed * 100 + 70 + p) for p, n in enumerate(self.ns)]
+        self.s = [ref.make_scales(n, cfg.scale_dim, seed * 100 + 70 + p, cfg.scale_type_size or 4)
+                  for p, n in enumerate(self.ns)]  # fmt: skip
         self.xs = self.idxs = self.ws = self.ss = None
 
     def upload(self) -> "Inputs":
@@ -413,5 +424,22 @@ def test_receive_cap_overflow(topo, kind):
         op.kernels.synchronize()
         check_combine_outputs(op, shape, inputs, res, has_w=True, copies=copies)
         torch.cuda.synchronize()
+    finally:
+        op.close()
+
+
+@pytest.mark.parametrize("topo", [ODD_TOPOLOGY], indirect=True, ids=lambda t: f"W{t[0]}-G{t[1]}")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3fn"])
+def test_odd_sizes(topo, kind, dtype):
+    """A partial last chunk (M 37), top-5 over 3 experts per PE, hidden 2064 and 3 one-byte scales per token
+    (a record whose scales are not a multiple of 4 bytes), several rounds."""
+    from mori_compiler.ops import EpDispatchCombineOp
+
+    op = EpDispatchCombineOp(odd_config(kind))
+    try:
+        for seed, (routing, counts) in enumerate([("random", "max"), ("random", "mixed"), ("sentinel", "random")]):
+            run_round(op, routing=routing, counts=counts, dtype=dtype, seed=300 + seed, weights=seed != 1,
+                      scales=True)  # fmt: skip
     finally:
         op.close()
