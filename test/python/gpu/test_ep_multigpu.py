@@ -1,4 +1,5 @@
-"""EP dispatch/combine (IntraNode, IntraNodeLL, AsyncLL) across real GPUs: one PE per process (torch.multiprocessing), shmem heaps
+"""EP dispatch/combine (IntraNode, IntraNodeLL, AsyncLL, and the inter-node types with the GPUs split into two
+emulated nodes) across real GPUs: one PE per process (torch.multiprocessing), shmem heaps
 shared through CUDA IPC, the same oracle as the virtual-PE tests (docs/ep-protocols.md).
 
 Needs at least two GPUs of one host (skips with the reason otherwise); runs on 2, 4 and 8 when present.
@@ -23,12 +24,15 @@ pytestmark = pytest.mark.gpu
 ROUTINGS = ("random", "sentinel", "all_to_one")
 
 
-KINDS = ("IntraNode", "IntraNodeLL", "AsyncLL")
+KINDS = ("IntraNode", "IntraNodeLL", "AsyncLL", "InterNode", "InterNodeV1", "InterNodeV1LL")
+INTERNODE_KINDS = KINDS[3:]
 
 
 def multi_gpu_config(world: int, rank: int, kind: str = "IntraNode"):
     cfg = ep._config(world, hidden=7168, k=4, m=64, tok=2, kind=kind)
     cfg.rank = rank
+    if kind in INTERNODE_KINDS:  # two nodes of world / 2 GPUs (one GPU each with 2): the records cross GPUs
+        cfg.gpu_per_node, cfg.rdma_block_num = max(1, world // 2), cfg.block_num // 2
     return cfg
 
 
@@ -79,7 +83,8 @@ def _check_every_kind(rank: int, world: int) -> None:
             y = out_x[:tot].clone()
             out, out_cw = op.combine(y, out_w[:tot].clone(), idx)
             torch.cuda.synchronize()
-            ref.check_combine(out[: ns[rank]].float().cpu().numpy(), x_f32[rank], idx_np[rank], shape, "bf16", rank=rank)
+            check = ref.check_hierarchical_combine if kind in INTERNODE_KINDS else ref.check_combine
+            check(out[: ns[rank]].float().cpu().numpy(), x_f32[rank], idx_np[rank], shape, "bf16", rank=rank)
             np.testing.assert_allclose(out_cw[: ns[rank]].cpu().numpy(),
                                        ref.reference_combine_weights(w_np[rank], idx_np[rank], shape), atol=1e-5,
                                        rtol=1e-5)  # fmt: skip
