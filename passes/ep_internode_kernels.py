@@ -79,10 +79,11 @@ from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, TokenIn
                               open_kernel, reduce_tokens, route_token, send_row_to_peers, send_to_destinations,
                               token_inputs, token_source)  # fmt: skip
 
-# Warps sharing one chunk's records on the receiving side (record q goes to warp q % CHUNK_WARPS): each warp
-# pays one acquire (dispatch) or one release + count (combine) per chunk share, not per record, and the
-# chunks still spread over enough warps at small token counts.
-CHUNK_WARPS = 4
+# The receiving side splits a chunk's records over `shares` warps (record q to share q % shares): a warp pays
+# one acquire (dispatch) or one release and count (combine) per share, not per record. At least
+# MIN_CHUNK_SHARES; more when the chunks are few (small M), so that about RECEIVE_ITEMS warps have work.
+MIN_CHUNK_SHARES = 4
+RECEIVE_ITEMS = 256
 TRAFFIC = {"dispatch_rdma": 0, "dispatch_xgmi": 1, "combine_rdma": 2, "combine_xgmi": 3}  # ep_schema.TRAFFIC_COUNTERS
 
 
@@ -104,12 +105,13 @@ def _record(cfg: EpKernelConfig) -> Record:
 
 class Topology(NamedTuple):
     """The hops of this PE (i32 values, constants as Python ints): ``hops``, ``remote`` (hops on other
-    nodes), ``chunks`` (ceil(M / wave)), ``my_hop`` (me / hop_size), ``first_remote`` (the hop index of the
+    nodes), ``chunks`` (ceil(M / wave)), ``shares`` (warps per chunk on the receiving side), ``my_hop`` (me / hop_size), ``first_remote`` (the hop index of the
     first remote hop, before the modulo), and the node's PE-naming function ``peer(pe)``."""
 
     hops: int
     remote: int
     chunks: int
+    shares: int
     hop_size: int
     my_hop: ir.Value
     first_remote: ir.Value
@@ -128,7 +130,9 @@ def _topology(f: KernelFrame) -> Topology:
     my_hop = b.divui(f.me, hsc)
     first_remote = b.addi(b.divui(node_base, hsc), b.const_i32(g // hs))
     chunks = -(-cfg.max_tokens_per_rank // cfg.wave_size)
-    return Topology(s.hops, s.hops - g // hs, chunks, hs, my_hop, first_remote, node_base, b.const_i32(s.hops), hsc, g)
+    remote = s.hops - g // hs
+    shares = min(cfg.wave_size, max(MIN_CHUNK_SHARES, -(-RECEIVE_ITEMS // max(1, remote * chunks))))
+    return Topology(s.hops, remote, chunks, shares, hs, my_hop, first_remote, node_base, b.const_i32(s.hops), hsc, g)
 
 
 def _peer(f: KernelFrame, topo: Topology):
@@ -304,7 +308,7 @@ def _row_meta_bytes(f: KernelFrame) -> ir.Value:
 def _forward_records(f: KernelFrame, topo: Topology, inputs: TokenInputs, par: ir.Value, base: ir.Value,
                      first: ir.Value, count: ir.Value, reserve) -> None:  # fmt: skip
     """One warp per (remote source hop, chunk, share): wait for the chunk, then forward its records
-    q = share, share + CHUNK_WARPS, ... to the destinations on this PE's hop group."""
+    q = share, share + shares, ... to the destinations on this PE's hop group."""
     b, p, cfg = f.b, f.params, f.cfg
     s = cfg.sizes
     wave = cfg.wave_size
@@ -317,7 +321,7 @@ def _forward_records(f: KernelFrame, topo: Topology, inputs: TokenInputs, par: i
         region = _i64(f, b.addi(b.muli(par, topo.b_hops), hop))
         flag = b.gep(p.flag, b.addi(b.muli(region, b.const_i64(s.max_chunks)), _i64(f, c)), b.i64)
         got = mori_comm.chunk_wait(flag, base, **b.at())  # every lane: the fence acquires for each
-        with b.for_(share, b.index_cast(b.index, got), b.const_index(CHUNK_WARPS)) as q_x:
+        with b.for_(share, b.index_cast(b.index, got), b.const_index(topo.shares)) as q_x:
             q = b.index_cast(b.i32, q_x)
             slot64 = _i64(f, b.addi(b.muli(c, b.const_i32(wave)), q))  # record row in the source's region
             record = b.gep(p.land, b.muli(b.addi(b.muli(region, b.const_i64(s.chunk_rows)), slot64), recc), b.i8)
@@ -340,11 +344,11 @@ def _forward_records(f: KernelFrame, topo: Topology, inputs: TokenInputs, par: i
 @contextlib.contextmanager
 def _chunk_shares(f: KernelFrame, topo: Topology, first: ir.Value, count: ir.Value):
     """A loop over the work items (remote hop j, chunk c, share) of the warps [first, first + count):
-    yields j and c (i32) and the share (index, in [0, CHUNK_WARPS))."""
+    yields j and c (i32) and the share (index, in [0, topo.shares))."""
     b = f.b
-    shares = b.const_index(CHUNK_WARPS)
-    per_hop = b.const_index(topo.chunks * CHUNK_WARPS)
-    with b.for_(first, b.const_index(topo.remote * topo.chunks * CHUNK_WARPS), count) as it:
+    shares = b.const_index(topo.shares)
+    per_hop = b.const_index(topo.chunks * topo.shares)
+    with b.for_(first, b.const_index(topo.remote * topo.chunks * topo.shares), count) as it:
         r = b.remui(it, per_hop)
         yield b.index_cast(b.i32, b.divui(it, per_hop)), b.index_cast(b.i32, b.divui(r, shares)), b.remui(r, shares)
 
@@ -416,7 +420,7 @@ def _return_partials(f: KernelFrame, topo: Topology, dpar: ir.Value, cpar: ir.Va
         dflag = b.gep(p.flag, b.addi(b.muli(dregion, b.const_i64(s.max_chunks)), _i64(f, c)), b.i64)
         got = b.trunci(b.i32, b.load(b.i64, dflag))  # the dispatch's count (acquired by its chunk_wait)
         crow = b.muli(c, b.const_i32(wave))
-        with b.for_(share, b.index_cast(b.index, got), b.const_index(CHUNK_WARPS)) as q_x:
+        with b.for_(share, b.index_cast(b.index, got), b.const_index(topo.shares)) as q_x:
             kept = b.addi(b.muli(_i64(f, hop), b.const_i64(s.chunk_rows)),
                           _i64(f, b.addi(crow, b.index_cast(b.i32, q_x))))  # fmt: skip
             _sum_forwarded(f, topo, b.gep(p.pfwd, b.muli(kept, b.const_i64(cfg.top_k)), b.i32),
@@ -426,7 +430,7 @@ def _return_partials(f: KernelFrame, topo: Topology, dpar: ir.Value, cpar: ir.Va
         old = b.if_else(f.lane0, [b.i32], lambda: [b.atomicrmw("add", counter, f.c1i, "monotonic")],
                         lambda: [f.c0i])[0]  # fmt: skip
         old = b.shuffle("idx", old, f.c0i, f.wave)[0]
-        with b.if_(b.cmpi("eq", b.addi(old, f.c1i), b.const_i32(CHUNK_WARPS))):  # the chunk's last share
+        with b.if_(b.cmpi("eq", b.addi(old, f.c1i), b.const_i32(topo.shares))):  # the chunk's last share
             mori_shmem.fence(**b.at())  # acquire: every share's partials of the chunk
             full = b.cmpi("uge", got, b.const_i32(64))
             ones = b.subi(b.shli(b.const_i64(1), _i64(f, b.select(full, f.c0i, got))), b.const_i64(1))
