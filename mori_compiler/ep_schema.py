@@ -164,9 +164,9 @@ class EpSizes(namedtuple("EpSizes", ("world_size", "hidden", "top_k", "experts_p
 
     @property
     def record_bytes(self) -> int:
-        """One token's inter-node record: row | K expert ids (i32) | K weights (f32) | source position
-        (i32) | scales, padded to 16 bytes (docs/ep-protocols.md §16)."""
-        return _round16(self.row_bytes + 8 * self.top_k + self.scale_bytes + 4)
+        """One token's inter-node record: row | scales (padded to 16 bytes) | K expert ids (i32) | K
+        weights (f32) | source position (i32), padded to 16 bytes (docs/ep-protocols.md §16)."""
+        return _round16(self.row_bytes + _round16(self.scale_bytes) + 8 * self.top_k + 4)
 
     @property
     def partial_bytes(self) -> int:  # one combine partial: row | K weights (f32), padded to 16 bytes

@@ -16,8 +16,8 @@ Protocols, with who writes, who waits, the scope and the order:
 
 **Dispatch** (round r = ``round_ctr``, parity r % 2, signal base ``(r + 1) << 32``):
 
-1. ``ep_inter_stage_<dtype>``: one warp per token packs it into ``i_stage[t]`` as a record (row | K ids |
-   K weights | source position me * S + t | scales). Plain local stores; the kernel boundary orders them
+1. ``ep_inter_stage_<dtype>``: one warp per token packs it into ``i_stage[t]`` as a record (row | scales |
+   K ids | K weights | source position me * S + t). Plain local stores; the kernel boundary orders them
    before step 2 reads them.
 2. ``ep_inter_dispatch_<dtype>``: blocks [0, rdma_blocks) take the inter-node role, the others the
    same-node role (with one node, every block the same-node role).
@@ -99,8 +99,11 @@ class Record(NamedTuple):
 
 def _record(cfg: EpKernelConfig) -> Record:
     row, k = cfg.row_bytes, cfg.top_k
-    # The position before the scales: it stays 4-byte aligned whatever the scales' size (3 one-byte scales...).
-    return Record(row, row + 4 * k, row + 8 * k + 4, row + 8 * k, cfg.sizes.record_bytes)
+    # The scales right after the row and padded to 16 bytes: every field stays aligned for its accesses
+    # (16-byte vectors for the row and for scales of a multiple of 16 bytes, 4 bytes for ids, weights and
+    # the position), whatever K and the scales' size.
+    ids = row + -(-cfg.scale_bytes // 16) * 16
+    return Record(ids, ids + 4 * k, row, ids + 8 * k, cfg.sizes.record_bytes)
 
 
 class Topology(NamedTuple):

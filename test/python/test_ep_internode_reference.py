@@ -149,23 +149,23 @@ def test_the_records_and_row_writers_of_a_hand_made_routing():
 
 
 def test_the_traffic_of_a_hand_made_routing():
-    # H = 16, K = 2, scales 2 x 4 bytes. bf16 record: round16(16*2 + 8*2 + 8 + 4 = 60) = 64 bytes; a row
+    # H = 16, K = 2, scales 2 x 4 bytes. bf16 record: round16(16*2 + round16(8) + 8*2 + 4 = 68) = 80 bytes; a row
     # written: 60 bytes; bf16 partial: round16(16*2 + 4*2 = 40) = 48 bytes; a row read (with weights): 40.
     got = ref.predicted_traffic(HAND_IDX, HAND_SHAPE, HAND_TOPO, "V1", hidden=16, dispatch_dtype="bf16",
                                 combine_dtype="bf16", scale_bytes=8)  # fmt: skip
     assert [tuple(d[c] for c in TRAFFIC_COUNTERS) for d in got] == [
-        (2 * 64, 2 * 60, 0, 2 * 40),  # PE 0 sends 2 records, writes and reads 2 rows
+        (2 * 80, 2 * 60, 0, 2 * 40),  # PE 0 sends 2 records, writes and reads 2 rows
         (0, 2 * 60, 1 * 48, 2 * 40),  # PE 1 received 1 record (from 3), writes and reads 2 rows
         (0, 3 * 60, 2 * 48, 3 * 40),  # PE 2 received 2 records, writes and reads 3 rows
-        (1 * 64, 0, 0, 0),  # PE 3 sends 1 record
+        (1 * 80, 0, 0, 0),  # PE 3 sends 1 record
     ]  # fmt: skip
     # fp8 dispatch, no scales passed (the record keeps the config's 8 scale bytes), no combine weights:
-    # record round16(16 + 16 + 8 + 4 = 44) = 48, row written 16 + 16 + 4 = 36, row read 32.
+    # record round16(16 + round16(8) + 16 + 4 = 52) = 64, row written 16 + 16 + 4 = 36, row read 32.
     got = ref.predicted_traffic(HAND_IDX, HAND_SHAPE, HAND_TOPO, "V0", hidden=16, dispatch_dtype="float8_e4m3fn",
                                 combine_dtype="bf16", scale_bytes=8, scales_given=False, has_w=False)  # fmt: skip
     assert [tuple(d[c] for c in TRAFFIC_COUNTERS) for d in got] == [
-        (3 * 48, 3 * 36, 1 * 48, 3 * 32), (0, 1 * 36, 1 * 48, 1 * 32), (0, 2 * 36, 2 * 48, 2 * 32),
-        (2 * 48, 1 * 36, 1 * 48, 1 * 32),
+        (3 * 64, 3 * 36, 1 * 48, 3 * 32), (0, 1 * 36, 1 * 48, 1 * 32), (0, 2 * 36, 2 * 48, 2 * 32),
+        (2 * 64, 1 * 36, 1 * 48, 1 * 32),
     ]  # fmt: skip
 
 

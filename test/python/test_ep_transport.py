@@ -127,3 +127,21 @@ def test_the_chunk_puts_carry_the_queue_pair():
         assert all(op.operands[len(op.operands) - 1] == qp_arg for op in puts)
         text = str(_kernels(module)["ep_inter_dispatch_bf16"])
         assert "arith.remui" in text and "call @__mori_comm_chunk_send" in text
+
+
+@pytest.mark.parametrize("top_k,scale_bytes", [(1, 0), (4, 224), (5, 3), (8, 56), (9, 16), (31, 1)])
+def test_record_fields_are_aligned(top_k, scale_bytes):
+    """Every field of an inter-node record sits where its accesses need it: the row and the scales at
+    16 bytes (vector copies), ids, weights and the position at 4; the fields do not overlap and fit."""
+    from mori_compiler.passes.ep_internode_kernels import _record
+    from mori_compiler.passes.ep_kernel_parts import EpKernelConfig
+
+    cfg = EpKernelConfig(world_size=8, hidden=2064, dtype="bf16", top_k=top_k, experts_per_rank=4,
+                         max_tokens_per_rank=37, max_recv_per_rank=37, wave_size=32, scale_bytes=scale_bytes,
+                         gpu_per_node=2, hop_size=2)  # fmt: skip
+    rec = _record(cfg)
+    row = cfg.row_bytes
+    assert rec.scales == row and rec.scales % 16 == 0 and rec.ids % 16 == 0
+    assert rec.ids >= rec.scales + scale_bytes and rec.weights == rec.ids + 4 * top_k
+    assert rec.position == rec.weights + 4 * top_k and rec.position % 4 == 0
+    assert rec.position + 4 <= rec.size == cfg.sizes.record_bytes and rec.size % 16 == 0
