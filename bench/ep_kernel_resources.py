@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     if args.bitcode and not os.path.isfile(args.bitcode):
         ap.error(f"--bitcode {args.bitcode}: no such file")
     from mori_compiler.codeobject import read_amdgpu_code_object
+    from mori_compiler.errors import MoriCompilerError
     from mori_compiler.ops.bundle import kernel_module_source
     from mori_compiler.options import CompileOptions
     from mori_compiler.pipeline import compile_source
@@ -90,7 +91,11 @@ def main(argv=None) -> int:
     wave = get_target(args.target).wave_size
     options = CompileOptions(target=args.target, bitcode=(args.bitcode,) if args.bitcode else ())
     for name, cfg, mode in variants(args.kinds):
-        result = compile_source(kernel_module_source(cfg, wave, mode), options, want_assembly=True)
+        try:
+            result = compile_source(kernel_module_source(cfg, wave, mode), options, want_assembly=True)
+        except MoriCompilerError as exc:  # e.g. a --bitcode built for another target
+            print(f"error: {name}: {exc}", file=sys.stderr)
+            return 1
         counts = instruction_counts(result.assembly)
         info = read_amdgpu_code_object(result.binary)
         if info.undefined_symbols():
