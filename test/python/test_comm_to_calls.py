@@ -8,6 +8,7 @@ the EP layer.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -125,30 +126,53 @@ _EVERY_BLOCK = """module attributes {gpu.container_module} {
       "mori_comm.grid_barrier"(%d) : (!llvm.ptr) -> ()
       "mori_comm.device_barrier"(%d, %s) {world_size = 8 : i64, max_blocks = 80 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
       "mori_comm.accumulate_rows"(%d, %n, %s, %d) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
+      %npe = "mori_comm.node_pe"(%pe) {group_size = 4 : i64} : (i32) -> i32
+      "mori_comm.node_count_signal"(%d, %s, %d) {world_size = 8 : i64, group_size = 4 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      "mori_comm.node_device_barrier"(%d, %s) {world_size = 8 : i64, group_size = 4 : i64, max_blocks = 80 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+      %sent = "mori_comm.chunk_send"(%d, %s, %n, %n, %d, %n, %npe, %slot) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, i64, i32, i32) -> i64
+      %got = "mori_comm.chunk_wait"(%d, %sent) : (!llvm.ptr, i64) -> i32
       gpu.return
     }
   }
 }"""
 
 
+def _documented_helpers(doc: str) -> list[re.Pattern]:
+    """The helper symbols an op's documentation names (``__mori_comm_count_signal_w{W}_g{G}``...), as
+    patterns: a ``{field}`` is a lower-case word or number (no underscore: ``_w{W}`` is not ``_w8_g4``)."""
+    return [re.compile("".join("[0-9a-z]+" if part.startswith("{") else re.escape(part)
+                               for part in re.split(r"(\{\w+\})", symbol)))
+            for symbol in re.findall(r"``(__mori_comm_[\w{}]+)``", doc)]  # fmt: skip
+
+
+def _documented_abi(mori_comm, op: str) -> str:
+    """The text naming the ABI functions of ``op``'s helper: its documentation and, where it says it makes
+    "<other>'s ABI calls" (the node variants), that op's."""
+    doc = getattr(mori_comm, op).__doc__
+    return doc + "".join(getattr(mori_comm, other).__doc__ for other in re.findall(r"(\w+)'s ABI calls", doc))
+
+
 @pytest.mark.parametrize("options", ["wave-size=64", "wave-size=32 global-address-space=true loop-destinations=true"])
 def test_each_helper_calls_the_abi_functions_its_op_documents(options):
-    """The ABI functions each helper reaches (after mori-shmem-to-abi) are the ones the op's documentation
-    in dialects/mori_comm.py names, and so is the helper's symbol."""
+    """Each helper's symbol is one its op's documentation in dialects/mori_comm.py names (exactly one op's),
+    and the ABI functions it reaches (after mori-shmem-to-abi) are the ones that documentation names (for
+    the node variants: the ABI calls of the op they restrict to a node)."""
     from mori_compiler.dialects import mori_comm
-    from mori_compiler.passes.comm_to_calls import PREFIX
 
     ctx, module, gm, _ = _parse(_EVERY_BLOCK)
     build_pass_manager(f"mori-comm-to-calls{{{options}}},mori-shmem-to-abi", ctx).run(module.operation)
-    ops = sorted((n.split(".", 1)[1] for n in registry.op_specs() if n.startswith("mori_comm.")), key=len, reverse=True)
+    ops = [n.split(".", 1)[1] for n in registry.op_specs() if n.startswith("mori_comm.")]
+    helpers = {op: _documented_helpers(getattr(mori_comm, op).__doc__) for op in ops}
+    assert all(helpers.values()), helpers
     seen = set()
     for fn in gm.regions[0].blocks[0].operations:
         if fn.operation.name != "func.func":
             continue
         symbol = fn.attributes["sym_name"].value
-        op = next(o for o in ops if symbol.startswith(PREFIX + o))
-        doc = getattr(mori_comm, op).__doc__
-        assert "``" + PREFIX + op in doc, (symbol, op)
+        owners = [op for op, patterns in helpers.items() if any(p.fullmatch(symbol) for p in patterns)]
+        assert len(owners) == 1, (symbol, owners)
+        op = owners[0]
+        doc = _documented_abi(mori_comm, op)
         calls = nested_ops(fn, lambda inner: inner.name == "llvm.call")
         assert calls or op == "accumulate_rows", symbol
         for callee in {c.attributes["callee"].value for c in calls}:

@@ -537,7 +537,8 @@ def test_target_symbol_names(name, kernel, nvptx, ok):
 # mori_comm: the generic communication blocks (their lowering: test/lit/Conversion/mori-comm-to-calls*)
 # ----------------------------------------------------------------------------------------------------
 
-# Operands and attributes of each block: what the ops had as mori_ep ops before they moved.
+# Operands, results and attributes of each block: the first seven are what the ops had as mori_ep ops before
+# they moved; the node variants and the chunked send/wait are the inter-node kernels' (issue 13).
 _COMM_SIGNATURES = {
     "mori_comm.row_copy": (["dest", "source", "bytes", "pe"], [], []),
     "mori_comm.row_copy_to_peers": (["dest", "source", "bytes", "pe", "send"], [], ["max_peers"]),
@@ -546,6 +547,12 @@ _COMM_SIGNATURES = {
     "mori_comm.grid_barrier": (["counter"], [], []),
     "mori_comm.device_barrier": (["slots", "epochs"], [], ["max_blocks", "world_size"]),
     "mori_comm.accumulate_rows": (["out", "elems", "sources"], [], ["dtype"]),
+    "mori_comm.node_pe": (["pe"], ["result"], ["group_size"]),
+    "mori_comm.node_count_signal": (["signals", "counts", "total"], [], ["group_size", "world_size"]),
+    "mori_comm.node_device_barrier": (["slots", "epochs"], [], ["group_size", "max_blocks", "world_size"]),
+    "mori_comm.chunk_send": (["dest", "source", "record_bytes", "mask", "signal", "signal_base", "pe", "qp"], ["bytes"],
+                             []),
+    "mori_comm.chunk_wait": (["signal", "signal_base"], ["count"], []),
 }
 
 
@@ -578,6 +585,13 @@ def test_comm_builders_verify_and_print(all_ctx):
         mori_comm.grid_barrier(ptr)
         mori_comm.device_barrier(ptr, ptr, world_size=4, max_blocks=80)
         mori_comm.accumulate_rows(ptr, n, [ptr, ptr, ptr], dtype="bf16")
+        npe = mori_comm.node_pe(pe, group_size=4)
+        assert str(npe.type) == "i32"
+        mori_comm.node_count_signal(ptr, ptr, ptr, world_size=16, group_size=8)
+        mori_comm.node_device_barrier(ptr, ptr, world_size=16, group_size=2, max_blocks=64)
+        sent = mori_comm.chunk_send(ptr, ptr, n, n, ptr, n, npe, pe)
+        assert str(sent.type) == "i64"
+        assert str(mori_comm.chunk_wait(ptr, sent).type) == "i32"
 
     module = _module_with(all_ctx, emit_all)
     assert module.operation.verify()
@@ -586,6 +600,8 @@ def test_comm_builders_verify_and_print(all_ctx):
     for name in _COMM_SIGNATURES:
         assert f'"{name}"' in text, name
     assert "{max_blocks = 80 : i64, world_size = 4 : i64}" in text and '{dtype = "bf16"}' in text
+    assert "{group_size = 8 : i64, world_size = 16 : i64}" in text and "{group_size = 4 : i64}" in text
+    assert "{group_size = 2 : i64, max_blocks = 64 : i64, world_size = 16 : i64}" in text
     with all_ctx:
         assert ir.Module.parse(text).operation.verify()
 
@@ -605,6 +621,12 @@ def test_comm_builders_verify_and_print(all_ctx):
          "'mori_comm.row_copy_to_peers' attribute 'max_peers' must be an integer, got \"8\""),
         ('"mori_comm.accumulate_rows"(%p, %n) {dtype = "f32"} : (!llvm.ptr, i64) -> ()',
          "'mori_comm.accumulate_rows' needs at least one source row"),
+        ('%r = "mori_comm.node_pe"(%i) {group_size = 12 : i64} : (i32) -> i32',
+         "'mori_comm.node_pe' attribute 'group_size' must be a power of two in [1, 32], got 12"),
+        ('"mori_comm.node_count_signal"(%p, %p, %p) {world_size = 6 : i64, group_size = 4 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()',
+         "'mori_comm.node_count_signal' attribute 'group_size' (4) must divide 'world_size' (6): whole nodes"),
+        ('"mori_comm.node_device_barrier"(%p, %p) {world_size = 8 : i64, group_size = 32 : i64, max_blocks = 1 : i64} : (!llvm.ptr, !llvm.ptr) -> ()',
+         "'mori_comm.node_device_barrier' attribute 'group_size' (32) must divide 'world_size' (8): whole nodes"),
     ],
 )  # fmt: skip
 def test_comm_extra_verify_rules(body, needle):
@@ -620,8 +642,12 @@ def test_comm_extra_verify_rules(body, needle):
         '"mori_comm.row_copy_to_peers"(%p, %p, %n, %i, %b) {max_peers = 1 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()',
         '"mori_comm.accumulate_rows"(%p, %n, %p) {dtype = "f32"} : (!llvm.ptr, i64, !llvm.ptr) -> ()',
         '"mori_comm.grid_barrier"(%p) : (!llvm.ptr) -> ()',
+        '%r = "mori_comm.node_pe"(%i) {group_size = 32 : i64} : (i32) -> i32',
+        '"mori_comm.node_count_signal"(%p, %p, %p) {world_size = 32 : i64, group_size = 1 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()',
+        '"mori_comm.node_device_barrier"(%p, %p) {world_size = 8 : i64, group_size = 8 : i64, max_blocks = 1 : i64} : (!llvm.ptr, !llvm.ptr) -> ()',
     ],
-    ids=["count_signal-32", "device_barrier-1", "to_peers-1", "accumulate-1", "grid_barrier"],
+    ids=["count_signal-32", "device_barrier-1", "to_peers-1", "accumulate-1", "grid_barrier", "node_pe-32",
+         "node_count_signal-1", "node_device_barrier-whole-world"],
 )
 def test_comm_extra_verify_accepts_the_bounds(body):
     module, op = _first_op(body, "%p: !llvm.ptr, %n: i64, %i: i32, %b: i1")

@@ -230,3 +230,44 @@ def test_low_latency_kernels_compile_for_every_target(target, variant):
         assert k.vgpr_spill_count == 0, f"{k.name} spills {k.vgpr_spill_count} VGPRs\n{report}"
         want_lds = 2 * (1 + 2 * 8) * 4 if k.name.startswith("ep_dispatch_ll_") else 0  # two (count, 8 x (pe, slot))
         assert k.lds_bytes == want_lds, f"{k.name}: LDS {k.lds_bytes}, expected {want_lds}\n{report}"
+
+
+# ---- the inter-node kernel types: InterNodeV1, InterNodeV1LL, InterNode (V0) ---------------------------
+
+INTERNODE_KINDS = {"v1": EpDispatchCombineKernelType.InterNodeV1, "v1ll": EpDispatchCombineKernelType.InterNodeV1LL,
+                   "v0": EpDispatchCombineKernelType.InterNode}  # fmt: skip
+# A bf16-wide bundle: per dispatch dtype the stage and dispatch kernels, then the two combine kernels.
+INTERNODE_KERNELS = tuple(f"ep_inter_{k}_{dt}" for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz")
+                          for k in ("stage", "dispatch")) + ("ep_inter_combine_bf16", "ep_inter_combine_all_bf16")
+
+
+@pytest.mark.parametrize("kind", list(INTERNODE_KINDS))
+@pytest.mark.parametrize("target", AMDGPU_TARGETS + ("sm_90",))
+def test_internode_kernels_compile_for_every_target(target, kind):
+    """The 8 inter-node kernels of 2 nodes of 8 PEs (DeepSeek-like sizes, fp32 scales) compile for every
+    target and link against the project's device library with no undefined symbol; no VGPR spill, no
+    scratch (AMDGPU), no local memory (PTX)."""
+    cfg = make_config(kernel_type=INTERNODE_KINDS[kind], world_size=16, gpu_per_node=8, scale_dim=56,
+                      scale_type_size=4)  # fmt: skip
+    wave = get_target(target).wave_size
+    validate_config(cfg, wave)
+    link = _can_link_hsaco()
+    stop = None if link or not get_target(target).is_amdgpu else "object"
+    result = compile_source(kernel_module_source(cfg, wave), CompileOptions(target=target),
+                            filename=f"<internode {kind} {target}>", stop_after=stop)  # fmt: skip
+    assert list(result.kernels) == list(INTERNODE_KERNELS)
+    if not get_target(target).is_amdgpu:
+        ptx = result.binary.decode()
+        assert "__local_depot" not in ptx and ".local" not in ptx
+        assert sorted(re.findall(r"\.entry (\w+)", ptx)) == sorted(INTERNODE_KERNELS)
+        return
+    info = read_amdgpu_code_object(result.binary)
+    report = format_resource_report(info)
+    assert info.gfx_name == target, report
+    if link:
+        assert info.undefined_symbols() == [], report
+    assert sorted(k.name for k in info.kernels) == sorted(INTERNODE_KERNELS), report
+    for k in info.kernels:
+        assert k.wavefront_size == wave, f"{k.name}: wave {k.wavefront_size}, expected {wave}\n{report}"
+        assert k.scratch_bytes == 0, f"{k.name} uses {k.scratch_bytes} bytes of scratch\n{report}"
+        assert k.vgpr_spill_count == 0, f"{k.name} spills {k.vgpr_spill_count} VGPRs\n{report}"

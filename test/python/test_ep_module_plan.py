@@ -30,13 +30,19 @@ def _config(kind="IntraNode", **fields) -> EpDispatchCombineConfig:
     return EpDispatchCombineConfig(**(base | fields))
 
 
+INTERNODE_KINDS = ("InterNode", "InterNodeV1", "InterNodeV1LL")
+
+
 def _matrix():
-    """(config, wave, asyncll): every kernel type, every AsyncLL mode, each token size, two shapes."""
+    """(config, wave, asyncll): every kernel type, every AsyncLL mode, each token size, two shapes; the
+    inter-node types in 2 nodes of 2 PEs (the odd shape with 4 PEs, not 3)."""
     shapes = (dict(), dict(world_size=3, hidden_dim=2064, num_experts_per_token=5, num_experts_per_rank=3,
                            max_num_inp_token_per_rank=37, scale_dim=7, scale_type_size=4, max_total_recv_tokens=50))
-    for kind in ("IntraNode", "IntraNodeLL", "AsyncLL"):
+    for kind in ("IntraNode", "IntraNodeLL", "AsyncLL") + INTERNODE_KINDS:
         for tok in (1, 2, 4):
             for shape in shapes:
+                if kind in INTERNODE_KINDS:
+                    shape = shape | dict(world_size=4, gpu_per_node=2)
                 for wave in (32, 64):
                     for mode in ASYNCLL_MODES if kind == "AsyncLL" else (None,):
                         yield _config(kind, max_token_type_size=tok, **shape), wave, mode
@@ -44,7 +50,8 @@ def _matrix():
 
 def test_built_module_prints_as_the_parsed_source():
     cases = list(_matrix())
-    assert len(cases) == 60
+    assert len(cases) == 60 + 36
+    assert sum(cfg.kernel_type.name in INTERNODE_KINDS for cfg, _, _ in cases) == 36
     for cfg, wave, mode in cases:
         plan = module_plan(cfg, wave, mode)
         assert kernel_module_source(cfg, wave, mode) == plan.source()
@@ -55,6 +62,10 @@ def test_built_module_prints_as_the_parsed_source():
         ops = list(built.body.operations[0].regions[0].blocks[0].operations)
         assert [op.operation.name for op in ops] == [f"mori_ep.{op.op}" for op in plan.ops]
         assert all(mori_ep.int_attributes(op.operation)["hidden"] == cfg.hidden_dim for op in ops)
+        if cfg.kernel_type.name in INTERNODE_KINDS:
+            assert all(mori_ep.int_attributes(op.operation)["gpu_per_node"] == 2 for op in ops)
+            # (1-byte token buffers hold no combine dtype: the dispatch kernels only)
+            assert {"internode_stage", "internode_dispatch"} <= {op.op for op in plan.ops} <= set(mori_ep.INTERNODE_OPS)
 
 
 def test_plan_values_are_python_ints_and_strs():

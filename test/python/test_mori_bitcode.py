@@ -4,9 +4,10 @@ The fixtures are MORI 1.2.4's own ``libmori_shmem_device.bc`` for gfx942, code o
 docs/device-abi.md §4.1 describes). They are looked up in ``$MORI_TEST_MORI_BC_DIR``, else in
 ``../shared/mori_bc`` beside the repository (where CI has them); without them the module is skipped with that
 reason. Each family (the built-in shmem examples, EP IntraNode, IntraNodeLL, AsyncLL in its three notification
-modes) is compiled once per code object version, v6 with the v6 bitcode and v5 with the cov5 one; between them
-every switch is used: ``mori-compile --bitcode``, ``MORI_SHMEM_BC`` (mori-compile and ``ep_bundle``),
-``CompileOptions(bitcode=)`` (and ``ep_bundle(bitcode=)`` where it exists). Each code object is read back:
+modes, the inter-node types InterNodeV1, InterNodeV1LL and InterNode "V0" in 2 nodes of 8 PEs) is compiled once
+per code object version, v6 with the v6 bitcode and v5 with the cov5 one; between them every switch is used:
+``mori-compile --bitcode``, ``MORI_SHMEM_BC`` (mori-compile and ``ep_bundle``), ``CompileOptions(bitcode=)``
+(and ``ep_bundle(bitcode=)`` where it exists). Each code object is read back:
 gfx942 and the requested code object version, no undefined symbol, the kernels present, MORI's state global
 exported in the dynamic symbol table (``mori.shmem.shmem_module_init`` looks it up there), no VGPR spill and
 bounded SGPR spills. The resource report of every kernel is printed (``pytest -s``).
@@ -59,15 +60,23 @@ pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 
 EP_MODES = {"count_after_quiet": {}, "early_notify": {"early_notify": 1},
             "early_notify_fused_recv": {"early_notify": 1, "fused_recv": 1}}  # fmt: skip
-FAMILIES = (*example_names(), "IntraNode", "IntraNodeLL", *(f"AsyncLL-{mode}" for mode in EP_MODES))
+INTERNODE_FAMILIES = ("InterNodeV1", "InterNodeV1LL", "InterNode")
+FAMILIES = (*example_names(), "IntraNode", "IntraNodeLL", *(f"AsyncLL-{mode}" for mode in EP_MODES),
+            *INTERNODE_FAMILIES)
+# The inter-node bundle (bf16-wide): per dispatch dtype the stage and dispatch kernels, then the two combines.
+INTERNODE_KERNELS = {f"ep_inter_{k}_{dt}" for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz") for k in ("stage", "dispatch")
+                     } | {"ep_inter_combine_bf16", "ep_inter_combine_all_bf16"}  # fmt: skip
 
 
-def _ep_config(kind: str):
+def _ep_config(kind):
+    """The DeepSeek-like config: 8 PEs (intra-node types) or 2 nodes of 8 (inter-node types)."""
+    from mori_compiler.ep_schema import INTERNODE
     from mori_compiler.ops.dispatch_combine import EpDispatchCombineConfig
 
-    return EpDispatchCombineConfig(data_type="bf16", rank=0, world_size=8, hidden_dim=7168, scale_dim=0,
-                                   scale_type_size=1, max_token_type_size=2, max_num_inp_token_per_rank=128,
-                                   num_experts_per_rank=32, num_experts_per_token=8, kernel_type=kind)  # fmt: skip
+    nodes = dict(world_size=16, gpu_per_node=8) if kind in INTERNODE else dict(world_size=8)
+    return EpDispatchCombineConfig(data_type="bf16", rank=0, hidden_dim=7168, scale_dim=0, scale_type_size=1,
+                                   max_token_type_size=2, max_num_inp_token_per_rank=128, num_experts_per_rank=32,
+                                   num_experts_per_token=8, kernel_type=kind, **nodes)  # fmt: skip
 
 
 def _ep_parts(family: str):
@@ -119,8 +128,9 @@ def _build_example(family: str, cov: int, out: Path) -> tuple[bytes, set[str], s
 
 
 def _build_ep(family: str, cov: int) -> tuple[bytes, set[str], str]:
-    """IntraNode v6 through ep_bundle with MORI_SHMEM_BC; IntraNodeLL v6 through ep_bundle(bitcode=) where it
-    exists; everything else through CompileOptions(bitcode=) (ep_bundle compiles code object v6 only)."""
+    """IntraNode v6 through ep_bundle with MORI_SHMEM_BC; IntraNodeLL and the inter-node types v6 through
+    ep_bundle(bitcode=) where it exists; everything else through CompileOptions(bitcode=) (ep_bundle compiles
+    code object v6 only)."""
     from mori_compiler.cache import get_bundle
     from mori_compiler.ops.dispatch_combine import ep_bundle, kernel_module_source
     from mori_compiler.options import CompileOptions
@@ -131,7 +141,8 @@ def _build_ep(family: str, cov: int) -> tuple[bytes, set[str], str]:
         with _environ(MORI_SHMEM_BC=bitcode):
             bundle = ep_bundle(cfg, "gfx942", virtual_pes=False)
         switch = "ep_bundle with MORI_SHMEM_BC"
-    elif cov == 6 and family == "IntraNodeLL" and "bitcode" in inspect.signature(ep_bundle).parameters:
+    elif cov == 6 and family in ("IntraNodeLL", *INTERNODE_FAMILIES) and "bitcode" in inspect.signature(
+            ep_bundle).parameters:
         bundle = ep_bundle(cfg, "gfx942", virtual_pes=False, bitcode=bitcode)
         switch = "ep_bundle(bitcode=)"
     else:
@@ -201,6 +212,21 @@ def test_family_links_with_mori_bitcode(compiled, state_size, family, cov):
     if family.startswith("IntraNode"):
         local_functions = {s.name for s in info.symbols if s.type == 2}
         assert {"mori_shmem_int32_p", "mori_shmem_fence_thread"} <= local_functions, sorted(local_functions)
+
+
+@pytest.mark.parametrize("cov", VERSIONS)
+@pytest.mark.parametrize("family", INTERNODE_FAMILIES)
+def test_internode_bundle_has_its_8_kernels_and_calls_mori_transport(compiled, family, cov):
+    """The inter-node code object linked with MORI's bitcode holds exactly the 8 kernels of the bundle, and
+    chunk_send's puts reach MORI's transport-switching functions (RDMA or P2P by the peer), called, not
+    inlined."""
+    binary, kernels, _ = compiled(family, cov)
+    info = read_amdgpu_code_object(binary)
+    report = format_resource_report(info)
+    assert kernels == INTERNODE_KERNELS and {k.name for k in info.kernels} == INTERNODE_KERNELS, report
+    local_functions = {s.name for s in info.symbols if s.type == 2}
+    transport = {"mori_shmem_putmem_nbi_warp", "mori_shmem_putmem_nbi_signal_warp"}
+    assert transport <= local_functions, sorted(local_functions)
 
 
 def test_mismatched_version_and_target_are_refused():

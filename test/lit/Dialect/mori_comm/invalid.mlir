@@ -205,7 +205,114 @@ func.func @device_barrier_operand(%d: !llvm.ptr, %n: i64) {
 // -----
 // An op the dialect does not have: the message lists the ops it has.
 func.func @unknown(%d: !llvm.ptr) {
-  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: unknown op 'mori_comm.broadcast'; the mori_comm dialect has: accumulate_rows, count_signal, device_barrier, grid_barrier, reserve_slot, row_copy, row_copy_to_peers
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: unknown op 'mori_comm.broadcast'; the mori_comm dialect has: accumulate_rows, chunk_send, chunk_wait, count_signal, device_barrier, grid_barrier, node_count_signal, node_device_barrier, node_pe, reserve_slot, row_copy, row_copy_to_peers{{$}}
   "mori_comm.broadcast"(%d) : (!llvm.ptr) -> ()
+  return
+}
+
+// ---- the inter-node blocks: node_pe, node_count_signal, node_device_barrier, chunk_send, chunk_wait ----
+
+// -----
+// node_pe: a node is group_size consecutive PEs, a power of two (3 is not).
+func.func @node_pe_not_power_of_two(%pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_comm.node_pe' attribute 'group_size' must be a power of two in [1, 32], got 3
+  %r = "mori_comm.node_pe"(%pe) {group_size = 3 : i64} : (i32) -> i32
+  return
+}
+
+// -----
+// node_pe: one lane per node peer, so at most 32 PEs per node.
+func.func @node_pe_too_large(%pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_comm.node_pe' attribute 'group_size' must be a power of two in [1, 32], got 64
+  %r = "mori_comm.node_pe"(%pe) {group_size = 64 : i64} : (i32) -> i32
+  return
+}
+
+// -----
+// node_pe: group_size is required.
+func.func @node_pe_missing(%pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_comm.node_pe' missing attribute 'group_size'
+  %r = "mori_comm.node_pe"(%pe) : (i32) -> i32
+  return
+}
+
+// -----
+// node_pe: the PE is an i32.
+func.func @node_pe_result(%pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_comm.node_pe' result 'result' must be i32, got i64
+  %r = "mori_comm.node_pe"(%pe) {group_size = 4 : i64} : (i32) -> i64
+  return
+}
+
+// -----
+// node_count_signal: the nodes are whole (8 does not divide 12).
+func.func @node_count_signal_whole_nodes(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.node_count_signal' attribute 'group_size' (8) must divide 'world_size' (12): whole nodes
+  "mori_comm.node_count_signal"(%d, %d, %d) {world_size = 12 : i64, group_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// node_count_signal: 6 is neither a power of two nor a divisor of 8: both are said.
+func.func @node_count_signal_six(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 2]]:3: 'mori_comm.node_count_signal' attribute 'group_size' must be a power of two in [1, 32], got 6
+  // CHECK-NEXT: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.node_count_signal' attribute 'group_size' (6) must divide 'world_size' (8): whole nodes
+  "mori_comm.node_count_signal"(%d, %d, %d) {world_size = 8 : i64, group_size = 6 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// node_count_signal: group_size 0 is no node size.
+func.func @node_count_signal_zero(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.node_count_signal' attribute 'group_size' must be a power of two in [1, 32], got 0
+  "mori_comm.node_count_signal"(%d, %d, %d) {world_size = 8 : i64, group_size = 0 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// node_device_barrier: a node larger than the world does not divide it.
+func.func @node_device_barrier_whole_nodes(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.node_device_barrier' attribute 'group_size' (16) must divide 'world_size' (8): whole nodes
+  "mori_comm.node_device_barrier"(%d, %d) {world_size = 8 : i64, group_size = 16 : i64, max_blocks = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// node_device_barrier: max_blocks is required, as device_barrier's.
+func.func @node_device_barrier_missing(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.node_device_barrier' missing attribute 'max_blocks'
+  "mori_comm.node_device_barrier"(%d, %d) {world_size = 8 : i64, group_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+// chunk_send: the mask is a 64-bit ballot.
+func.func @chunk_send_mask(%d: !llvm.ptr, %n: i64, %pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_comm.chunk_send' operand 'mask' must be i64, got i32
+  %b = "mori_comm.chunk_send"(%d, %d, %n, %pe, %d, %n, %pe, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32, !llvm.ptr, i64, i32, i32) -> i64
+  return
+}
+
+// -----
+// chunk_send: the queue pair is an operand (no default); the message lists the operand names.
+func.func @chunk_send_no_qp(%d: !llvm.ptr, %n: i64, %pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_comm.chunk_send' expected 8 operands (dest, source, record_bytes, mask, signal, signal_base, pe, qp), got 7
+  %b = "mori_comm.chunk_send"(%d, %d, %n, %n, %d, %n, %pe) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, i64, i32) -> i64
+  return
+}
+
+// -----
+// chunk_wait: the count is the signal's low 32 bits, an i32.
+func.func @chunk_wait_result(%d: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_comm.chunk_wait' result 'count' must be i32, got i64
+  %c = "mori_comm.chunk_wait"(%d, %n) : (!llvm.ptr, i64) -> i64
+  return
+}
+
+// -----
+// chunk_wait takes no attribute.
+func.func @chunk_wait_attribute(%d: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_comm.chunk_wait' unknown attribute 'world_size' (allowed: none)
+  %c = "mori_comm.chunk_wait"(%d, %n) {world_size = 8 : i64} : (!llvm.ptr, i64) -> i32
   return
 }

@@ -82,3 +82,27 @@ module attributes {gpu.container_module} {
     }
   }
 }
+
+// -----
+
+// The inter-node blocks: node_pe (group_size) -> i32; node_count_signal (world_size, group_size) and
+// node_device_barrier (world_size, group_size, max_blocks), whose operands are count_signal's and
+// device_barrier's; chunk_send (8 operands, the queue pair last) -> bytes; chunk_wait -> count.
+// CHECK-LABEL: func.func @internode(
+// CHECK-SAME: %[[D:[^:]+]]: !llvm.ptr, %[[S:[^:]+]]: !llvm.ptr, %[[N:[^:]+]]: i64, %[[M:[^:]+]]: i64, %[[PE:[^:]+]]: i32, %[[QP:[^:]+]]: i32)
+// CHECK: %[[NPE:.*]] = "mori_comm.node_pe"(%[[PE]]) {group_size = 8 : i64} : (i32) -> i32
+// CHECK: "mori_comm.node_pe"(%[[NPE]]) {group_size = 1 : i64} : (i32) -> i32
+// CHECK: "mori_comm.node_count_signal"(%[[D]], %[[S]], %[[D]]) {group_size = 8 : i64, world_size = 16 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+// CHECK: "mori_comm.node_device_barrier"(%[[D]], %[[S]]) {group_size = 4 : i64, max_blocks = 80 : i64, world_size = 32 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK: %[[SENT:.*]] = "mori_comm.chunk_send"(%[[D]], %[[S]], %[[N]], %[[M]], %[[D]], %[[N]], %[[NPE]], %[[QP]]) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, i64, i32, i32) -> i64
+// CHECK: %[[GOT:.*]] = "mori_comm.chunk_wait"(%[[S]], %[[SENT]]) : (!llvm.ptr, i64) -> i32
+// CHECK: return %[[GOT]] : i32
+func.func @internode(%d: !llvm.ptr, %s: !llvm.ptr, %n: i64, %m: i64, %pe: i32, %qp: i32) -> i32 {
+  %npe = "mori_comm.node_pe"(%pe) {group_size = 8 : i64} : (i32) -> i32
+  %one = "mori_comm.node_pe"(%npe) {group_size = 1 : i64} : (i32) -> i32
+  "mori_comm.node_count_signal"(%d, %s, %d) {world_size = 16 : i64, group_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  "mori_comm.node_device_barrier"(%d, %s) {world_size = 32 : i64, group_size = 4 : i64, max_blocks = 80 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+  %sent = "mori_comm.chunk_send"(%d, %s, %n, %m, %d, %n, %npe, %qp) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, i64, i32, i32) -> i64
+  %got = "mori_comm.chunk_wait"(%s, %sent) : (!llvm.ptr, i64) -> i32
+  return %got : i32
+}

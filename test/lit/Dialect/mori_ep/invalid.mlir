@@ -11,7 +11,7 @@
 
 // ---- the generic blocks are not mori_ep ops (they are mori_comm's) ---------------------------------
 func.func @block_in_ep(%d: !llvm.ptr) {
-  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: unknown op 'mori_ep.grid_barrier'; the mori_ep dialect has: combine, combine_recv, combine_send, dispatch, dispatch_ll, dispatch_recv, dispatch_send
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: unknown op 'mori_ep.grid_barrier'; the mori_ep dialect has: combine, combine_recv, combine_send, dispatch, dispatch_ll, dispatch_recv, dispatch_send, internode_combine, internode_combine_all, internode_dispatch, internode_stage{{$}}
   "mori_ep.grid_barrier"(%d) : (!llvm.ptr) -> ()
   return
 }

@@ -1,6 +1,6 @@
 // RUN: mori-opt --split-input-file %s | mori-opt --split-input-file | FileCheck %s
 
-// Round trip of every mori_ep op (the 7 EP ops; the generic blocks they expand into:
+// Round trip of every mori_ep op (the 7 intra-node EP ops, the 4 inter-node ones; the generic blocks they expand into:
 // Dialect/mori_comm/ops.mlir): config attributes kept, printed sorted by name.
 
 // EP ops at the top of a gpu.module, the whole config in attributes: dispatch for every dtype (fp8 with
@@ -57,5 +57,24 @@ module attributes {gpu.container_module} {
 module attributes {gpu.container_module} {
   gpu.module @ll {
     "mori_ep.dispatch_ll"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 0 : i64, warps_per_block = 16 : i64, wave_size = 64 : i64} : () -> ()
+  }
+}
+
+// -----
+
+// The inter-node ops (InterNodeV1, InterNodeV1LL, InterNode "V0"): the sizes, the dtype, the topology
+// (gpu_per_node, hop_size, send_all, num_qp) and, for internode_combine, max_blocks.
+// CHECK-LABEL: gpu.module @internode
+// CHECK-NEXT: "mori_ep.internode_stage"() {dtype = "bf16", experts_per_rank = 32 : i64, gpu_per_node = 8 : i64, hidden = 7168 : i64, hop_size = 8 : i64, max_recv_per_rank = 128 : i64, max_tokens_per_rank = 128 : i64, num_qp = 2 : i64, scale_bytes = 224 : i64, send_all = 0 : i64, top_k = 8 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, world_size = 16 : i64} : () -> ()
+// CHECK-NEXT: "mori_ep.internode_dispatch"() {dtype = "fp8_e4m3fn", {{.*}}, gpu_per_node = 8 : i64, {{.*}}, hop_size = 8 : i64, {{.*}}, num_qp = 8 : i64, {{.*}}, send_all = 1 : i64, {{.*}}, wave_size = 32 : i64, world_size = 32 : i64} : () -> ()
+// CHECK-NEXT: "mori_ep.internode_combine"() {dtype = "bf16", {{.*}}, gpu_per_node = 2 : i64, {{.*}}, hop_size = 1 : i64, max_blocks = 80 : i64, {{.*}}, num_qp = 1 : i64, send_all = 0 : i64, {{.*}}, world_size = 4 : i64} : () -> ()
+// CHECK-NEXT: "mori_ep.internode_combine_all"() {dtype = "f32", {{.*}}, gpu_per_node = 1 : i64, {{.*}}, hop_size = 1 : i64, {{.*}}, num_qp = 1 : i64, send_all = 0 : i64, {{.*}}, world_size = 1 : i64} : () -> ()
+// CHECK-NEXT: }
+module attributes {gpu.container_module} {
+  gpu.module @internode {
+    "mori_ep.internode_stage"() {world_size = 16 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 224 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, gpu_per_node = 8 : i64, hop_size = 8 : i64, send_all = 0 : i64, num_qp = 2 : i64} : () -> ()
+    "mori_ep.internode_dispatch"() {world_size = 32 : i64, hidden = 7168 : i64, dtype = "fp8_e4m3fn", top_k = 8 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, scale_bytes = 0 : i64, warps_per_block = 16 : i64, wave_size = 32 : i64, gpu_per_node = 8 : i64, hop_size = 8 : i64, send_all = 1 : i64, num_qp = 8 : i64} : () -> ()
+    "mori_ep.internode_combine"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 2 : i64, experts_per_rank = 4 : i64, max_tokens_per_rank = 16 : i64, max_recv_per_rank = 16 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, gpu_per_node = 2 : i64, hop_size = 1 : i64, send_all = 0 : i64, num_qp = 1 : i64, max_blocks = 80 : i64} : () -> ()
+    "mori_ep.internode_combine_all"() {world_size = 1 : i64, hidden = 16 : i64, dtype = "f32", top_k = 1 : i64, experts_per_rank = 1 : i64, max_tokens_per_rank = 1 : i64, max_recv_per_rank = 1 : i64, warps_per_block = 1 : i64, wave_size = 64 : i64, gpu_per_node = 1 : i64, hop_size = 1 : i64, send_all = 0 : i64, num_qp = 1 : i64} : () -> ()
   }
 }
