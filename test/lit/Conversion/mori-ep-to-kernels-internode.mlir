@@ -54,8 +54,8 @@
 // Receive and forward: every lane waits for its chunk; a record below the count is routed; its
 // destinations (slots, rows) are named through node_pe.
 // CHECK: %[[GOT:.*]] = "mori_comm.chunk_wait"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i64) -> i32
-// CHECK-NEXT: %[[MINE:.*]] = arith.cmpi ult, %{{.*}}, %[[GOT]] : i32
-// CHECK-NEXT: scf.if %[[MINE]] {
+// CHECK-NEXT: %[[UPTO:.*]] = arith.index_cast %[[GOT]] : i32 to index
+// CHECK: scf.for %{{.*}} = %{{.*}} to %[[UPTO]] step %{{.*}} {
 // CHECK: %[[FPE:.*]] = "mori_comm.node_pe"(%{{.*}}) {group_size = 2 : i64} : (i32) -> i32
 // CHECK-NEXT: "mori_comm.reserve_slot"(%{{.*}}, %[[FPE]]) : (!llvm.ptr, i32) -> i32
 // CHECK: %[[RPE:.*]] = "mori_comm.node_pe"(%{{.*}}) {group_size = 2 : i64} : (i32) -> i32
@@ -80,13 +80,14 @@
 // CHECK-SAME: %arg10: !llvm.ptr {mori.name = "fpart"}, %arg11: !llvm.ptr {mori.name = "crecv"}, %arg12: !llvm.ptr {mori.name = "cflag"}, %arg13: !llvm.ptr {mori.name = "done"}, %arg14: !llvm.ptr {mori.name = "rounds"}, %arg15: !llvm.ptr {mori.name = "bar_slots"}, %arg16: !llvm.ptr {mori.name = "bar_epochs"}, %arg17: !llvm.ptr {mori.name = "zero_row"}, %arg18: !llvm.ptr {mori.name = "traffic"}) kernel
 // The node meets first (its peers' registered rows are written).
 // CHECK: "mori_comm.node_device_barrier"(%arg15, %arg16) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
-// Inter-node blocks: one warp per forwarded record (64 per remote source hop and chunk here): its
-// rows on the node's PEs (through node_pe) summed into the partial, released and counted done; the
-// chunk's last record sends the chunk's partials back (queue pair chunk % 3).
+// Inter-node blocks: a chunk's forwarded records shared by 64 warps here (one chunk per source hop): a
+// record's rows on the node's PEs (through node_pe; at most min(K, hop size) of them) summed into its
+// partial; each share released and counted done; the chunk's last share sends its partials back (queue
+// pair chunk % 3).
 // CHECK: %[[RDMA:.*]] = arith.cmpi ult, %block_id_x, %{{.*}} : index
 // CHECK-NEXT: scf.if %[[RDMA]] {
 // CHECK: "mori_comm.node_pe"(%{{.*}}) {group_size = 2 : i64}
-// CHECK: "mori_comm.accumulate_rows"(%{{.*}}, %c1024_i64, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) {dtype = "bf16"}
+// CHECK: "mori_comm.accumulate_rows"(%{{.*}}, %c1024_i64, %{{.*}}, %{{.*}}) {dtype = "bf16"}
 // CHECK: "mori_shmem.fence"() : () -> ()
 // CHECK: llvm.atomicrmw add %{{.*}}, %{{.*}} monotonic : !llvm.ptr, i32
 // CHECK: "mori_shmem.fence"() : () -> ()
@@ -163,8 +164,8 @@ module attributes {gpu.container_module} {
 // Receive and forward: every lane waits for its chunk; a record below the count is routed; its
 // destinations (slots, rows) are named through node_pe.
 // CHECK: %[[GOT:.*]] = "mori_comm.chunk_wait"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i64) -> i32
-// CHECK-NEXT: %[[MINE:.*]] = arith.cmpi ult, %{{.*}}, %[[GOT]] : i32
-// CHECK-NEXT: scf.if %[[MINE]] {
+// CHECK-NEXT: %[[UPTO:.*]] = arith.index_cast %[[GOT]] : i32 to index
+// CHECK: scf.for %{{.*}} = %{{.*}} to %[[UPTO]] step %{{.*}} {
 // CHECK: %[[FPE:.*]] = "mori_comm.node_pe"(%{{.*}}) {group_size = 2 : i64} : (i32) -> i32
 // CHECK-NEXT: "mori_comm.reserve_slot"(%{{.*}}, %[[FPE]]) : (!llvm.ptr, i32) -> i32
 // CHECK: %[[RPE:.*]] = "mori_comm.node_pe"(%{{.*}}) {group_size = 2 : i64} : (i32) -> i32
@@ -189,13 +190,14 @@ module attributes {gpu.container_module} {
 // CHECK-SAME: %arg10: !llvm.ptr {mori.name = "fpart"}, %arg11: !llvm.ptr {mori.name = "crecv"}, %arg12: !llvm.ptr {mori.name = "cflag"}, %arg13: !llvm.ptr {mori.name = "done"}, %arg14: !llvm.ptr {mori.name = "rounds"}, %arg15: !llvm.ptr {mori.name = "bar_slots"}, %arg16: !llvm.ptr {mori.name = "bar_epochs"}, %arg17: !llvm.ptr {mori.name = "zero_row"}, %arg18: !llvm.ptr {mori.name = "traffic"}) kernel
 // The node meets first (its peers' registered rows are written).
 // CHECK: "mori_comm.node_device_barrier"(%arg15, %arg16) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
-// Inter-node blocks: one warp per forwarded record (64 per remote source hop and chunk here): its
-// rows on the node's PEs (through node_pe) summed into the partial, released and counted done; the
-// chunk's last record sends the chunk's partials back (queue pair chunk % 3).
+// Inter-node blocks: a chunk's forwarded records shared by 64 warps here (one chunk per source hop): a
+// record's rows on the node's PEs (through node_pe; at most min(K, hop size) of them) summed into its
+// partial; each share released and counted done; the chunk's last share sends its partials back (queue
+// pair chunk % 3).
 // CHECK: %[[RDMA:.*]] = arith.cmpi ult, %block_id_x, %{{.*}} : index
 // CHECK-NEXT: scf.if %[[RDMA]] {
 // CHECK: "mori_comm.node_pe"(%{{.*}}) {group_size = 2 : i64}
-// CHECK: "mori_comm.accumulate_rows"(%{{.*}}, %c1024_i64, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) {dtype = "bf16"}
+// CHECK: "mori_comm.accumulate_rows"(%{{.*}}, %c1024_i64, %{{.*}}, %{{.*}}) {dtype = "bf16"}
 // CHECK: "mori_shmem.fence"() : () -> ()
 // CHECK: llvm.atomicrmw add %{{.*}}, %{{.*}} monotonic : !llvm.ptr, i32
 // CHECK: "mori_shmem.fence"() : () -> ()
@@ -273,8 +275,8 @@ module attributes {gpu.container_module} {
 // Receive and forward: every lane waits for its chunk; a record below the count is routed; its
 // destinations (slots, rows) are named through node_pe.
 // CHECK: %[[GOT:.*]] = "mori_comm.chunk_wait"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i64) -> i32
-// CHECK-NEXT: %[[MINE:.*]] = arith.cmpi ult, %{{.*}}, %[[GOT]] : i32
-// CHECK-NEXT: scf.if %[[MINE]] {
+// CHECK-NEXT: %[[UPTO:.*]] = arith.index_cast %[[GOT]] : i32 to index
+// CHECK: scf.for %{{.*}} = %{{.*}} to %[[UPTO]] step %{{.*}} {
 // CHECK: %[[FPE:.*]] = "mori_comm.node_pe"(%{{.*}}) {group_size = 2 : i64} : (i32) -> i32
 // CHECK-NEXT: "mori_comm.reserve_slot"(%{{.*}}, %[[FPE]]) : (!llvm.ptr, i32) -> i32
 // CHECK: %[[RPE:.*]] = "mori_comm.node_pe"(%{{.*}}) {group_size = 2 : i64} : (i32) -> i32
@@ -299,13 +301,13 @@ module attributes {gpu.container_module} {
 // CHECK-SAME: %arg10: !llvm.ptr {mori.name = "fpart"}, %arg11: !llvm.ptr {mori.name = "crecv"}, %arg12: !llvm.ptr {mori.name = "cflag"}, %arg13: !llvm.ptr {mori.name = "done"}, %arg14: !llvm.ptr {mori.name = "rounds"}, %arg15: !llvm.ptr {mori.name = "bar_slots"}, %arg16: !llvm.ptr {mori.name = "bar_epochs"}, %arg17: !llvm.ptr {mori.name = "zero_row"}, %arg18: !llvm.ptr {mori.name = "traffic"}) kernel
 // The node meets first (its peers' registered rows are written).
 // CHECK: "mori_comm.node_device_barrier"(%arg15, %arg16) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
-// Inter-node blocks: one warp per forwarded record (128 per remote source hop and chunk here): its
-// rows on the node's PEs (through node_pe) summed into the partial, released and counted done; the
-// chunk's last record sends the chunk's partials back (queue pair chunk % 1).
+// Inter-node blocks: a chunk's forwarded records shared by 64 warps here (two chunks per source hop): a
+// record's row on its one destination (V0: the PE itself, through node_pe) is its partial; each share
+// released and counted done; the chunk's last share sends its partials back (queue pair chunk % 1).
 // CHECK: %[[RDMA:.*]] = arith.cmpi ult, %block_id_x, %{{.*}} : index
 // CHECK-NEXT: scf.if %[[RDMA]] {
 // CHECK: "mori_comm.node_pe"(%{{.*}}) {group_size = 2 : i64}
-// CHECK: "mori_comm.accumulate_rows"(%{{.*}}, %c1024_i64, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) {dtype = "bf16"}
+// CHECK: "mori_comm.accumulate_rows"(%{{.*}}, %c1024_i64, %{{.*}}) {dtype = "bf16"}
 // CHECK: "mori_shmem.fence"() : () -> ()
 // CHECK: llvm.atomicrmw add %{{.*}}, %{{.*}} monotonic : !llvm.ptr, i32
 // CHECK: "mori_shmem.fence"() : () -> ()
