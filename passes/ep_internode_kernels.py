@@ -79,11 +79,12 @@ from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, TokenIn
                               open_kernel, reduce_tokens, route_token, send_row_to_peers, send_to_destinations,
                               token_inputs, token_source)  # fmt: skip
 
-# The receiving side splits a chunk's records over `shares` warps (record q to share q % shares): a warp pays
-# one acquire (dispatch) or one release and count (combine) per share, not per record. At least
-# MIN_CHUNK_SHARES; more when the chunks are few (small M), so that about RECEIVE_ITEMS warps have work.
-MIN_CHUNK_SHARES = 4
-RECEIVE_ITEMS = 256
+# The receiving side splits a chunk's records over CHUNK_SHARES warps (record q to share q % CHUNK_SHARES): a
+# warp pays one acquire (dispatch) or one release and count (combine) per share, not per record. Measured on
+# the H200 (bench/NOTES.md, session 7): one share per record made the G = 2 combine 3.4x slower at 4096
+# tokens, and more shares at 128 tokens (22 instead of 4) made it 2.2x slower (more system-scope fences)
+# without speeding the dispatch up.
+CHUNK_SHARES = 4
 TRAFFIC = {"dispatch_rdma": 0, "dispatch_xgmi": 1, "combine_rdma": 2, "combine_xgmi": 3}  # ep_schema.TRAFFIC_COUNTERS
 
 
@@ -107,9 +108,10 @@ def _record(cfg: EpKernelConfig) -> Record:
 
 
 class Topology(NamedTuple):
-    """The hops of this PE (i32 values, constants as Python ints): ``hops``, ``remote`` (hops on other
-    nodes), ``chunks`` (ceil(M / wave)), ``shares`` (warps per chunk on the receiving side), ``my_hop`` (me / hop_size), ``first_remote`` (the hop index of the
-    first remote hop, before the modulo), and the node's PE-naming function ``peer(pe)``."""
+    """This PE's hops. Python ints: ``hops``, ``remote`` (hops on other nodes), ``chunks`` (ceil(M / wave)),
+    ``shares`` (warps per chunk on the receiving side), ``hop_size``, ``group`` (G). i32 values: ``my_hop``
+    (me / hop_size: the hop index targets file this PE's records under), ``first_remote`` (the first remote
+    hop, before the modulo), ``node_base`` ((me / G) * G), ``b_hops`` and ``b_hop_size`` (the constants)."""
 
     hops: int
     remote: int
@@ -133,9 +135,7 @@ def _topology(f: KernelFrame) -> Topology:
     my_hop = b.divui(f.me, hsc)
     first_remote = b.addi(b.divui(node_base, hsc), b.const_i32(g // hs))
     chunks = -(-cfg.max_tokens_per_rank // cfg.wave_size)
-    remote = s.hops - g // hs
-    shares = min(cfg.wave_size, max(MIN_CHUNK_SHARES, -(-RECEIVE_ITEMS // max(1, remote * chunks))))
-    return Topology(s.hops, remote, chunks, shares, hs, my_hop, first_remote, node_base, b.const_i32(s.hops), hsc, g)
+    return Topology(s.hops, s.hops - g // hs, chunks, CHUNK_SHARES, hs, my_hop, first_remote, node_base, b.const_i32(s.hops), hsc, g)
 
 
 def _peer(f: KernelFrame, topo: Topology):

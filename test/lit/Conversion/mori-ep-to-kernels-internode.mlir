@@ -80,7 +80,7 @@
 // CHECK-SAME: %arg10: !llvm.ptr {mori.name = "fpart"}, %arg11: !llvm.ptr {mori.name = "crecv"}, %arg12: !llvm.ptr {mori.name = "cflag"}, %arg13: !llvm.ptr {mori.name = "done"}, %arg14: !llvm.ptr {mori.name = "rounds"}, %arg15: !llvm.ptr {mori.name = "bar_slots"}, %arg16: !llvm.ptr {mori.name = "bar_epochs"}, %arg17: !llvm.ptr {mori.name = "zero_row"}, %arg18: !llvm.ptr {mori.name = "traffic"}) kernel
 // The node meets first (its peers' registered rows are written).
 // CHECK: "mori_comm.node_device_barrier"(%arg15, %arg16) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
-// Inter-node blocks: a chunk's forwarded records shared by 64 warps here (one chunk per source hop): a
+// Inter-node blocks: a chunk's forwarded records shared by 4 warps (one chunk per source hop here): a
 // record's rows on the node's PEs (through node_pe; at most min(K, hop size) of them) summed into its
 // partial; each share released and counted done; the chunk's last share sends its partials back (queue
 // pair chunk % 3).
@@ -190,7 +190,7 @@ module attributes {gpu.container_module} {
 // CHECK-SAME: %arg10: !llvm.ptr {mori.name = "fpart"}, %arg11: !llvm.ptr {mori.name = "crecv"}, %arg12: !llvm.ptr {mori.name = "cflag"}, %arg13: !llvm.ptr {mori.name = "done"}, %arg14: !llvm.ptr {mori.name = "rounds"}, %arg15: !llvm.ptr {mori.name = "bar_slots"}, %arg16: !llvm.ptr {mori.name = "bar_epochs"}, %arg17: !llvm.ptr {mori.name = "zero_row"}, %arg18: !llvm.ptr {mori.name = "traffic"}) kernel
 // The node meets first (its peers' registered rows are written).
 // CHECK: "mori_comm.node_device_barrier"(%arg15, %arg16) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
-// Inter-node blocks: a chunk's forwarded records shared by 64 warps here (one chunk per source hop): a
+// Inter-node blocks: a chunk's forwarded records shared by 4 warps (one chunk per source hop here): a
 // record's rows on the node's PEs (through node_pe; at most min(K, hop size) of them) summed into its
 // partial; each share released and counted done; the chunk's last share sends its partials back (queue
 // pair chunk % 3).
@@ -301,7 +301,7 @@ module attributes {gpu.container_module} {
 // CHECK-SAME: %arg10: !llvm.ptr {mori.name = "fpart"}, %arg11: !llvm.ptr {mori.name = "crecv"}, %arg12: !llvm.ptr {mori.name = "cflag"}, %arg13: !llvm.ptr {mori.name = "done"}, %arg14: !llvm.ptr {mori.name = "rounds"}, %arg15: !llvm.ptr {mori.name = "bar_slots"}, %arg16: !llvm.ptr {mori.name = "bar_epochs"}, %arg17: !llvm.ptr {mori.name = "zero_row"}, %arg18: !llvm.ptr {mori.name = "traffic"}) kernel
 // The node meets first (its peers' registered rows are written).
 // CHECK: "mori_comm.node_device_barrier"(%arg15, %arg16) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
-// Inter-node blocks: a chunk's forwarded records shared by 64 warps here (two chunks per source hop): a
+// Inter-node blocks: a chunk's forwarded records shared by 4 warps (two chunks per source hop here): a
 // record's row on its one destination (V0: the PE itself, through node_pe) is its partial; each share
 // released and counted done; the chunk's last share sends its partials back (queue pair chunk % 1).
 // CHECK: %[[RDMA:.*]] = arith.cmpi ult, %block_id_x, %{{.*}} : index
