@@ -46,6 +46,18 @@ def precompile(cache_root, world, tokens_list, blocks, warps) -> None:
         print(tokens, b.path)
 
 
+def capture_graph(fn):
+    """A CUDA graph of ``fn()``, after one eager call (which uploads the launches' argument tables)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
 def _median_replay_us(graph, reps: int, before_each=None) -> float:
     """Median µs of ``reps`` timed replays (after one untimed); ``before_each()`` runs before each (e.g. a
     barrier that keeps several processes in lockstep)."""

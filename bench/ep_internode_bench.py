@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ep_bench import EXPERTS, HIDDEN, TOPK, _median_replay_us, make_config  # noqa: E402
+from ep_bench import EXPERTS, HIDDEN, TOPK, _median_replay_us, capture_graph, make_config  # noqa: E402
 
 INTER_KINDS = ("InterNodeV1", "InterNodeV1LL", "InterNode")
 DTYPES = (("bf16", "bfloat16"), ("fp8", "float8_e4m3fn"))
@@ -107,17 +107,6 @@ def _traffic(op):
     from mori_compiler.ep_schema import TRAFFIC_COUNTERS
 
     return np.array([[int(d[c]) for c in TRAFFIC_COUNTERS] for d in op.internode_traffic()], dtype=np.int64)
-
-
-def _graph(fn):
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
 
 
 def kernel_times(fn, iters: int = 5) -> dict[str, float] | str:
@@ -191,9 +180,9 @@ def measure(kind: str, gpn: int, tokens: int, args) -> list[dict]:
             for p in range(min(W, 2)):  # correctness gate at every point: identity expert => U * x
                 ref.check_hierarchical_combine(res[p][0][:tokens].float().cpu().numpy(), xs[p].float().cpu().numpy(),
                                                idx_np[p], shape, "bf16", rank=p)  # fmt: skip
-            legs = [("dispatch", dname, dtype.itemsize, _graph(dispatch), dispatch)]
+            legs = [("dispatch", dname, dtype.itemsize, capture_graph(dispatch), dispatch)]
             if dname == "bf16":  # the combine input is bf16 for both dispatch dtypes: measure it once
-                legs.append(("combine", "bf16", 2, _graph(combine), combine))
+                legs.append(("combine", "bf16", 2, capture_graph(combine), combine))
             for leg, dt, elem, graph, fn in legs:
                 us = _median_replay_us(graph, args.reps)
                 secs = us * 1e-6

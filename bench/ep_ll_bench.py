@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ep_bench import EXPERTS, HIDDEN, TOPK, _median_replay_us, copy_bandwidth, make_config  # noqa: E402
+from ep_bench import EXPERTS, HIDDEN, TOPK, _median_replay_us, capture_graph, copy_bandwidth, make_config  # noqa: E402
 
 MODES = {"quiet": {}, "early": {"early_notify": 1}, "fused": {"early_notify": 1, "fused_recv": 1}}
 
@@ -43,17 +43,6 @@ def precompile(cache_root, args) -> None:
     for label, kind, mode, blocks in variants(args):
         cfg = make_config(args.world, args.tokens, blocks, args.warps, kind=kind)
         print(label, ep_bundle(cfg, "sm_90", virtual_pes=True, asyncll=mode, cache_root=cache_root).path)
-
-
-def _graph(fn):
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
 
 
 def measure(label, kind, mode, blocks, args, copy_bps) -> tuple[list[dict], dict | None]:
@@ -96,7 +85,7 @@ def measure(label, kind, mode, blocks, args, copy_bps) -> tuple[list[dict], dict
                                   "bf16", rank=p)  # fmt: skip
             recv_bytes = sum(totals) * HIDDEN * dtype.itemsize
             copies = 2 if kind == "AsyncLL" else 1  # AsyncLL lands rows in per-source staging, then lays them out
-            g = _graph(lambda: op.dispatch(xs, ws, None, idxs))
+            g = capture_graph(lambda: op.dispatch(xs, ws, None, idxs))
             row("dispatch", dname, _median_replay_us(g, args.reps), totals, dtype.itemsize, 2 * copies * recv_bytes)
             if kind == "AsyncLL":
                 gs, gr = _phase_graphs(lambda: op.dispatch_send(xs, ws, None, idxs), op.dispatch_recv)
@@ -105,7 +94,7 @@ def measure(label, kind, mode, blocks, args, copy_bps) -> tuple[list[dict], dict
             if dname != "bf16":
                 continue
             comb_bytes = sum(totals) * HIDDEN * 2 * copies + W * T * HIDDEN * 2
-            gc = _graph(lambda: op.combine(ys, None, idxs, block_num=cblocks))
+            gc = capture_graph(lambda: op.combine(ys, None, idxs, block_num=cblocks))
             row("combine", "bf16", _median_replay_us(gc, args.reps), totals, 2, comb_bytes)
             if kind == "AsyncLL":
                 gs, gr = _phase_graphs(lambda: op.combine_send(ys, None, idxs, block_num=cblocks),
@@ -182,7 +171,7 @@ def measure_overlap(op, xs, ws, idxs, args) -> dict:
         send_recv()
         torch.cuda.current_stream().wait_stream(side)
 
-    t = {name: _median_replay_us(_graph(fn), args.reps)
+    t = {name: _median_replay_us(capture_graph(fn), args.reps)
          for name, fn in (("matmul", matmul), ("send_recv", send_recv), ("send_matmul_recv", send_mm_recv),
                           ("concurrent", concurrent))}  # fmt: skip
     serial = t["send_recv"] + t["matmul"]

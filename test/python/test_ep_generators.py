@@ -81,6 +81,17 @@ def _kernels(module: ir.Module) -> dict[str, ir.Operation]:
     return {op.attributes["sym_name"].value: op.operation for op in body.operations if op.operation.name == "gpu.func"}
 
 
+def _assert_headers_are_the_schema(kernels: dict, families: dict) -> None:
+    """Each kernel's gpu.func parameters (names, types) and block size are its family's in the EP schema."""
+    for name, fn in kernels.items():
+        sig = ep_schema.KERNELS[families[name]]
+        names = tuple(ir.DictAttr(a)[PARAM_NAME_ATTR].value for a in fn.attributes["arg_attrs"])
+        types = tuple(str(t) for t in ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).inputs)
+        assert names == sig.names, name
+        assert types == tuple(_TYPES[t] for t in sig.types), name
+        assert list(fn.attributes["known_block_size"]) == [4 * 64, 1, 1]
+
+
 @pytest.mark.parametrize("source", [INTRANODE, LOW_LATENCY], ids=["intranode", "low-latency"])
 @pytest.mark.parametrize("uniform", [False, True], ids=["default", "uniform-addressing"])
 def test_kernel_parameters_are_the_schema(uniform, source):
@@ -89,13 +100,7 @@ def test_kernel_parameters_are_the_schema(uniform, source):
     kernels = _kernels(module)
     assert set(kernels) == {n for n, family in FAMILIES.items() if (source is LOW_LATENCY) == (
         family == "dispatch_ll" or family.startswith("async"))}  # fmt: skip
-    for name, fn in kernels.items():
-        sig = ep_schema.KERNELS[FAMILIES[name]]
-        names = tuple(ir.DictAttr(a)[PARAM_NAME_ATTR].value for a in fn.attributes["arg_attrs"])
-        types = tuple(str(t) for t in ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).inputs)
-        assert names == sig.names, name
-        assert types == tuple(_TYPES[t] for t in sig.types), name
-        assert list(fn.attributes["known_block_size"]) == [4 * 64, 1, 1]
+    _assert_headers_are_the_schema(kernels, FAMILIES)
 
 
 @pytest.mark.parametrize("source", list(INTERNODE.values()), ids=list(INTERNODE))
@@ -105,13 +110,7 @@ def test_internode_kernel_parameters_are_the_schema(uniform, source):
     module = _expand(source, f"wave-size=64 uniform-addressing={flag} global-address-space={flag}")
     kernels = _kernels(module)
     assert list(kernels) == list(INTERNODE_FAMILIES)  # one kernel per op, in the ops' (the launch) order
-    for name, fn in kernels.items():
-        sig = ep_schema.KERNELS[INTERNODE_FAMILIES[name]]
-        names = tuple(ir.DictAttr(a)[PARAM_NAME_ATTR].value for a in fn.attributes["arg_attrs"])
-        types = tuple(str(t) for t in ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).inputs)
-        assert names == sig.names, name
-        assert types == tuple(_TYPES[t] for t in sig.types), name
-        assert list(fn.attributes["known_block_size"]) == [4 * 64, 1, 1]
+    _assert_headers_are_the_schema(kernels, INTERNODE_FAMILIES)
 
 
 def _locations(op: ir.Operation) -> set[str]:
