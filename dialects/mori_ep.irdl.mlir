@@ -218,7 +218,7 @@ irdl.dialect @mori_ep {
                       "wave_size" = %wave_size, "gpu_per_node" = %gpu_per_node, "hop_size" = %hop_size,
                       "send_all" = %send_all, "num_qp" = %num_qp, "max_blocks" = %max_blocks }
   }
-  // Inter-node combine, step 2: the hierarchical sum of each token's node partials;
+  // Inter-node combine, step 2: the node meets, then the hierarchical sum of each token's node partials;
   // ep_inter_combine_all_<dtype>.
   irdl.operation @internode_combine_all {
     %world_size = irdl.any
@@ -234,10 +234,11 @@ irdl.dialect @mori_ep {
     %hop_size = irdl.any
     %send_all = irdl.any
     %num_qp = irdl.any
+    %max_blocks = irdl.any
     irdl.attributes { "world_size" = %world_size, "hidden" = %hidden, "dtype" = %dtype, "top_k" = %top_k,
                       "experts_per_rank" = %experts_per_rank, "max_tokens_per_rank" = %max_tokens_per_rank,
                       "max_recv_per_rank" = %max_recv_per_rank, "warps_per_block" = %warps_per_block,
                       "wave_size" = %wave_size, "gpu_per_node" = %gpu_per_node, "hop_size" = %hop_size,
-                      "send_all" = %send_all, "num_qp" = %num_qp }
+                      "send_all" = %send_all, "num_qp" = %num_qp, "max_blocks" = %max_blocks }
   }
 }

@@ -44,7 +44,8 @@ MAX_TOKENS_PER_RANK = 2**16  # receive slots = world_size * tokens <= 2**21, tim
 MAX_EXPERTS_PER_RANK = 2**12  # expert ids (world_size * experts <= 2**17) index per-expert counters
 MAX_SCALE_DIM = 2**16  # scales of one token: at most one per element of a MAX_HIDDEN_DIM row
 MAX_SCALE_TYPE_SIZE = 8  # bytes of one scale element
-MAX_QP_PER_PE = 8  # queue pairs per peer of the inter-node sends (chunk c uses c % num_qp); MORI clamps to its shmem's
+MAX_QP_PER_PE = 8  # queue pairs per peer of the inter-node sends (chunk c uses c % num_qp): a bound we chose,
+#                    above the 1 or 2 of MORI's configurations (MORI clamps the value to its shmem's setting)
 
 
 def dtypes_within(dtypes: tuple[str, ...], max_token_bytes: int) -> list[str]:
@@ -266,7 +267,7 @@ def async_dispatch_signal(round_: int, count: int) -> int:
 
 _SYNC = frozenset({KernelType.IntraNode, KernelType.IntraNodeLL})  # the intra-node count-handshake kernel types
 _ASYNC = frozenset({KernelType.AsyncLL})
-_INTER = INTERNODE
+_INTER = INTERNODE  # (the buffer table's short name)
 _HANDSHAKE = _SYNC | _INTER  # the kernel types with the count handshake and the device barrier
 _ALL = _SYNC | _ASYNC | _INTER
 
@@ -319,7 +320,7 @@ BUFFERS: tuple[Buffer, ...] = (
     Buffer("reg_w", lambda s: s.recv_capacity * s.top_k * 4, False, _HANDSHAKE, "registered combine weights"),
     Buffer("stage_x", lambda s: _push_rows(s) * _tok(s), False, _SYNC, "push-combine staging rows [W*M, H]"),
     Buffer("stage_w", lambda s: _push_rows(s) * s.top_k * 4, False, _SYNC, "push-combine staging weights"),
-    Buffer("combine_grid", lambda s: 16, True, _HANDSHAKE, "combine grid barrier words"),
+    Buffer("combine_grid", lambda s: 16, True, _SYNC, "push-combine grid barrier words"),
     Buffer("bar_slots", lambda s: 8 * MAX_BLOCKS * s.world_size, True, _HANDSHAKE, "device barrier [MAX_BLOCKS][W]"),
     Buffer("bar_epochs", lambda s: 8 * MAX_BLOCKS, True, _HANDSHAKE, "device barrier epoch per block"),
     # The inter-node types (docs/ep-protocols.md §16): per round parity (2) and send source (hops), a
@@ -333,8 +334,8 @@ BUFFERS: tuple[Buffer, ...] = (
            "send map [M][hops]: a token's record slot at each target, -1 when not sent"),
     Buffer("i_pfwd", lambda s: s.hops * s.chunk_rows * s.top_k * 4, False, _INTER,
            "forward map of the records this PE forwarded [hops][chunk_rows][K]"),
-    Buffer("i_part", lambda s: s.max_tokens_per_rank * s.partial_bytes, False, _INTER,
-           "combine: this node's partial of each own token [M]"),
+    Buffer("i_part", lambda s: s.max_tokens_per_rank * (s.row_bytes + 4 * s.top_k), False, _INTER,
+           "combine: this node's partial of each own token: rows [M, H], then weights [M, K] f32"),
     Buffer("i_fpart", lambda s: s.hops * s.chunk_rows * s.partial_bytes, False, _INTER,
            "combine: partials of the forwarded records [hops][chunk_rows]"),
     Buffer("i_crecv", lambda s: 2 * s.hops * s.chunk_rows * s.partial_bytes, False, _INTER,
@@ -498,7 +499,7 @@ KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
         "internode_combine", "combine", _INTER),
     KernelSignature("inter_combine_all", (
         _N, _b("smap", "i_smap"), _b("part", "i_part"), _b("crecv", "i_crecv"), _b("cflag", "i_cflag"),
-        _b("rounds", "i_rounds"), _b("grid_ctr", "combine_grid"), _b("out", "out_c"), _OUT_CW, _b("zero_row"),
+        _b("rounds", "i_rounds"), _b("bar_slots"), _b("bar_epochs"), _b("out", "out_c"), _OUT_CW, _b("zero_row"),
     ), "inter-node combine, step 2: each token's node partials summed in fp32", "internode_combine_all",
         "combine", _INTER),
 )}  # fmt: skip

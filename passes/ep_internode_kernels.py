@@ -60,11 +60,14 @@ combine round c = ``i_rounds[0]``, parity c % 2, base ``(c + 1) << 32``):
    into its ``i_crecv[c % 2][my hop]`` with one signal ``base | count`` (empty chunks too), and resets the
    counter. Same-node blocks: each own token's node partial (its rows on this node's PEs, through the
    forward map) into ``i_part`` (combine dtype). Then ``quiet``.
-2. ``ep_inter_combine_all_<dtype>``: one warp per own token: the lanes of the remote hops the token was
-   sent to wait (``chunk_wait``) for the chunk that carries its partial, the warp fences (acquire), and the
-   node's own partial and the remote ones are summed in fp32 into ``out`` (and the weights): the
-   **hierarchical combine**, rounded twice (partials, then the sum) as MORI's. The last block to finish
-   advances the combine round (the blocks have all read it by then).
+2. ``ep_inter_combine_all_<dtype>``: ``node_device_barrier`` (every node peer has finished step 1's gathers
+   from our registered rows before anyone ends the round and overwrites them). One warp per own token: the
+   lanes of the remote hops the token was sent to wait (``chunk_wait``) for the chunk that carries its
+   partial, the warp fences (acquire), and the node's own partial and the remote ones are summed in fp32
+   into ``out`` (and the weights): the **hierarchical combine**, rounded twice (partials, then the sum) as
+   MORI's. Warp 0 of block 0 waits for every chunk of every remote hop, so no PE is two combine rounds
+   ahead of another (two parities suffice even with several combines per dispatch). The last block to
+   finish advances the combine round (the blocks have all read it by then).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ from typing import NamedTuple
 
 from mori_compiler._mlir import ir
 from mori_compiler.dialects import mori_comm, mori_shmem
+from mori_compiler.ep_schema import TRAFFIC_COUNTERS
 
 from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, TokenInputs, TokenSource, dispatch_round,
                               open_kernel, reduce_tokens, route_token, send_row_to_peers, send_to_destinations,
@@ -85,7 +89,7 @@ from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, TokenIn
 # tokens, and more shares at 128 tokens (22 instead of 4) made it 2.2x slower (more system-scope fences)
 # without speeding the dispatch up.
 CHUNK_SHARES = 4
-TRAFFIC = {"dispatch_rdma": 0, "dispatch_xgmi": 1, "combine_rdma": 2, "combine_xgmi": 3}  # ep_schema.TRAFFIC_COUNTERS
+TRAFFIC = {name: i for i, name in enumerate(TRAFFIC_COUNTERS)}  # the word of each counter in ``traffic``
 
 
 class Record(NamedTuple):
@@ -155,9 +159,17 @@ def _hop_target(f: KernelFrame, topo: Topology, hop: ir.Value) -> ir.Value:
 
 
 def _count(f: KernelFrame, counter: str, nbytes: ir.Value) -> None:
-    """Adds ``nbytes`` (i64) to this PE's traffic counter ``counter`` (relaxed, local)."""
+    """Adds ``nbytes`` (i64) to this PE's traffic counter ``counter`` (relaxed, local; the calling lanes)."""
     b = f.b
     b.atomicrmw("add", b.gep(f.params.traffic, TRAFFIC[counter], b.i64), nbytes, "monotonic")
+
+
+def _count_lanes(f: KernelFrame, counter: str, lanes: ir.Value, nbytes: int) -> None:
+    """Adds ``nbytes`` per lane of the warp whose ``lanes`` is set (a warp-uniform call): one atomic, by lane 0."""
+    b = f.b
+    n = b.ctpop(b.ballot(lanes, f.cfg.wave_size))
+    with b.if_(f.lane0):
+        _count(f, counter, b.muli(n, b.const_i64(nbytes)))
 
 
 def _rdma_blocks(f: KernelFrame, topo: Topology) -> ir.Value:
@@ -302,10 +314,10 @@ def _record_inputs(f: KernelFrame, inputs: TokenInputs) -> TokenInputs:
     return inputs._replace(has_w=f.true, has_s=f.true)
 
 
-def _row_meta_bytes(f: KernelFrame) -> ir.Value:
+def _row_meta_bytes(f: KernelFrame) -> int:
     """Bytes of one row written to a destination: row, K ids, K weights, source position, scales."""
     cfg = f.cfg
-    return f.b.const_i64(cfg.row_bytes + 8 * cfg.top_k + 4 + cfg.scale_bytes)
+    return cfg.row_bytes + 8 * cfg.top_k + 4 + cfg.scale_bytes
 
 
 def _forward_records(f: KernelFrame, topo: Topology, inputs: TokenInputs, par: ir.Value, base: ir.Value,
@@ -340,8 +352,7 @@ def _forward_records(f: KernelFrame, topo: Topology, inputs: TokenInputs, par: i
             position = b.load(b.i32, b.gep(record, rec.position, b.i8))
             send_to_destinations(f, route, source, rinputs, f.c0i, rows=False, peer=peer,
                                  scale_source=b.gep(record, rec.scales, b.i8), position=position)  # fmt: skip
-            with b.if_(route.ok):
-                _count(f, "dispatch_xgmi", _row_meta_bytes(f))
+            _count_lanes(f, "dispatch_xgmi", route.ok, _row_meta_bytes(f))
 
 
 @contextlib.contextmanager
@@ -369,8 +380,7 @@ def _send_same_node(f: KernelFrame, topo: Topology, inputs: TokenInputs, first: 
         source = token_source(f, route, inputs)
         send_row_to_peers(f, route, source, inputs, f.c0i, peer=peer)
         send_to_destinations(f, route, source, inputs, f.c0i, rows=False, peer=peer)
-        with b.if_(route.ok):
-            _count(f, "dispatch_xgmi", _row_meta_bytes(f))
+        _count_lanes(f, "dispatch_xgmi", route.ok, _row_meta_bytes(f))
 
 
 # ---- combine ------------------------------------------------------------------------------------------
@@ -403,10 +413,14 @@ def combine_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | 
     return f.func
 
 
-def _gathered_bytes(f: KernelFrame, has_w: ir.Value) -> ir.Value:
-    """Bytes one gathered row costs: the row and, with weights, its K weights."""
+def _count_gathered(f: KernelFrame, lanes: ir.Value, has_w: ir.Value) -> None:
+    """Counts the rows gathered from this node by the warp's lanes set in ``lanes`` (a warp-uniform call):
+    each the row and, with weights, its K weights (one atomic, by lane 0)."""
     b, cfg = f.b, f.cfg
-    return b.select(has_w, b.const_i64(cfg.row_bytes + 4 * cfg.top_k), b.const_i64(cfg.row_bytes))
+    n = b.ctpop(b.ballot(lanes, cfg.wave_size))
+    per_row = b.select(has_w, b.const_i64(cfg.row_bytes + 4 * cfg.top_k), b.const_i64(cfg.row_bytes))
+    with b.if_(f.lane0):
+        _count(f, "combine_xgmi", b.muli(n, per_row))
 
 
 def _return_partials(f: KernelFrame, topo: Topology, dpar: ir.Value, cpar: ir.Value, base: ir.Value,
@@ -421,7 +435,9 @@ def _return_partials(f: KernelFrame, topo: Topology, dpar: ir.Value, cpar: ir.Va
         hop = _remote_hop(f, topo, j)
         dregion = _i64(f, b.addi(b.muli(dpar, topo.b_hops), hop))
         dflag = b.gep(p.flag, b.addi(b.muli(dregion, b.const_i64(s.max_chunks)), _i64(f, c)), b.i64)
-        got = b.trunci(b.i32, b.load(b.i64, dflag))  # the dispatch's count (acquired by its chunk_wait)
+        # The dispatch's count (its chunk_wait acquired it): a relaxed atomic load, as the word is written by
+        # the network with RDMA (never a cached copy of an older round).
+        got = b.trunci(b.i32, b.load(b.i64, dflag, alignment=8, ordering="monotonic"))
         crow = b.muli(c, b.const_i32(wave))
         with b.for_(share, b.index_cast(b.index, got), b.const_index(topo.shares)) as q_x:
             kept = b.addi(b.muli(_i64(f, hop), b.const_i64(s.chunk_rows)),
@@ -465,7 +481,7 @@ def _sum_forwarded(f: KernelFrame, topo: Topology, fwd_row: ir.Value, part: ir.V
     for _ in range(min(cfg.top_k, topo.hop_size)):
         lowest = b.andi(left, b.subi(zero, left))
         ck = b.shuffle("idx", code, b.trunci(b.i32, b.ctpop(b.subi(lowest, one))), f.wave)[0]
-        ck = b.select(b.cmpi("ne", left, zero), ck, f.NULL)  # (no set bit left: lane 64 % wave, a NULL lane)
+        ck = b.select(b.cmpi("ne", left, zero), ck, f.NULL)  # no set bit left: the shuffle read lane 0; NULL
         left = b.andi(left, b.subi(left, one))
         valid = b.cmpi("ne", ck, f.NULL)
         pe = peer(b.divui(ck, f.R))
@@ -481,8 +497,7 @@ def _sum_forwarded(f: KernelFrame, topo: Topology, fwd_row: ir.Value, part: ir.V
         for wrow in wrows:
             cur = b.addf(cur, b.load(b.f32, b.gep(wrow, f.lane, b.f32)))
         b.store(cur, b.gep(b.gep(part, cfg.row_bytes, b.i8), f.lane, b.f32))
-    with b.if_(b.andi(f.is_k, b.cmpi("ne", code, f.NULL))):
-        _count(f, "combine_xgmi", _gathered_bytes(f, has_w))
+    _count_gathered(f, b.andi(f.is_k, b.cmpi("ne", code, f.NULL)), has_w)
 
 
 def _node_partials(f: KernelFrame, topo: Topology, has_w: ir.Value, first: ir.Value, count: ir.Value) -> None:
@@ -491,7 +506,7 @@ def _node_partials(f: KernelFrame, topo: Topology, has_w: ir.Value, first: ir.Va
     b, p, cfg = f.b, f.params, f.cfg
     rowc, kb = b.const_i64(cfg.row_bytes), b.const_i64(4 * cfg.top_k)
     peer = _peer(f, topo)
-    part_w = b.gep(p.part, b.const_i64(cfg.max_tokens_per_rank * cfg.row_bytes), b.i8)
+    part_w = _part_weights(f)
 
     def source_row(s: ForwardEntry) -> tuple[ir.Value, ir.Value]:
         pe = peer(s.pe)
@@ -502,8 +517,13 @@ def _node_partials(f: KernelFrame, topo: Topology, has_w: ir.Value, first: ir.Va
     with b.for_(first, b.index_cast(b.index, p.n), count) as t_x:  # the rows gathered from this node
         code = b.if_else(f.is_k, [b.i32], lambda: [b.load(b.i32, b.gep(p.fwd, b.addi(b.muli(
             b.index_cast(b.i32, t_x), f.K), f.lane), b.i32))], lambda: [f.NULL])[0]  # fmt: skip
-        with b.if_(b.cmpi("ne", code, f.NULL)):
-            _count(f, "combine_xgmi", _gathered_bytes(f, has_w))
+        _count_gathered(f, b.cmpi("ne", code, f.NULL), has_w)
+
+
+def _part_weights(f: KernelFrame) -> ir.Value:
+    """The weights [M, K] f32 of ``i_part``, after its rows [M, H]."""
+    b, cfg = f.b, f.cfg
+    return b.gep(f.params.part, b.const_i64(cfg.max_tokens_per_rank * cfg.row_bytes), b.i8)
 
 
 def combine_all_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | None = None) -> ir.Operation:
@@ -513,13 +533,17 @@ def combine_all_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operatio
     b, p = f.b, f.params
     s = cfg.sizes
     topo = _topology(f)
+    # Every node peer has finished step 1 (its gathers from our registered rows) before any PE ends this
+    # round's combine and copies the next round's rows over them.
+    mori_comm.node_device_barrier(p.bar_slots, p.bar_epochs, world_size=cfg.world_size, group_size=topo.group,
+                                  max_blocks=cfg.max_blocks, **b.at())  # fmt: skip
     one64 = b.const_i64(1)
     cround = b.load(b.i64, p.rounds)
     cpar = b.trunci(b.i32, b.andi(cround, one64))
     base = _round_base(f, cround)
     rowc = b.const_i64(cfg.row_bytes)
     prec = b.const_i64(s.partial_bytes)
-    part_w = b.gep(p.part, b.const_i64(cfg.max_tokens_per_rank * cfg.row_bytes), b.i8)
+    part_w = _part_weights(f)
     want_w = f.present(p.out_w)
     is_remote = b.cmpi("ult", f.lane, b.const_i32(topo.remote))
     lane_hop = _remote_hop(f, topo, f.lane)
@@ -554,9 +578,26 @@ def combine_all_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operatio
             for wrow in wrows:
                 cur = b.addf(cur, b.load(b.f32, b.gep(wrow, f.lane, b.f32)))
             b.store(cur, b.gep(p.out_w, b.addi(b.muli(t, f.K), f.lane), b.f32))
+    _wait_every_chunk(f, topo, cpar, base)
     _advance_combine_round(f, cround)
     b.gpu_return()
     return f.func
+
+
+def _wait_every_chunk(f: KernelFrame, topo: Topology, cpar: ir.Value, base: ir.Value) -> None:
+    """Warp 0 of block 0 waits for every chunk signal of this round from every remote hop (each sends all
+    of them, empty chunks too), even those no own token needs: the round cannot end before every target
+    has sent its partials, so no PE gets more than one combine round ahead of another (two parities of
+    ``i_crecv``/``i_cflag`` suffice even when combine runs several times per dispatch)."""
+    b, p, s = f.b, f.params, f.cfg.sizes
+    first = b.andi(b.cmpi("eq", f.bid_i, f.c0x), b.cmpi("eq", f.warp_in_block, f.c0x))
+    with b.if_(first):
+        with b.for_(f.lane_i, b.const_index(topo.remote * topo.chunks), f.wave_x) as it:
+            j = b.index_cast(b.i32, b.divui(it, b.const_index(topo.chunks)))
+            c = b.index_cast(b.i32, b.remui(it, b.const_index(topo.chunks)))
+            region = _i64(f, b.addi(b.muli(cpar, topo.b_hops), _remote_hop(f, topo, j)))
+            flag = b.gep(p.cflag, b.addi(b.muli(region, b.const_i64(s.max_chunks)), _i64(f, c)), b.i64)
+            mori_comm.chunk_wait(flag, base, **b.at())
 
 
 def _advance_combine_round(f: KernelFrame, cround: ir.Value) -> None:

@@ -94,9 +94,6 @@ class ConfigError(ValueError, TypeError):
 # Upper bounds, and why: the EP schema's (MAX_WORLD_SIZE, MAX_BLOCKS, MAX_HIDDEN_DIM, ...) and these:
 MAX_RECV_CAP = 2**31 - 1  # max_total_recv_tokens is a 32-bit count (larger caps change nothing)
 MAX_GPU_PER_NODE = 64  # describes the machine; only the inter-node kernel types read it
-# Queue pairs per peer (the inter-node kernels' ``num_qp``): a bound we choose, well above what MORI's
-# configurations use (1 or 2); every queue pair adds one signal per peer and round to the inter-node
-# barrier (MORI counts them as epoch * num_qp), so more only adds control traffic.
 
 
 def _is_int(value) -> bool:

@@ -71,8 +71,8 @@ def internode_rdma_blocks(config: EpDispatchCombineConfig, blocks: int, rdma_blo
         raise ValueError(f"block_num {blocks} must be a multiple of world_size {config.world_size} for InterNode "
                          "(V0 partitions its grid per destination PE)")  # fmt: skip
     call = -1 if rdma_block_num is None else rdma_block_num
-    if not _is_int(call):
-        raise ValueError(f"rdma_block_num must be an int (-1: the config's), got {rdma_block_num!r}")
+    if not _is_int(call) or call < -1:
+        raise ValueError(f"rdma_block_num must be an int >= -1 (-1 or 0: the config's), got {rdma_block_num!r}")
     if call > 0:
         rdma, origin = int(call), ""
     elif config.rdma_block_num > 0:

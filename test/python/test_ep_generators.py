@@ -50,7 +50,7 @@ def _internode(hop_send: str) -> str:
     "mori_ep.internode_stage"() {{{_CONFIG}, dtype = "bf16", scale_bytes = 16 : i64, {topo}}} : () -> ()
     "mori_ep.internode_dispatch"() {{{_CONFIG}, dtype = "bf16", scale_bytes = 16 : i64, {topo}}} : () -> ()
     "mori_ep.internode_combine"() {{{_CONFIG}, dtype = "bf16", {topo}, max_blocks = 64 : i64}} : () -> ()
-    "mori_ep.internode_combine_all"() {{{_CONFIG}, dtype = "bf16", {topo}}} : () -> ()
+    "mori_ep.internode_combine_all"() {{{_CONFIG}, dtype = "bf16", {topo}, max_blocks = 64 : i64}} : () -> ()
   }}
 }}
 """

@@ -308,8 +308,9 @@ def test_rdma_blocks_resolution(blocks, call, configured, expected):
                               "and one for the same-node role)"),
     ("InterNode", 6, -1, 0, "block_num 6 must be a multiple of world_size 4 for InterNode (V0 partitions its "
                             "grid per destination PE)"),
-    ("InterNodeV1", 8, 2.0, 0, "rdma_block_num must be an int (-1: the config's), got 2.0"),
-    ("InterNodeV1", 8, True, 0, "rdma_block_num must be an int (-1: the config's), got True"),
+    ("InterNodeV1", 8, 2.0, 0, "rdma_block_num must be an int >= -1 (-1 or 0: the config's), got 2.0"),
+    ("InterNodeV1", 8, True, 0, "rdma_block_num must be an int >= -1 (-1 or 0: the config's), got True"),
+    ("InterNodeV1", 8, -5, 0, "rdma_block_num must be an int >= -1 (-1 or 0: the config's), got -5"),
 ])  # fmt: skip
 def test_rdma_blocks_refusals(kind, blocks, call, configured, message):
     with pytest.raises(ValueError) as info:

@@ -179,7 +179,7 @@ def _internode_config(kind: str, **fields) -> EpDispatchCombineConfig:
 def test_internode_module_plan(kind, hop, send_all):
     """Each leg's two kernels per dtype, in launch order; every op carries the sizes, its dtype (and on
     the dispatch leg the scale bytes), the topology (G, the PEs one send target stands for, whether every
-    token goes to every target, queue pairs) and, for the combine with the device barrier, max_blocks."""
+    token goes to every target, queue pairs) and, for the combine kernels (device barriers), max_blocks."""
     from mori_compiler.ep_schema import SIZE_ATTRIBUTES
 
     cfg = _internode_config(kind)
@@ -196,7 +196,8 @@ def test_internode_module_plan(kind, hop, send_all):
     for op in plan.ops:
         dtype = [("dtype", dict(op.attributes)["dtype"])]
         tail = {"internode_stage": [("scale_bytes", 16)] + topology, "internode_dispatch": [("scale_bytes", 16)] + topology,
-                "internode_combine": topology + [("max_blocks", 1024)], "internode_combine_all": topology}[op.op]
+                "internode_combine": topology + [("max_blocks", 1024)],
+                "internode_combine_all": topology + [("max_blocks", 1024)]}[op.op]
         assert list(op.attributes) == sizes + dtype + tail, op.op
 
 
@@ -207,7 +208,7 @@ def test_internode_source_text():
     lines = [f'    "mori_ep.internode_stage"() {{{common}, dtype = "bf16", scale_bytes = 16 : i64, {topology}}} : () -> ()',
              f'    "mori_ep.internode_dispatch"() {{{common}, dtype = "bf16", scale_bytes = 16 : i64, {topology}}} : () -> ()',
              f'    "mori_ep.internode_combine"() {{{common}, dtype = "bf16", {topology}, max_blocks = 1024 : i64}} : () -> ()',
-             f'    "mori_ep.internode_combine_all"() {{{common}, dtype = "bf16", {topology}}} : () -> ()']  # fmt: skip
+             f'    "mori_ep.internode_combine_all"() {{{common}, dtype = "bf16", {topology}, max_blocks = 1024 : i64}} : () -> ()']  # fmt: skip
     source = kernel_module_source(_internode_config("InterNodeV1LL", max_token_type_size=2), 64)
     assert source.startswith("module attributes {gpu.container_module} {\n  gpu.module @mori_ep_internode {\n")
     body = source.splitlines()[2:-2]

@@ -104,13 +104,17 @@
 // CHECK-NOT: "mori_comm.chunk_
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_inter_combine_all_bf16(
-// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: !llvm.ptr {mori.name = "smap"}, %arg2: !llvm.ptr {mori.name = "part"}, %arg3: !llvm.ptr {mori.name = "crecv"}, %arg4: !llvm.ptr {mori.name = "cflag"}, %arg5: !llvm.ptr {mori.name = "rounds"}, %arg6: !llvm.ptr {mori.name = "grid_ctr"}, %arg7: !llvm.ptr {mori.name = "out"}, %arg8: !llvm.ptr {mori.name = "out_w"}, %arg9: !llvm.ptr {mori.name = "zero_row"}) kernel
-// The lanes of the remote hops the token went to wait for its partial's chunk, the warp fences
-// (acquire), then the node's partial and the 1 remote ones are summed.
+// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: !llvm.ptr {mori.name = "smap"}, %arg2: !llvm.ptr {mori.name = "part"}, %arg3: !llvm.ptr {mori.name = "crecv"}, %arg4: !llvm.ptr {mori.name = "cflag"}, %arg5: !llvm.ptr {mori.name = "rounds"}, %arg6: !llvm.ptr {mori.name = "bar_slots"}, %arg7: !llvm.ptr {mori.name = "bar_epochs"}, %arg8: !llvm.ptr {mori.name = "out"}, %arg9: !llvm.ptr {mori.name = "out_w"}, %arg10: !llvm.ptr {mori.name = "zero_row"}) kernel
+// CHECK: "mori_comm.node_device_barrier"(%arg6, %arg7) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// The node meets first (every peer's gathers from our registered rows are done). The lanes of the remote
+// hops the token went to wait for its partial's chunk, the warp fences (acquire), then the node's partial
+// and the 1 remote ones are summed.
 // CHECK: "mori_comm.chunk_wait"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i64) -> i32
 // CHECK-NEXT: }
 // CHECK-NEXT: "mori_shmem.fence"() : () -> ()
 // CHECK: "mori_comm.accumulate_rows"(%{{.*}}, %c1024_i64, %{{.*}}, %{{.*}}) {dtype = "bf16"}
+// Then warp 0 of block 0 waits for every chunk of every remote hop (no PE gets two rounds ahead).
+// CHECK: "mori_comm.chunk_wait"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i64) -> i32
 // CHECK-NOT: "mori_comm.
 // CHECK: gpu.return
 module attributes {gpu.container_module} {
@@ -118,7 +122,7 @@ module attributes {gpu.container_module} {
     "mori_ep.internode_stage"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, scale_bytes = 16 : i64, gpu_per_node = 2 : i64, hop_size = 2 : i64, send_all = 0 : i64, num_qp = 3 : i64} : () -> ()
     "mori_ep.internode_dispatch"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, scale_bytes = 16 : i64, gpu_per_node = 2 : i64, hop_size = 2 : i64, send_all = 0 : i64, num_qp = 3 : i64} : () -> ()
     "mori_ep.internode_combine"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, gpu_per_node = 2 : i64, hop_size = 2 : i64, send_all = 0 : i64, num_qp = 3 : i64, max_blocks = 64 : i64} : () -> ()
-    "mori_ep.internode_combine_all"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, gpu_per_node = 2 : i64, hop_size = 2 : i64, send_all = 0 : i64, num_qp = 3 : i64} : () -> ()
+    "mori_ep.internode_combine_all"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, gpu_per_node = 2 : i64, hop_size = 2 : i64, send_all = 0 : i64, num_qp = 3 : i64, max_blocks = 64 : i64} : () -> ()
   }
 }
 
@@ -214,13 +218,17 @@ module attributes {gpu.container_module} {
 // CHECK-NOT: "mori_comm.chunk_
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_inter_combine_all_bf16(
-// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: !llvm.ptr {mori.name = "smap"}, %arg2: !llvm.ptr {mori.name = "part"}, %arg3: !llvm.ptr {mori.name = "crecv"}, %arg4: !llvm.ptr {mori.name = "cflag"}, %arg5: !llvm.ptr {mori.name = "rounds"}, %arg6: !llvm.ptr {mori.name = "grid_ctr"}, %arg7: !llvm.ptr {mori.name = "out"}, %arg8: !llvm.ptr {mori.name = "out_w"}, %arg9: !llvm.ptr {mori.name = "zero_row"}) kernel
-// The lanes of the remote hops the token went to wait for its partial's chunk, the warp fences
-// (acquire), then the node's partial and the 1 remote ones are summed.
+// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: !llvm.ptr {mori.name = "smap"}, %arg2: !llvm.ptr {mori.name = "part"}, %arg3: !llvm.ptr {mori.name = "crecv"}, %arg4: !llvm.ptr {mori.name = "cflag"}, %arg5: !llvm.ptr {mori.name = "rounds"}, %arg6: !llvm.ptr {mori.name = "bar_slots"}, %arg7: !llvm.ptr {mori.name = "bar_epochs"}, %arg8: !llvm.ptr {mori.name = "out"}, %arg9: !llvm.ptr {mori.name = "out_w"}, %arg10: !llvm.ptr {mori.name = "zero_row"}) kernel
+// CHECK: "mori_comm.node_device_barrier"(%arg6, %arg7) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// The node meets first (every peer's gathers from our registered rows are done). The lanes of the remote
+// hops the token went to wait for its partial's chunk, the warp fences (acquire), then the node's partial
+// and the 1 remote ones are summed.
 // CHECK: "mori_comm.chunk_wait"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i64) -> i32
 // CHECK-NEXT: }
 // CHECK-NEXT: "mori_shmem.fence"() : () -> ()
 // CHECK: "mori_comm.accumulate_rows"(%{{.*}}, %c1024_i64, %{{.*}}, %{{.*}}) {dtype = "bf16"}
+// Then warp 0 of block 0 waits for every chunk of every remote hop (no PE gets two rounds ahead).
+// CHECK: "mori_comm.chunk_wait"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i64) -> i32
 // CHECK-NOT: "mori_comm.
 // CHECK: gpu.return
 module attributes {gpu.container_module} {
@@ -228,7 +236,7 @@ module attributes {gpu.container_module} {
     "mori_ep.internode_stage"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, scale_bytes = 16 : i64, gpu_per_node = 2 : i64, hop_size = 2 : i64, send_all = 1 : i64, num_qp = 3 : i64} : () -> ()
     "mori_ep.internode_dispatch"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, scale_bytes = 16 : i64, gpu_per_node = 2 : i64, hop_size = 2 : i64, send_all = 1 : i64, num_qp = 3 : i64} : () -> ()
     "mori_ep.internode_combine"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, gpu_per_node = 2 : i64, hop_size = 2 : i64, send_all = 1 : i64, num_qp = 3 : i64, max_blocks = 64 : i64} : () -> ()
-    "mori_ep.internode_combine_all"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, gpu_per_node = 2 : i64, hop_size = 2 : i64, send_all = 1 : i64, num_qp = 3 : i64} : () -> ()
+    "mori_ep.internode_combine_all"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, gpu_per_node = 2 : i64, hop_size = 2 : i64, send_all = 1 : i64, num_qp = 3 : i64, max_blocks = 64 : i64} : () -> ()
   }
 }
 
@@ -324,13 +332,17 @@ module attributes {gpu.container_module} {
 // CHECK-NOT: "mori_comm.chunk_
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_inter_combine_all_bf16(
-// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: !llvm.ptr {mori.name = "smap"}, %arg2: !llvm.ptr {mori.name = "part"}, %arg3: !llvm.ptr {mori.name = "crecv"}, %arg4: !llvm.ptr {mori.name = "cflag"}, %arg5: !llvm.ptr {mori.name = "rounds"}, %arg6: !llvm.ptr {mori.name = "grid_ctr"}, %arg7: !llvm.ptr {mori.name = "out"}, %arg8: !llvm.ptr {mori.name = "out_w"}, %arg9: !llvm.ptr {mori.name = "zero_row"}) kernel
-// The lanes of the remote hops the token went to wait for its partial's chunk, the warp fences
-// (acquire), then the node's partial and the 2 remote ones are summed.
+// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: !llvm.ptr {mori.name = "smap"}, %arg2: !llvm.ptr {mori.name = "part"}, %arg3: !llvm.ptr {mori.name = "crecv"}, %arg4: !llvm.ptr {mori.name = "cflag"}, %arg5: !llvm.ptr {mori.name = "rounds"}, %arg6: !llvm.ptr {mori.name = "bar_slots"}, %arg7: !llvm.ptr {mori.name = "bar_epochs"}, %arg8: !llvm.ptr {mori.name = "out"}, %arg9: !llvm.ptr {mori.name = "out_w"}, %arg10: !llvm.ptr {mori.name = "zero_row"}) kernel
+// CHECK: "mori_comm.node_device_barrier"(%arg6, %arg7) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// The node meets first (every peer's gathers from our registered rows are done). The lanes of the remote
+// hops the token went to wait for its partial's chunk, the warp fences (acquire), then the node's partial
+// and the 2 remote ones are summed.
 // CHECK: "mori_comm.chunk_wait"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i64) -> i32
 // CHECK-NEXT: }
 // CHECK-NEXT: "mori_shmem.fence"() : () -> ()
 // CHECK: "mori_comm.accumulate_rows"(%{{.*}}, %c1024_i64, %{{.*}}, %{{.*}}, %{{.*}}) {dtype = "bf16"}
+// Then warp 0 of block 0 waits for every chunk of every remote hop (no PE gets two rounds ahead).
+// CHECK: "mori_comm.chunk_wait"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i64) -> i32
 // CHECK-NOT: "mori_comm.
 // CHECK: gpu.return
 module attributes {gpu.container_module} {
@@ -338,6 +350,6 @@ module attributes {gpu.container_module} {
     "mori_ep.internode_stage"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, scale_bytes = 16 : i64, gpu_per_node = 2 : i64, hop_size = 1 : i64, send_all = 0 : i64, num_qp = 1 : i64} : () -> ()
     "mori_ep.internode_dispatch"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, scale_bytes = 16 : i64, gpu_per_node = 2 : i64, hop_size = 1 : i64, send_all = 0 : i64, num_qp = 1 : i64} : () -> ()
     "mori_ep.internode_combine"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, gpu_per_node = 2 : i64, hop_size = 1 : i64, send_all = 0 : i64, num_qp = 1 : i64, max_blocks = 64 : i64} : () -> ()
-    "mori_ep.internode_combine_all"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, gpu_per_node = 2 : i64, hop_size = 1 : i64, send_all = 0 : i64, num_qp = 1 : i64} : () -> ()
+    "mori_ep.internode_combine_all"() {world_size = 4 : i64, hidden = 1024 : i64, dtype = "bf16", top_k = 4 : i64, experts_per_rank = 8 : i64, max_tokens_per_rank = 64 : i64, max_recv_per_rank = 64 : i64, warps_per_block = 4 : i64, wave_size = 64 : i64, gpu_per_node = 2 : i64, hop_size = 1 : i64, send_all = 0 : i64, num_qp = 1 : i64, max_blocks = 64 : i64} : () -> ()
   }
 }

@@ -68,7 +68,7 @@ module attributes {gpu.container_module} {
 module attributes {gpu.container_module} {
   gpu.module @ep {
     // CHECK: error: {{.*}}invalid-internode.mlir:[[# @LINE + 1]]:5: 'mori_ep.internode_combine_all' attribute 'num_qp' must be in [1, 8], got 9
-    "mori_ep.internode_combine_all"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, gpu_per_node = 4 : i64, hop_size = 4 : i64, send_all = 0 : i64, num_qp = 9 : i64} : () -> ()
+    "mori_ep.internode_combine_all"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, gpu_per_node = 4 : i64, hop_size = 4 : i64, send_all = 0 : i64, num_qp = 9 : i64, max_blocks = 1024 : i64} : () -> ()
   }
 }
 
@@ -95,6 +95,6 @@ module attributes {gpu.container_module} {
 module attributes {gpu.container_module} {
   gpu.module @ep {
     // CHECK: error: {{.*}}invalid-internode.mlir:[[# @LINE + 1]]:5: 'mori_ep.internode_combine_all' attribute 'dtype' must be one of 'bf16', 'f32', got 'fp8_e4m3fn'
-    "mori_ep.internode_combine_all"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "fp8_e4m3fn", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, gpu_per_node = 4 : i64, hop_size = 4 : i64, send_all = 0 : i64, num_qp = 1 : i64} : () -> ()
+    "mori_ep.internode_combine_all"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "fp8_e4m3fn", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, gpu_per_node = 4 : i64, hop_size = 4 : i64, send_all = 0 : i64, num_qp = 1 : i64, max_blocks = 1024 : i64} : () -> ()
   }
 }
