@@ -30,11 +30,12 @@ Protocols, with who writes, who waits, the scope and the order:
      queue pair ``chunk % num_qp``: ordered after the data; P2P: release). Every chunk of ceil(M / wave) is
      signalled, empty ones with count 0, so a target knows when a source is done without a count word.
    * *Receive and forward* (the same warps, after their sends): one warp per (remote source hop, chunk,
-     record): ``chunk_wait`` (every lane polls the local flag until it carries this round's base, then
-     fences: acquire) gives the count; a record below it is routed like a token (its K ids; only the
+     share; a chunk's records are split over CHUNK_SHARES warps): ``chunk_wait`` (every lane polls the
+     local flag until it carries this round's base, then fences: acquire) gives the count; each of the
+     share's records below it is routed like a token (its K ids; only the
      destinations on this PE's hop group: the node for V1, this PE for V0), a slot reserved on each
      destination's counter (relaxed system-scope fetch-add, through node_pe), and its row, scales, ids,
-     weights and source position (the record's trailer) stored to the destination's output row (relaxed
+     weights and source position (the record's) stored to the destination's output row (relaxed
      system-scope stores through node_pe). ``i_pfwd[hop][record]`` keeps the K forward codes for combine.
      Then ``quiet`` (the RDMA puts complete before the staging is reused).
    * *Same-node* (the other blocks): one warp per token, IntraNode's route / copy restricted to the
@@ -52,10 +53,11 @@ Protocols, with who writes, who waits, the scope and the order:
 combine round c = ``i_rounds[0]``, parity c % 2, base ``(c + 1) << 32``):
 
 1. ``ep_inter_combine_<dtype>``: ``node_device_barrier`` (every node peer's registered rows are written
-   before anyone gathers them). Inter-node blocks: one warp per forwarded record: the rows of the node PEs
-   it was forwarded to (``i_pfwd``) are summed in fp32 and stored, rounded to the combine dtype, in
-   ``i_fpart`` with their weights (the **per-node partial**); the warp fences (release) and counts the
-   record done on the chunk's counter; the warp that finishes a chunk fences (acquire) and
+   before anyone gathers them). Inter-node blocks: one warp per (source hop, chunk, share): for each of the
+   share's forwarded records, the rows of the node PEs it was forwarded to (``i_pfwd``) are summed in fp32
+   and stored, rounded to the combine dtype, in ``i_fpart`` with their weights (the **per-node
+   partial**); the warp fences (release) and counts its share done on the chunk's counter; the warp that
+   completes a chunk fences (acquire) and
    ``chunk_send``\\ s the chunk's partials back to the record's source (the hop's PE with our local rank),
    into its ``i_crecv[c % 2][my hop]`` with one signal ``base | count`` (empty chunks too), and resets the
    counter. Same-node blocks: each own token's node partial (its rows on this node's PEs, through the
