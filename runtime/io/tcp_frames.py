@@ -61,7 +61,8 @@ key and answers HELLO(reply flag, its key, the initiator's key, its limits), or 
 then sends frames within ``own_limits.for_peer(peer_hello)``. WRITE is answered by STATUS (same
 request_id) once its bytes are placed; READ_REQUEST by READ_RESPONSE (SUCCESS and the bytes of the segments
 concatenated in request order, or an error status without payload); MEMORY_QUERY by MEMORY_INFO; NOTIFY
-(sent after the data of a transfer's part on that connection) gets no answer. ERROR means the sender closes
+(sent after the data of a transfer's part on that connection; its initiator_key must equal the
+connection's HELLO sender_key, which the target checks) gets no answer. ERROR means the sender closes
 the connection after it; CLOSE means the sender sends no further frame.
 
 Large payloads (the zero-copy contract): a sender writes ``encode_head(frame, n)`` (header + segment table or

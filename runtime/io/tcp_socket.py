@@ -72,7 +72,8 @@ class _Timeout:
                 raise ValueError(f"timeout must be positive seconds or None, got {self.timeout!r}")
             self.sock.settimeout(self.timeout)
         elif self.old == 0.0:
-            raise ValueError("send_frame/recv_frame need a blocking socket (timeout None or > 0), got a non-blocking one")
+            raise ValueError("send_frame/recv_frame need a blocking socket (timeout None or > 0), "
+                             "got a non-blocking one")  # fmt: skip
         return self.sock.gettimeout()
 
     def __exit__(self, *exc):
@@ -114,14 +115,19 @@ def send_frame(sock: socket.socket, frame: Frame, payload_views: Sequence | None
     return sent
 
 
-def recv_frame(sock: socket.socket, limits: FrameLimits = DEFAULT_LIMITS,
-               into: Callable[[Frame], Sequence | None] | None = None, *, timeout: float | None = None):  # fmt: skip
+Into = Callable[[Frame, int], "Sequence | None"]
+
+
+def recv_frame(sock: socket.socket, limits: FrameLimits = DEFAULT_LIMITS, into: Into | None = None, *,
+               timeout: float | None = None):  # fmt: skip
     """The next frame from ``sock``, or None if the peer closed the stream at a frame boundary.
 
     Without ``into``, the payload is received into a new bytearray of the declared (bounded) length, which
-    becomes ``frame.payload``. With ``into``, ``into(frame)`` is called once the head is validated and before
-    any payload byte is read, for frames with a payload: it returns writable buffers whose sizes add up to
-    the payload length (they are filled in order, and nothing else is written), or None to drain and drop
+    becomes ``frame.payload``. With ``into``, ``into(frame, payload_length)`` is called once the head is
+    validated and before any payload byte is read, for frames with a non-empty payload (``frame`` without
+    its payload; for a WRITE the length is the sum of its segments, for a READ_RESPONSE the initiator
+    compares it with what it asked for). It returns writable buffers whose sizes add up to
+    ``payload_length`` (they are filled in order, and nothing else is written), or None to drain and drop
     the payload (the stream stays usable, e.g. to answer an out-of-bounds WRITE with an error status). The
     returned frame's payload is then empty. ``timeout``: inactivity limit of each socket call.
     """
@@ -144,7 +150,7 @@ def recv_frame(sock: socket.socket, limits: FrameLimits = DEFAULT_LIMITS,
             payload = bytearray(payload_length)
             reader.fill(memoryview(payload))
             return replace(frame, payload=payload)
-        views = into(frame)
+        views = into(frame, payload_length)
         if views is None:
             reader.drain(payload_length)
             return frame

@@ -5,6 +5,7 @@ anywhere, random and mutated input, and real sockets (socketpair, loopback TCP) 
 
 from __future__ import annotations
 
+import array
 import random
 import socket
 import struct
@@ -370,8 +371,8 @@ def test_64_mib_write_received_in_place(pair):
                               kwargs={"timeout": 20})  # fmt: skip
     seen = []
 
-    def into(head):
-        seen.append(head)
+    def into(head, length):
+        seen.append((head, length))
         target = memoryview(region)
         for seg in head.segments:  # the engine's bounds check against the registered region
             assert seg.mem_id == 5 and seg.offset + seg.length <= len(region)
@@ -382,7 +383,7 @@ def test_64_mib_write_received_in_place(pair):
     got = recv_frame(b, into=into, timeout=20)
     sender.join()
     elapsed = time.monotonic() - start
-    assert seen == [frame] and got == frame and got.payload == b""
+    assert seen == [(frame, size)] and got == frame and got.payload == b""
     assert region[8192 : 8192 + size - first] == source[: size - first]
     assert region[:first] == source[size - first :]
     assert region[first:8192] == bytes(8192 - first)
@@ -393,7 +394,7 @@ def test_into_may_drop_a_payload_and_the_stream_stays_usable(pair):
     a, b = pair
     send_frame(a, WriteFrame(1, (Segment(9, 0, 5),), b"hello"))
     send_frame(a, StatusFrame(2, 0))
-    assert recv_frame(b, into=lambda head: None, timeout=5) == WriteFrame(1, (Segment(9, 0, 5),))
+    assert recv_frame(b, into=lambda head, length: None, timeout=5) == WriteFrame(1, (Segment(9, 0, 5),))
     assert recv_frame(b, timeout=5) == StatusFrame(2, 0)
 
 
@@ -401,12 +402,12 @@ def test_into_views_must_cover_the_payload_exactly(pair):
     a, b = pair
     send_frame(a, WriteFrame(1, (Segment(9, 0, 5),), b"hello"))
     with pytest.raises(ValueError, match="4 bytes of buffers for a payload of 5"):
-        recv_frame(b, into=lambda head: [bytearray(4)], timeout=5)
+        recv_frame(b, into=lambda head, length: [bytearray(4)], timeout=5)
     a, b = socket.socketpair()  # the stream position is lost after an error: a new connection
     with a, b:
         send_frame(a, WriteFrame(1, (Segment(9, 0, 5),), b"hello"))
         with pytest.raises(ValueError, match="read-only"):
-            recv_frame(b, into=lambda head: [b"12345"], timeout=5)
+            recv_frame(b, into=lambda head, length: [b"12345"], timeout=5)
 
 
 def test_send_refuses_ambiguous_or_mismatched_payloads(pair):
@@ -468,3 +469,19 @@ def test_send_timeout(pair):
     with pytest.raises(FrameTimeoutError) as info:
         send_frame(a, WriteFrame(1, (Segment(0, 0, len(big)),)), [big], timeout=0.2)
     assert info.value.action == "send" and 0 < info.value.done < info.value.expected
+
+
+def test_read_response_received_in_place_with_its_declared_length(pair):
+    a, b = pair
+    words = array.array("I", range(256))  # a non-byte buffer is sent as its bytes
+    send_frame(a, ReadResponseFrame(8), [words], timeout=5)
+    local = bytearray(2048)
+    lengths = []
+
+    def into(head, length):
+        lengths.append(length)
+        assert head == ReadResponseFrame(8) and length <= len(local) - 16
+        return [memoryview(local)[16 : 16 + length]]
+
+    assert recv_frame(b, into=into, timeout=5) == ReadResponseFrame(8)
+    assert lengths == [1024] and local[16:1040] == words.tobytes() and local[:16] == bytes(16)
