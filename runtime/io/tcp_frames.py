@@ -1,6 +1,6 @@
 """The TCP backend's wire protocol: frames that carry MORI-IO's one-sided RDMA semantics over a byte stream.
 
-MORI has no TCP data plane; ours stands in for RDMA (spec mori-io.md §6.2). This module is the frame codec
+MORI has no TCP data plane; ours stands in for its RDMA backend. This module is the frame codec
 only (standard library, no sockets): encoders, a staged head parser, and ``FrameDecoder`` for byte chunks.
 ``tcp_socket`` drives the same parser over blocking sockets and receives payloads in place.
 
