@@ -6,16 +6,20 @@ They are mutable, like MORI's (``def_readwrite``), but every assignment is check
 afterwards: a value of the wrong type is a ``TypeError``, one out of range a ``ValueError``, both naming the
 field; a misspelt attribute is an ``AttributeError`` (slots). Checks that involve two fields (chunk size
 with chunking on, ...) can only be made once the config is used: ``validate()``, which the engine calls at
-``create_backend`` (where MORI makes the same checks).
+``create_backend`` (where MORI makes the same checks). ``RdmaBackendConfig.with_env_overrides()`` applies
+MORI's ``MORI_IO_*`` environment overrides, also at ``create_backend``.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from typing import Callable
+import os
+from typing import Callable, Mapping, Optional
 
 from . import checks
 from .enums import PollCqMode
+from .log import LOGGER
 
 _Rule = Callable[[str, object], object]
 
@@ -102,6 +106,54 @@ class RdmaBackendConfig:
                              f"enable_transfer_chunking is on, got {self.chunk_bytes}")  # fmt: skip
         if self.enable_notification and self.notif_per_qp == 0:
             raise ValueError("RdmaBackendConfig.notif_per_qp must be >= 1 when enable_notification is on")
+
+    def with_env_overrides(self, environ: Optional[Mapping[str, str]] = None) -> "RdmaBackendConfig":
+        """A copy with MORI's ``MORI_IO_*`` overrides of ``environ`` (default ``os.environ``) applied, as
+        MORI applies them at backend creation. A value that does not parse or is out of range is ignored
+        with a warning naming the variable, keeping the config's value (MORI's behaviour)."""
+        environ = os.environ if environ is None else environ
+        result = copy.copy(self)
+        for variable, field in RDMA_ENV_OVERRIDES.items():
+            text = environ.get(variable)
+            if text is None or not text.strip():
+                continue
+            try:
+                setattr(result, field, _parse_env(field, text))
+            except (TypeError, ValueError) as exc:
+                LOGGER.warning("ignoring %s=%r: %s", variable, text, exc)
+        return result
+
+
+# MORI's environment overrides of the RDMA config fields (src/io/rdma/backend_impl.cpp).
+RDMA_ENV_OVERRIDES = {
+    "MORI_IO_QP_PER_TRANSFER": "qp_per_transfer",
+    "MORI_IO_POST_BATCH_SIZE": "post_batch_size",
+    "MORI_IO_NUM_WORKER_THREADS": "num_worker_threads",
+    "MORI_IO_POLL_CQ_MODE": "poll_cq_mode",
+    "MORI_IO_ENABLE_NOTIFICATION": "enable_notification",
+    "MORI_IO_ENABLE_CHUNKING": "enable_transfer_chunking",
+    "MORI_IO_CHUNK_BYTES": "chunk_bytes",
+    "MORI_IO_MAX_CHUNKS": "max_chunks_per_transfer",
+    "MORI_IO_NUM_NICS_PER_TRANSFER": "num_nics_per_transfer",
+}
+_BOOL_WORDS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
+_POLL_WORDS = {"0": PollCqMode.POLLING, "polling": PollCqMode.POLLING, "1": PollCqMode.EVENT, "event": PollCqMode.EVENT}
+
+
+def _parse_env(field: str, text: str):
+    word = text.strip().lower()
+    if field == "poll_cq_mode":
+        if word not in _POLL_WORDS:
+            raise ValueError(f"not one of {', '.join(_POLL_WORDS)}")
+        return _POLL_WORDS[word]
+    if field in ("enable_notification", "enable_transfer_chunking"):
+        if word not in _BOOL_WORDS:
+            raise ValueError(f"not a boolean ({', '.join(_BOOL_WORDS)})")
+        return _BOOL_WORDS[word]
+    try:
+        return int(word, 10)
+    except ValueError:
+        raise ValueError("not an integer") from None
 
 
 @dataclasses.dataclass(slots=True)

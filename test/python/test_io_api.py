@@ -127,6 +127,29 @@ def test_rdma_config_cross_field_checks_at_validate():
         c.validate()
 
 
+def test_rdma_config_env_overrides(caplog):
+    base = RdmaBackendConfig(qp_per_transfer=2)
+    env = {"MORI_IO_QP_PER_TRANSFER": " 4 ", "MORI_IO_POST_BATCH_SIZE": "16", "MORI_IO_NUM_WORKER_THREADS": "3",
+           "MORI_IO_POLL_CQ_MODE": "Event", "MORI_IO_ENABLE_NOTIFICATION": "off", "MORI_IO_ENABLE_CHUNKING": "YES",
+           "MORI_IO_CHUNK_BYTES": "8192", "MORI_IO_MAX_CHUNKS": "8", "MORI_IO_NUM_NICS_PER_TRANSFER": "2"}  # fmt: skip
+    c = base.with_env_overrides(env)
+    assert (c.qp_per_transfer, c.post_batch_size, c.num_worker_threads, c.poll_cq_mode, c.enable_notification,
+            c.enable_transfer_chunking, c.chunk_bytes, c.max_chunks_per_transfer, c.num_nics_per_transfer) == (
+            4, 16, 3, PollCqMode.EVENT, False, True, 8192, 8, 2)  # fmt: skip
+    assert base.qp_per_transfer == 2 and base.poll_cq_mode is PollCqMode.POLLING  # a copy
+    assert base.with_env_overrides({"MORI_IO_POLL_CQ_MODE": "1"}).poll_cq_mode is PollCqMode.EVENT
+    bad = {"MORI_IO_QP_PER_TRANSFER": "0", "MORI_IO_CHUNK_BYTES": "64k", "MORI_IO_ENABLE_NOTIFICATION": "maybe",
+           "MORI_IO_POLL_CQ_MODE": "interrupt", "MORI_IO_MAX_CHUNKS": ""}  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="mori_compiler.io"):  # restores the level afterwards
+        c = base.with_env_overrides(bad)
+    assert c == base  # invalid values are ignored, keeping the config's, as MORI does
+    text = caplog.text
+    for variable in ("MORI_IO_QP_PER_TRANSFER", "MORI_IO_CHUNK_BYTES", "MORI_IO_ENABLE_NOTIFICATION",
+                     "MORI_IO_POLL_CQ_MODE"):  # fmt: skip
+        assert f"ignoring {variable}=" in text, text
+    assert "MORI_IO_MAX_CHUNKS" not in text  # empty = unset
+
+
 def test_xgmi_config():
     c = XgmiBackendConfig()
     assert (c.num_streams, c.num_events) == (64, 64)
