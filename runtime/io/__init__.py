@@ -1,5 +1,11 @@
 """MORI-IO in the runtime layer (no MLIR, no llvmlite): the one-sided point-to-point transfer engine of MORI's
-``mori.io`` API (issue 14, in progress). Its modules: the enums, configs, descriptors (with their msgpack
-wire format) and transfer status of the API, and the TCP backend's frame protocol. ``mori_compiler.io``
-re-exports the public names.
+``mori.io`` API (issue 14, in progress). ``mori_compiler.io`` re-exports the public names.
+
+* ``enums``: BackendType, MemoryLocationType, StatusCode, PollCqMode (MORI's values);
+* ``configs``: IOEngineConfig, RdmaBackendConfig, XgmiBackendConfig (MORI's) and TcpBackendConfig (ours);
+* ``descriptors``: EngineDesc, MemoryDesc and their msgpack wire format, ``local_node_id()``;
+* ``status``: TransferStatus and ``wait_all``;
+* ``log``: the ``mori_compiler.io`` logger and ``set_log_level``;
+* ``checks``: the argument checks the value types share;
+* ``tcp_frames``: the TCP backend's frame protocol.
 """
