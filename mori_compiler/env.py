@@ -14,6 +14,13 @@
 |                          | (bundles always use their own target's driver)                 | else cuda                  |
 | MORI_COMPILER_WAIT_LIMIT | bounded-wait debug mode: polls before a wait reports (runtime) | 0 (wait forever)           |
 | MORI_COMPILER_TRACEBACK  | CLIs print the Python traceback of an internal error           | unset                      |
+| MORI_NODE_ID             | MORI-IO: the EngineDesc's node_id                              | boot id, else hostname     |
+| MORI_IO_LOG_LEVEL,       | MORI-IO: initial level of the mori_compiler.io logger (MORI's  | error                      |
+| MORI_GLOBAL_LOG_LEVEL    | level names)                                                   |                            |
+| MORI_IO_*                | MORI-IO: RdmaBackendConfig overrides (QP_PER_TRANSFER,         | the config's values        |
+|                          | POST_BATCH_SIZE, NUM_WORKER_THREADS, POLL_CQ_MODE,             |                            |
+|                          | ENABLE_NOTIFICATION, ENABLE_CHUNKING, CHUNK_BYTES, MAX_CHUNKS, |                            |
+|                          | NUM_NICS_PER_TRANSFER; runtime/io/configs.py)                  |                            |
 """
 
 from __future__ import annotations

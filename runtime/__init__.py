@@ -7,7 +7,9 @@
   or N virtual PEs in one process), over ``heap_allocator`` (heap size and allocator), ``shmem_comm`` (the
   rendezvous with the other processes), ``shmem_state`` (one initialized shmem: memory, addresses, device
   state), ``shmem_tensors`` (torch views) and ``shmem_errors``;
-* ``launcher``: ``KernelSet`` loads a bundle, writes its device state and launches its kernels.
+* ``launcher``: ``KernelSet`` loads a bundle, writes its device state and launches its kernels;
+* ``io``: MORI-IO (the ``mori.io`` API: enums, configs, descriptors with MORI's msgpack wire format, transfer
+  status, the TCP backend's frame protocol; the engine comes next), re-exported by ``mori_compiler.io``.
 
 Importing this package imports none of torch, cuda-bindings, hip-python, MLIR or llvmlite; the names below
 are loaded on first access. See the package docstring of mori_compiler for the layering rules.
