@@ -1,8 +1,8 @@
 """``from mori_compiler.io import ...``: the names of MORI's ``mori.io`` (and ``TransferStatus``, which MORI's
 tests take from ``mori.cpp``), implemented in ``mori_compiler.runtime.io``.
 
-So far: the enums, configs, descriptors, ``TransferStatus``, ``wait_all`` and ``set_log_level``, plus our
-``TcpBackendConfig``. ``IOEngine`` and ``IOEngineSession`` come with the engine (issue 14, a later step);
+The enums, configs, descriptors, ``TransferStatus``, ``wait_all``, ``set_log_level``, ``IOEngine`` and
+``IOEngineSession`` (TCP backend, CPU memory so far), plus our ``TcpBackendConfig``;
 ``FabricBackendConfig``, ``fabric_alloc`` and ``fabric_free`` are out of scope (no FABRIC backend).
 """
 
@@ -11,12 +11,13 @@ from __future__ import annotations
 from mori_compiler.runtime.io.configs import (IOEngineConfig, RdmaBackendConfig, TcpBackendConfig,
                                               XgmiBackendConfig)  # fmt: skip
 from mori_compiler.runtime.io.descriptors import EngineDesc, MemoryDesc
+from mori_compiler.runtime.io.engine import IOEngine, IOEngineSession
 from mori_compiler.runtime.io.enums import BackendType, MemoryLocationType, PollCqMode, StatusCode
 from mori_compiler.runtime.io.log import set_log_level
 from mori_compiler.runtime.io.status import TransferStatus, wait_all
 
 __all__ = [
-    "BackendType", "EngineDesc", "IOEngineConfig", "MemoryDesc", "MemoryLocationType", "PollCqMode",
-    "RdmaBackendConfig", "StatusCode", "TcpBackendConfig", "TransferStatus", "XgmiBackendConfig",
+    "BackendType", "EngineDesc", "IOEngine", "IOEngineConfig", "IOEngineSession", "MemoryDesc",
+    "MemoryLocationType", "PollCqMode", "RdmaBackendConfig", "StatusCode", "TcpBackendConfig", "TransferStatus", "XgmiBackendConfig",
     "set_log_level", "wait_all",
 ]  # fmt: skip

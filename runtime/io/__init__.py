@@ -7,5 +7,7 @@
 * ``status``: TransferStatus and ``wait_all``;
 * ``log``: the ``mori_compiler.io`` logger and ``set_log_level``;
 * ``checks``: the argument checks the value types share;
-* ``tcp_frames``: the TCP backend's frame protocol.
+* ``tcp_frames``: the TCP backend's frame protocol; ``tcp_socket``: frame I/O over blocking sockets;
+* ``tcp_backend``: the TCP transport (listener, server and receiver threads);
+* ``engine``: IOEngine and IOEngineSession (route selection, memory registry, bounds checks).
 """

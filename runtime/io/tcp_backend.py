@@ -1,0 +1,471 @@
+"""The TCP backend of MORI-IO: one-sided reads and writes of registered CPU memory over sockets (it stands in
+for MORI's RDMA backend; the wire protocol is ``tcp_frames``, the socket I/O ``tcp_socket``).
+
+Threads (all daemons, ended by ``close``):
+
+* one listener per backend, on the engine's host/port (port 0: an ephemeral one, see ``port``);
+* one *server* thread per accepted connection: it answers the peer's HELLO, then serves WRITE (each
+  segment is checked against the registered region before a byte lands; a refused one is drained and
+  answered ``ERR_INVALID_ARGS``, the connection stays), READ_REQUEST (checked the same way; READ_RESPONSE
+  with the bytes or the error), NOTIFY (counted for ``pop_inbound``) and MEMORY_QUERY;
+* one *receiver* thread per outgoing connection: it completes the initiator's parts from STATUS and
+  READ_RESPONSE frames (a read's bytes are received straight into the local region).
+
+Initiator side: the caller's thread sends the frames (under the connection's send lock) and returns; the
+receiver thread completes them. A connection that fails (peer gone, reset, protocol error, no answer within
+``io_timeout_ms`` while parts are outstanding) fails all its outstanding parts with ``ERR_RDMA_OP`` and is
+dropped; the next transfer towards that engine connects again (and raises ``RuntimeError`` if it cannot),
+as building a new session does in MORI.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .configs import TcpBackendConfig
+from .enums import StatusCode
+from .log import LOGGER
+from .tcp_frames import (CAP_NOTIFY, STATUS_SUCCESS, CloseFrame, ErrorFrame, FrameError, FrameLimits, FrameType,
+                         HelloFrame, MemoryInfoFrame, NotifyFrame, ReadRequestFrame, ReadResponseFrame, Segment,
+                         StatusFrame, WriteFrame)  # fmt: skip
+from .tcp_socket import FrameTimeoutError, recv_frame, send_frame
+
+# Complete = callback(code, message) run once per part, from the receiver thread or the caller's.
+Complete = Callable[[StatusCode, str], None]
+_MAX_SEGMENTS = 1024
+
+
+@dataclass
+class Region:
+    """A registered region as the backends see it: a writable byte view and what keeps it alive."""
+
+    view: memoryview
+    owner: object = None
+
+    def slice(self, offset: int, length: int) -> memoryview | None:
+        if offset + length > self.view.nbytes:
+            return None
+        return self.view[offset : offset + length]
+
+
+@dataclass
+class Part:
+    """One frame's worth of a transfer: remote segments and the local views they pair with, in order."""
+
+    segments: list
+    local_views: list
+    complete: Complete
+    nbytes: int = 0
+
+
+def _status_code(value: int) -> StatusCode:
+    try:
+        code = StatusCode(value)
+    except ValueError:
+        return StatusCode.ERR_RDMA_OP
+    return code if code.failed or code is StatusCode.SUCCESS else StatusCode.ERR_RDMA_OP
+
+
+class _Outgoing:
+    """A connection this engine opened to a remote engine: send lock, outstanding parts, receiver thread."""
+
+    def __init__(self, backend: "TcpBackend", sock: socket.socket, peer_limits: FrameLimits, notify: bool, key: str):
+        self.backend, self.sock, self.peer_limits, self.notify, self.remote_key = backend, sock, peer_limits, notify, key
+        self.send_lock = threading.Lock()
+        self.lock = threading.Lock()  # guards pending and dead
+        self.pending: dict[int, tuple[str, Part]] = {}
+        self.dead = False
+        self._ids = itertools.count(1)
+        self.thread = threading.Thread(target=self._receive_loop, name=f"mori-io-tcp-recv-{key}", daemon=True)
+        self.thread.start()
+
+    def submit(self, kind: str, part: Part) -> None:
+        """Send one WRITE or READ_REQUEST; the part completes later (or now, if the connection is dead)."""
+        with self.lock:
+            if self.dead:
+                dead = True
+            else:
+                dead = False
+                request_id = next(self._ids)
+                self.pending[request_id] = (kind, part)
+        if dead:
+            part.complete(StatusCode.ERR_RDMA_OP, f"TCP connection to engine {self.remote_key!r} is closed")
+            return
+        segments = tuple(part.segments)
+        try:
+            with self.send_lock:
+                if kind == "write":
+                    send_frame(self.sock, WriteFrame(request_id, segments), part.local_views,
+                               limits=self.peer_limits, timeout=self.backend.io_timeout)  # fmt: skip
+                else:
+                    send_frame(self.sock, ReadRequestFrame(request_id, segments), limits=self.peer_limits,
+                               timeout=self.backend.io_timeout)  # fmt: skip
+        except (OSError, FrameError, ValueError) as exc:
+            self.fail(f"sending to engine {self.remote_key!r} failed: {exc}")
+
+    def send_notify(self, uid: int, index: int, count: int) -> None:
+        if not self.notify or self.dead:
+            return
+        try:
+            with self.send_lock:
+                send_frame(self.sock, NotifyFrame(uid, self.backend.key, index, count), limits=self.peer_limits,
+                           timeout=self.backend.io_timeout)  # fmt: skip
+        except (OSError, FrameError) as exc:
+            self.fail(f"sending a notification to engine {self.remote_key!r} failed: {exc}")
+
+    def fail(self, message: str) -> None:
+        """Mark the connection dead and fail every outstanding part with ERR_RDMA_OP."""
+        with self.lock:
+            was_dead, self.dead = self.dead, True
+            pending, self.pending = self.pending, {}
+        if not was_dead:
+            LOGGER.warning("MORI-IO TCP: %s", message)
+            self.backend._drop(self)
+            _close(self.sock)
+        for _, part in pending.values():
+            part.complete(StatusCode.ERR_RDMA_OP, message)
+
+    def close(self) -> None:
+        try:
+            with self.send_lock:
+                send_frame(self.sock, CloseFrame(), timeout=1.0)
+        except OSError:
+            pass
+        self.fail(f"connection to engine {self.remote_key!r} closed by this engine")
+
+    def _into(self, frame, length: int):
+        if frame.type is not FrameType.READ_RESPONSE:
+            raise FrameError("frame.type", f"{frame.type.name} is not an answer an initiator accepts")
+        with self.lock:
+            entry = self.pending.get(frame.request_id)
+        if entry is None or entry[0] != "read" or entry[1].nbytes != length:
+            raise FrameError("read_response.payload", f"{length} bytes for request {frame.request_id}, which is "
+                                                      "not an outstanding read of that size")  # fmt: skip
+        return entry[1].local_views
+
+    def _receive_loop(self) -> None:
+        timeout = self.backend.io_timeout
+        try:
+            while True:
+                try:
+                    frame = recv_frame(self.sock, self.backend.own_limits, self._into, timeout=timeout)
+                except FrameTimeoutError as exc:
+                    with self.lock:
+                        idle = not self.pending
+                    if exc.at_boundary and idle:
+                        continue
+                    raise
+                if frame is None:
+                    raise ConnectionError("the peer closed the connection")
+                if frame.type in (FrameType.STATUS, FrameType.READ_RESPONSE):
+                    with self.lock:
+                        entry = self.pending.pop(frame.request_id, None)
+                    if entry is None:
+                        raise FrameError("request_id", f"{frame.request_id} answers no outstanding request")
+                    code = _status_code(frame.status)
+                    entry[1].complete(code, frame.message if code.failed else "")
+                elif frame.type is FrameType.ERROR:
+                    raise ConnectionError(f"the peer reported an error: {frame.message}")
+                elif frame.type is FrameType.CLOSE:
+                    raise ConnectionError("the peer closed the connection")
+                else:
+                    raise FrameError("frame.type", f"{frame.type.name} is not an answer an initiator accepts")
+        except (OSError, FrameError, ValueError) as exc:
+            self.fail(f"connection to engine {self.remote_key!r} failed: {exc}")
+
+
+class TcpBackend:
+    """The TCP transport of one engine (see the module docstring). ``regions`` is the engine's registry
+    (mem_id -> Region), read under ``regions_lock``."""
+
+    def __init__(self, key: str, host: str, port: int, config: TcpBackendConfig, regions: dict,
+                 regions_lock: threading.Lock):  # fmt: skip
+        self.key, self.config = key, config
+        self.regions, self.regions_lock = regions, regions_lock
+        self.own_limits = FrameLimits(max_payload=config.max_frame_payload, max_segments=_MAX_SEGMENTS)
+        self.io_timeout = config.io_timeout_ms / 1000 if config.io_timeout_ms else None
+        self.remotes: dict[str, object] = {}  # key -> EngineDesc
+        self.connections: dict[str, list[_Outgoing]] = {}
+        self.inbound: dict[tuple[str, int], set] = {}  # (initiator key, uid) -> part indices seen; count
+        self.inbound_counts: dict[tuple[str, int], int] = {}
+        self.lock = threading.Lock()
+        self._connect_lock = threading.Lock()  # one thread builds the connections to a remote at a time
+        self.closed = False
+        self._accepted: list[socket.socket] = []
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.listener.bind((host or "0.0.0.0", port))
+        except OSError as exc:
+            self.listener.close()
+            raise RuntimeError(f"MORI-IO TCP backend: cannot listen on {host or '0.0.0.0'}:{port}: {exc}") from None
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self._accept_thread = threading.Thread(target=self._accept_loop, name=f"mori-io-tcp-listen-{key}", daemon=True)
+        self._accept_thread.start()
+
+    # ---- remote engines ----
+
+    def register_remote_engine(self, desc) -> None:
+        with self.lock:
+            self.remotes[desc.key] = desc
+
+    def deregister_remote_engine(self, desc) -> None:
+        with self.lock:
+            self.remotes.pop(desc.key, None)
+            connections = self.connections.pop(desc.key, [])
+        for conn in connections:
+            conn.close()
+
+    def can_handle(self, remote_key: str) -> bool:
+        with self.lock:
+            desc = self.remotes.get(remote_key)
+        return desc is not None and desc.port != 1
+
+    def connections_to(self, remote_key: str) -> list[_Outgoing]:
+        """The live connections to ``remote_key``, connecting (RuntimeError on failure) where needed."""
+        with self.lock:
+            live = [c for c in self.connections.get(remote_key, []) if not c.dead]
+        if len(live) == self.config.num_connections:
+            return live  # the caller's own list: _drop edits the backend's
+        with self._connect_lock:
+            with self.lock:
+                desc = self.remotes.get(remote_key)
+                live = [c for c in self.connections.get(remote_key, []) if not c.dead]
+            if desc is None:
+                raise RuntimeError(f"MORI-IO TCP backend: engine {remote_key!r} is not registered")
+            while len(live) < self.config.num_connections:
+                live.append(self._connect(desc))
+            with self.lock:
+                self.connections[remote_key] = list(live)
+        return live
+
+    def _connect(self, desc) -> _Outgoing:
+        host = desc.host or "127.0.0.1"
+        timeout = self.config.connect_timeout_ms / 1000
+        try:
+            sock = socket.create_connection((host, desc.port), timeout=timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            caps = CAP_NOTIFY if self.config.enable_notification else 0
+            send_frame(sock, HelloFrame(self.key, desc.key, self.own_limits.max_payload, _MAX_SEGMENTS, caps),
+                       timeout=timeout)  # fmt: skip
+            reply = recv_frame(sock, self.own_limits, timeout=timeout)
+        except (OSError, FrameError) as exc:
+            raise RuntimeError(f"MORI-IO TCP backend: cannot connect to engine {desc.key!r} at {host}:{desc.port}: "
+                               f"{exc}") from None  # fmt: skip
+        if reply is None or reply.type is not FrameType.HELLO or not reply.reply or reply.sender_key != desc.key:
+            _close(sock)
+            why = getattr(reply, "message", None) or f"unexpected answer {reply!r}"
+            raise RuntimeError(f"MORI-IO TCP backend: engine {desc.key!r} at {host}:{desc.port} refused the "
+                               f"connection: {why}")  # fmt: skip
+        sock.settimeout(None)
+        notify = bool(caps & reply.capabilities & CAP_NOTIFY)
+        return _Outgoing(self, sock, self.own_limits.for_peer(reply), notify, desc.key)
+
+    def _drop(self, conn: _Outgoing) -> None:
+        with self.lock:
+            conns = self.connections.get(conn.remote_key)
+            if conns and conn in conns:
+                conns.remove(conn)
+
+    # ---- transfers (initiator side) ----
+
+    def transfer(self, kind: str, remote_key: str, mem_id: int, runs: Sequence, local: Region, uid: int,
+                 complete: Complete) -> None:  # fmt: skip
+        """Issue ``runs`` = [(remote_offset, [(local_offset, length), ...]), ...] (remote-contiguous runs) as
+        frames over the connections; ``complete`` is called once with the transfer's outcome."""
+        conns = self.connections_to(remote_key)
+        limits = conns[0].peer_limits
+        parts = _frames(runs, local, mem_id, limits.max_payload, limits.max_segments)
+        if not parts:
+            complete(StatusCode.SUCCESS, "")
+            return
+        state = _Aggregate(len(parts), complete)
+        used = []
+        for i, (segments, views, nbytes) in enumerate(parts):
+            conn = conns[(uid + i) % len(conns)]
+            if conn not in used:
+                used.append(conn)
+            conn.submit(kind, Part(segments, views, state.part_done, nbytes))
+        for index, conn in enumerate(used):
+            conn.send_notify(uid, index, len(used))
+
+    # ---- target side ----
+
+    def pop_inbound(self, remote_key: str, uid: int) -> bool:
+        """Whether every notified part of transfer ``uid`` from ``remote_key`` arrived (a peek, as MORI's)."""
+        with self.lock:
+            count = self.inbound_counts.get((remote_key, uid))
+            return count is not None and len(self.inbound.get((remote_key, uid), ())) >= count
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                if self.closed:
+                    _close(sock)
+                    return
+                self._accepted.append(sock)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(sock,), name=f"mori-io-tcp-serve-{self.key}", daemon=True).start()
+
+    def _lookup(self, segment: Segment) -> memoryview | str:
+        with self.regions_lock:
+            region = self.regions.get(segment.mem_id)
+        if region is None:
+            return f"memory {segment.mem_id} is not registered on engine {self.key!r}"
+        view = region.slice(segment.offset, segment.length)
+        if view is None:
+            return (f"[{segment.offset}, {segment.offset + segment.length}) is outside memory {segment.mem_id} "
+                    f"of {region.view.nbytes} bytes on engine {self.key!r}")  # fmt: skip
+        return view
+
+    def _check(self, segments) -> tuple[list, str]:
+        views = []
+        for segment in segments:
+            found = self._lookup(segment)
+            if isinstance(found, str):
+                return [], found
+            views.append(found)
+        return views, ""
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            hello = recv_frame(sock, self.own_limits, timeout=self.config.connect_timeout_ms / 1000)
+            if hello is None or hello.type is not FrameType.HELLO or hello.reply:
+                return
+            if hello.receiver_key != self.key:
+                send_frame(sock, ErrorFrame(0, StatusCode.ERR_INVALID_ARGS,
+                                            f"this is engine {self.key!r}, not {hello.receiver_key!r}"))  # fmt: skip
+                return
+            caps = CAP_NOTIFY if self.config.enable_notification else 0
+            send_frame(sock, HelloFrame(self.key, hello.sender_key, self.own_limits.max_payload, _MAX_SEGMENTS,
+                                        caps, reply=True))  # fmt: skip
+            peer_limits = self.own_limits.for_peer(hello)
+            refused = [""]
+
+            def into(frame, length):
+                views, refused[0] = self._check(frame.segments)
+                return views if not refused[0] else None
+
+            while True:
+                frame = recv_frame(sock, self.own_limits, into)
+                if frame is None or frame.type is FrameType.CLOSE:
+                    return
+                if frame.type is FrameType.WRITE:
+                    bad, refused[0] = refused[0], ""
+                    code = StatusCode.ERR_INVALID_ARGS if bad else STATUS_SUCCESS
+                    send_frame(sock, StatusFrame(frame.request_id, code, bad), limits=peer_limits)
+                elif frame.type is FrameType.READ_REQUEST:
+                    views, bad = self._check(frame.segments)
+                    if bad:
+                        send_frame(sock, ReadResponseFrame(frame.request_id, StatusCode.ERR_INVALID_ARGS, bad),
+                                   limits=peer_limits)  # fmt: skip
+                    else:
+                        send_frame(sock, ReadResponseFrame(frame.request_id), views, limits=peer_limits)
+                elif frame.type is FrameType.NOTIFY:
+                    if frame.initiator_key != hello.sender_key:
+                        raise FrameError("notify.initiator_key", f"{frame.initiator_key!r} on a connection of "
+                                                                 f"{hello.sender_key!r}")  # fmt: skip
+                    if caps:
+                        entry = (frame.initiator_key, frame.transfer_uid)
+                        with self.lock:
+                            self.inbound.setdefault(entry, set()).add(frame.part_index)
+                            self.inbound_counts[entry] = frame.part_count
+                elif frame.type is FrameType.MEMORY_QUERY:
+                    with self.regions_lock:
+                        region = self.regions.get(frame.mem_id)
+                    size = region.view.nbytes if region is not None else 0
+                    send_frame(sock, MemoryInfoFrame(frame.request_id, frame.mem_id, region is not None, size),
+                               limits=peer_limits)  # fmt: skip
+                else:
+                    raise FrameError("frame.type", f"{frame.type.name} is not a request a target serves")
+        except FrameError as exc:
+            try:
+                send_frame(sock, ErrorFrame(0, StatusCode.ERR_INVALID_ARGS, exc.reason[:1000]), timeout=1.0)
+            except OSError:
+                pass
+        except OSError:
+            pass
+        finally:
+            with self.lock:
+                if sock in self._accepted:
+                    self._accepted.remove(sock)
+            _close(sock)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            connections = [c for conns in self.connections.values() for c in conns]
+            self.connections.clear()
+            accepted = list(self._accepted)
+        _close(self.listener)
+        for conn in connections:
+            conn.close()
+        for sock in accepted:
+            _close(sock)
+
+
+class _Aggregate:
+    """Counts a transfer's parts; the first error is reported at once, success once all parts succeeded."""
+
+    def __init__(self, count: int, complete: Complete):
+        self.left, self.complete, self.failed = count, complete, False
+        self.lock = threading.Lock()
+
+    def part_done(self, code: StatusCode, message: str) -> None:
+        with self.lock:
+            self.left -= 1
+            report = (code.failed and not self.failed) or (self.left == 0 and not self.failed)
+            self.failed = self.failed or code.failed
+        if report:
+            self.complete(code, message)
+
+
+def _frames(runs, local: Region, mem_id: int, max_payload: int, max_segments: int) -> list:
+    """Cut remote-contiguous runs into frames of at most ``max_payload`` bytes and ``max_segments`` segments:
+    [(segments, local views, bytes), ...]."""
+    frames, segments, views, nbytes = [], [], [], 0
+
+    def flush():
+        nonlocal segments, views, nbytes
+        if segments:
+            frames.append((segments, views, nbytes))
+        segments, views, nbytes = [], [], 0
+
+    for remote_offset, pieces in runs:
+        for local_offset, length in pieces:
+            while length:
+                if nbytes == max_payload or len(segments) == max_segments:
+                    flush()
+                step = min(length, max_payload - nbytes)
+                last = segments[-1] if segments else None
+                if last is not None and last.offset + last.length == remote_offset:
+                    segments[-1] = Segment(mem_id, last.offset, last.length + step)
+                else:
+                    segments.append(Segment(mem_id, remote_offset, step))
+                views.append(local.view[local_offset : local_offset + step])
+                nbytes += step
+                remote_offset += step
+                local_offset += step
+                length -= step
+    flush()
+    return frames
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass
