@@ -7,6 +7,7 @@ import ctypes
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -269,6 +270,33 @@ def test_unknown_and_deregistered_remote_memory_are_refused_by_the_target(pair):
     assert target == source
     a.deregister_memory(ms)
     assert a.write(ms, 0, mt2, 0, 64, 5).Code() == StatusCode.ERR_INVALID_ARGS
+
+
+def test_the_target_checks_bounds_itself(pair):
+    # A descriptor that claims more than the target registered gets past the initiator's check: the target
+    # refuses the segment before a byte lands, drains the payload and keeps the connection.
+    a, b = pair
+    source, target = bytearray(os.urandom(8192)), bytearray(b"\x11" * 4096)
+    ms, mt = register(a, source), register(b, target)
+    inflated = mt._replace(size=8192)
+    status = done(a.write(ms, 0, inflated, 2048, 4096, 1), StatusCode.ERR_INVALID_ARGS)
+    assert "outside memory" in status.Message()
+    done(a.read(ms, 0, inflated, 0, 8192, 2), StatusCode.ERR_INVALID_ARGS)
+    assert target == b"\x11" * 4096
+    done(a.write(ms, 0, mt, 0, 4096, 3))
+    assert target == source[:4096]
+
+
+def test_a_hello_for_another_engine_is_answered_with_an_error(pair):
+    from mori_compiler.runtime.io.tcp_frames import FrameType, HelloFrame
+    from mori_compiler.runtime.io.tcp_socket import recv_frame, send_frame
+
+    _, b = pair
+    with socket.create_connection(("127.0.0.1", b.get_engine_desc().port), timeout=5) as sock:
+        send_frame(sock, HelloFrame("intruder", "not-target"))
+        answer = recv_frame(sock, timeout=5)
+        assert answer.type is FrameType.ERROR and "not 'not-target'" in answer.message
+        assert recv_frame(sock, timeout=5) is None  # and the target closed the connection
 
 
 def test_unreachable_target_raises():
