@@ -246,12 +246,15 @@ class IOEngine:
         return self._batch("write", local_srcs, local_offsets, remote_dests, remote_offsets, sizes, transfer_uids)
 
     def create_session(self, local_mem: MemoryDesc, remote_mem: MemoryDesc):
-        """An ``IOEngineSession`` for the pair, or None when no backend can handle it (MORI's behaviour)."""
+        """An ``IOEngineSession`` for the pair, or None when no backend can handle it (MORI's behaviour).
+        Like MORI's RDMA backend, it asks the target about the remote region: ``RuntimeError`` when the target
+        cannot be reached or does not have it registered with at least the descriptor's size."""
         _check_mem("create_session local_mem", local_mem)
         _check_mem("create_session remote_mem", remote_mem)
         backend = self._route(remote_mem)
         if backend is None:
             return None
+        backend.check_remote_memory(remote_mem.engine_key, remote_mem.id, remote_mem.size)
         return IOEngineSession(self, backend, local_mem, remote_mem)
 
     def pop_inbound_transfer_status(self, remote_key, transfer_uid):

@@ -30,7 +30,7 @@ from .configs import TcpBackendConfig
 from .enums import StatusCode
 from .log import LOGGER
 from .tcp_frames import (CAP_NOTIFY, STATUS_SUCCESS, CloseFrame, ErrorFrame, FrameError, FrameLimits, FrameType,
-                         HelloFrame, MemoryInfoFrame, NotifyFrame, ReadRequestFrame, ReadResponseFrame, Segment,
+                         HelloFrame, MemoryInfoFrame, MemoryQueryFrame, NotifyFrame, ReadRequestFrame, ReadResponseFrame, Segment,
                          StatusFrame, WriteFrame)  # fmt: skip
 from .tcp_socket import FrameTimeoutError, recv_frame, send_frame
 
@@ -107,6 +107,33 @@ class _Outgoing:
         except (OSError, FrameError, ValueError) as exc:
             self.fail(f"sending to engine {self.remote_key!r} failed: {exc}")
 
+    def query_memory(self, mem_id: int, timeout: float):
+        """The target's MEMORY_INFO for ``mem_id`` (RuntimeError if the connection fails or times out)."""
+        answered = threading.Event()
+        outcome: list = []
+
+        def complete(code, message, info=None):
+            outcome.append((code, message, info))
+            answered.set()
+
+        with self.lock:
+            if self.dead:
+                raise RuntimeError(f"MORI-IO TCP backend: the connection to engine {self.remote_key!r} is closed")
+            request_id = next(self._ids)
+            self.pending[request_id] = ("query", Part([], [], complete))
+        try:
+            with self.send_lock:
+                send_frame(self.sock, MemoryQueryFrame(request_id, mem_id), limits=self.peer_limits, timeout=timeout)
+        except (OSError, FrameError) as exc:
+            self.fail(f"sending to engine {self.remote_key!r} failed: {exc}")
+        if not answered.wait(timeout):
+            self.fail(f"engine {self.remote_key!r} did not answer a memory query within {timeout} s")
+            answered.wait(1.0)
+        code, message, info = outcome[0] if outcome else (StatusCode.ERR_RDMA_OP, "no answer", None)
+        if info is None:
+            raise RuntimeError(f"MORI-IO TCP backend: memory query to engine {self.remote_key!r} failed: {message}")
+        return info
+
     def send_notify(self, uid: int, index: int, count: int) -> None:
         if not self.notify or self.dead:
             return
@@ -161,11 +188,17 @@ class _Outgoing:
                     raise
                 if frame is None:
                     raise ConnectionError("the peer closed the connection")
-                if frame.type in (FrameType.STATUS, FrameType.READ_RESPONSE):
+                if frame.type in (FrameType.STATUS, FrameType.READ_RESPONSE, FrameType.MEMORY_INFO):
                     with self.lock:
                         entry = self.pending.pop(frame.request_id, None)
-                    if entry is None:
-                        raise FrameError("request_id", f"{frame.request_id} answers no outstanding request")
+                    expected = {FrameType.STATUS: "write", FrameType.READ_RESPONSE: "read",
+                                FrameType.MEMORY_INFO: "query"}[frame.type]  # fmt: skip
+                    if entry is None or entry[0] != expected:
+                        raise FrameError("request_id", f"{frame.request_id} answers no outstanding {expected} "
+                                                       f"request with a {frame.type.name}")  # fmt: skip
+                    if frame.type is FrameType.MEMORY_INFO:
+                        entry[1].complete(StatusCode.SUCCESS, "", frame)
+                        continue
                     code = _status_code(frame.status)
                     entry[1].complete(code, frame.message if code.failed else "")
                 elif frame.type is FrameType.ERROR:
@@ -271,6 +304,16 @@ class TcpBackend:
             conns = self.connections.get(conn.remote_key)
             if conns and conn in conns:
                 conns.remove(conn)
+
+    def check_remote_memory(self, remote_key: str, mem_id: int, size: int) -> None:
+        """MORI's AskMemoryRegion at session build: RuntimeError unless the target has region ``mem_id`` of
+        at least ``size`` bytes registered."""
+        conn = self.connections_to(remote_key)[0]
+        info = conn.query_memory(mem_id, self.config.connect_timeout_ms / 1000)
+        if not info.found or info.size < size:
+            found = f"{info.size} bytes" if info.found else "not registered"
+            raise RuntimeError(f"MORI-IO TCP backend: remote memory {mem_id} of engine {remote_key!r} is {found}; "
+                               f"the descriptor says {size} bytes (remote MR size mismatch)")  # fmt: skip
 
     # ---- transfers (initiator side) ----
 

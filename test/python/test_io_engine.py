@@ -187,6 +187,10 @@ def test_session_ops(pair):
     assert session.write(0, 8000, 500, 101).Code() == StatusCode.ERR_INVALID_ARGS
     stranger = IOEngine("stranger", IOEngineConfig())
     assert a.create_session(ms, stranger.register_memory(bytearray(4), 4, -1, CPU)) is None
+    with pytest.raises(RuntimeError, match="not registered"):  # the target is asked about its memory
+        a.create_session(ms, mt._replace(id=77))
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        a.create_session(ms, mt._replace(size=8193))
 
 
 def test_notifications_are_peeked_per_initiator_and_uid(pair):
