@@ -8,11 +8,12 @@ Threads (all daemons, ended by ``close``):
   segment is checked against the registered region before a byte lands; a refused one is drained and
   answered ``ERR_INVALID_ARGS``, the connection stays), READ_REQUEST (checked the same way; READ_RESPONSE
   with the bytes or the error), NOTIFY (counted for ``pop_inbound``) and MEMORY_QUERY;
-* one *receiver* thread per outgoing connection: it completes the initiator's parts from STATUS and
-  READ_RESPONSE frames (a read's bytes are received straight into the local region).
+* one *sender* and one *receiver* thread per outgoing connection: the sender sends the queued frames in
+  order (payloads straight from the local region); the receiver completes the initiator's parts from STATUS
+  and READ_RESPONSE frames (a read's bytes are received straight into the local region).
 
-Initiator side: the caller's thread sends the frames (under the connection's send lock) and returns; the
-receiver thread completes them. A connection that fails (peer gone, reset, protocol error, no answer within
+Initiator side: the caller's thread checks, queues the frames and returns (MORI's calls are asynchronous);
+the connection's threads send them and complete the parts. A connection that fails (peer gone, reset, protocol error, no answer within
 ``io_timeout_ms`` while parts are outstanding) fails all its outstanding parts with ``ERR_RDMA_OP`` and is
 dropped; the next transfer towards that engine connects again (and raises ``RuntimeError`` if it cannot),
 as building a new session does in MORI.
@@ -21,6 +22,7 @@ as building a new session does in MORI.
 from __future__ import annotations
 
 import itertools
+import queue
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -75,13 +77,15 @@ class _Outgoing:
 
     def __init__(self, backend: "TcpBackend", sock: socket.socket, peer_limits: FrameLimits, notify: bool, key: str):
         self.backend, self.sock, self.peer_limits, self.notify, self.remote_key = backend, sock, peer_limits, notify, key
-        self.send_lock = threading.Lock()
         self.lock = threading.Lock()  # guards pending and dead
         self.pending: dict[int, tuple[str, Part]] = {}
         self.dead = False
         self._ids = itertools.count(1)
-        self.thread = threading.Thread(target=self._receive_loop, name=f"mori-io-tcp-recv-{key}", daemon=True)
-        self.thread.start()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (frame, payload views) to send; None ends
+        self._sender = threading.Thread(target=self._send_loop, name=f"mori-io-tcp-send-{key}", daemon=True)
+        self._receiver = threading.Thread(target=self._receive_loop, name=f"mori-io-tcp-recv-{key}", daemon=True)
+        self._sender.start()
+        self._receiver.start()
 
     def submit(self, kind: str, part: Part) -> None:
         """Send one WRITE or READ_REQUEST; the part completes later (or now, if the connection is dead)."""
@@ -96,16 +100,25 @@ class _Outgoing:
             part.complete(StatusCode.ERR_RDMA_OP, f"TCP connection to engine {self.remote_key!r} is closed")
             return
         segments = tuple(part.segments)
-        try:
-            with self.send_lock:
-                if kind == "write":
-                    send_frame(self.sock, WriteFrame(request_id, segments), part.local_views,
-                               limits=self.peer_limits, timeout=self.backend.io_timeout)  # fmt: skip
-                else:
-                    send_frame(self.sock, ReadRequestFrame(request_id, segments), limits=self.peer_limits,
-                               timeout=self.backend.io_timeout)  # fmt: skip
-        except (OSError, FrameError, ValueError) as exc:
-            self.fail(f"sending to engine {self.remote_key!r} failed: {exc}")
+        if kind == "write":
+            self._outbox.put((WriteFrame(request_id, segments), part.local_views))
+        else:
+            self._outbox.put((ReadRequestFrame(request_id, segments), None))
+
+    def _send_loop(self) -> None:
+        """The connection's only sender: frames go out in the order they were queued (a transfer's NOTIFY
+        after its data), so the caller's thread never blocks on a slow peer."""
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            if self.dead:
+                continue  # its part was failed with the connection
+            frame, views = item
+            try:
+                send_frame(self.sock, frame, views, limits=self.peer_limits, timeout=self.backend.io_timeout)
+            except (OSError, FrameError, ValueError) as exc:
+                self.fail(f"sending to engine {self.remote_key!r} failed: {exc}")
 
     def query_memory(self, mem_id: int, timeout: float):
         """The target's MEMORY_INFO for ``mem_id`` (RuntimeError if the connection fails or times out)."""
@@ -121,11 +134,7 @@ class _Outgoing:
                 raise RuntimeError(f"MORI-IO TCP backend: the connection to engine {self.remote_key!r} is closed")
             request_id = next(self._ids)
             self.pending[request_id] = ("query", Part([], [], complete))
-        try:
-            with self.send_lock:
-                send_frame(self.sock, MemoryQueryFrame(request_id, mem_id), limits=self.peer_limits, timeout=timeout)
-        except (OSError, FrameError) as exc:
-            self.fail(f"sending to engine {self.remote_key!r} failed: {exc}")
+        self._outbox.put((MemoryQueryFrame(request_id, mem_id), None))
         if not answered.wait(timeout):
             self.fail(f"engine {self.remote_key!r} did not answer a memory query within {timeout} s")
             answered.wait(1.0)
@@ -135,14 +144,8 @@ class _Outgoing:
         return info
 
     def send_notify(self, uid: int, index: int, count: int) -> None:
-        if not self.notify or self.dead:
-            return
-        try:
-            with self.send_lock:
-                send_frame(self.sock, NotifyFrame(uid, self.backend.key, index, count), limits=self.peer_limits,
-                           timeout=self.backend.io_timeout)  # fmt: skip
-        except (OSError, FrameError) as exc:
-            self.fail(f"sending a notification to engine {self.remote_key!r} failed: {exc}")
+        if self.notify and not self.dead:
+            self._outbox.put((NotifyFrame(uid, self.backend.key, index, count), None))
 
     def fail(self, message: str) -> None:
         """Mark the connection dead and fail every outstanding part with ERR_RDMA_OP."""
@@ -150,6 +153,7 @@ class _Outgoing:
             was_dead, self.dead = self.dead, True
             pending, self.pending = self.pending, {}
         if not was_dead:
+            self._outbox.put(None)
             LOGGER.warning("MORI-IO TCP: %s", message)
             self.backend._drop(self)
             _close(self.sock)
@@ -157,11 +161,11 @@ class _Outgoing:
             part.complete(StatusCode.ERR_RDMA_OP, message)
 
     def close(self) -> None:
-        try:
-            with self.send_lock:
-                send_frame(self.sock, CloseFrame(), timeout=1.0)
-        except OSError:
-            pass
+        """Send CLOSE after the frames already queued (waiting up to a second), then fail what is left."""
+        if not self.dead:
+            self._outbox.put((CloseFrame(), None))
+        self._outbox.put(None)
+        self._sender.join(1.0)
         self.fail(f"connection to engine {self.remote_key!r} closed by this engine")
 
     def _into(self, frame, length: int):

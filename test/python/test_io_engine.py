@@ -368,6 +368,23 @@ def test_two_initiators_into_one_target():
             engine.close()
 
 
+def test_close_ends_every_thread_and_socket():
+    def ours():
+        return [t for t in threading.enumerate() if t.name.startswith("mori-io-tcp-") and ("-closer" in t.name
+                or "-closee" in t.name)]  # fmt: skip
+
+    a, b = make_engine("closer", config=TcpBackendConfig(num_connections=2), backend=BackendType.TCP), make_engine("closee")
+    a.register_remote_engine(b.get_engine_desc())
+    done(a.write(register(a, bytearray(8)), 0, register(b, bytearray(8)), 0, 8, 1))
+    assert len(ours()) == 1 + 2 * 2 + 1 + 2  # a: listener, 2 x (sender, receiver); b: listener, 2 servers
+    a.close()
+    b.close()
+    deadline = time.monotonic() + 5
+    while ours() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not ours()
+
+
 # ---- two processes ----
 
 
@@ -439,17 +456,15 @@ def test_killed_peer_fails_transfers_and_the_engine_stays_usable(child):
     big = bytearray(size)
     local = register(engine, big)
     read_status = engine.read(local, 0, remote, 0, 4096, 2)
-    statuses = []
-    writer = threading.Thread(target=lambda: statuses.append(engine.write(local, 0, remote, 0, size, 3)))
-    writer.start()
+    start = time.monotonic()
+    write_status = engine.write(local, 0, remote, 0, size, 3)
+    assert time.monotonic() - start < 1.0  # asynchronous: the connection's thread sends
     time.sleep(0.3)
-    assert read_status.WaitFor(0) == StatusCode.IN_PROGRESS
+    assert read_status.WaitFor(0) == StatusCode.IN_PROGRESS and write_status.WaitFor(0) == StatusCode.IN_PROGRESS
     proc.kill()
     proc.join(10)
-    writer.join(10)
-    assert not writer.is_alive()
     assert read_status.WaitFor(WAIT_MS) == StatusCode.ERR_RDMA_OP
-    assert statuses[0].WaitFor(WAIT_MS) == StatusCode.ERR_RDMA_OP
+    assert write_status.WaitFor(WAIT_MS) == StatusCode.ERR_RDMA_OP
     with pytest.raises(RuntimeError, match="cannot connect"):  # no silent reconnection to a dead peer
         engine.write(local, 0, remote, 0, 16, 4)
     other = make_engine("survivor")
