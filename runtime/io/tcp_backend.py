@@ -399,6 +399,8 @@ class TcpBackend:
             refused = [""]
 
             def into(frame, length):
+                if frame.type is not FrameType.WRITE:
+                    raise FrameError("frame.type", f"{frame.type.name} is not a request a target serves")
                 views, refused[0] = self._check(frame.segments)
                 return views if not refused[0] else None
 
@@ -434,9 +436,10 @@ class TcpBackend:
                                limits=peer_limits)  # fmt: skip
                 else:
                     raise FrameError("frame.type", f"{frame.type.name} is not a request a target serves")
-        except FrameError as exc:
+        except (FrameError, ValueError) as exc:
+            reason = exc.reason if isinstance(exc, FrameError) else str(exc)
             try:
-                send_frame(sock, ErrorFrame(0, StatusCode.ERR_INVALID_ARGS, exc.reason[:1000]), timeout=1.0)
+                send_frame(sock, ErrorFrame(0, StatusCode.ERR_INVALID_ARGS, reason[:1000]), timeout=1.0)
             except OSError:
                 pass
         except OSError:

@@ -303,6 +303,20 @@ def test_a_hello_for_another_engine_is_answered_with_an_error(pair):
         assert recv_frame(sock, timeout=5) is None  # and the target closed the connection
 
 
+def test_a_target_refuses_frames_that_are_not_requests(pair):
+    from mori_compiler.runtime.io.tcp_frames import FrameType, HelloFrame, ReadResponseFrame
+    from mori_compiler.runtime.io.tcp_socket import recv_frame, send_frame
+
+    _, b = pair
+    with socket.create_connection(("127.0.0.1", b.get_engine_desc().port), timeout=5) as sock:
+        send_frame(sock, HelloFrame("rogue", "target"))
+        assert recv_frame(sock, timeout=5).reply
+        send_frame(sock, ReadResponseFrame(1, payload=b"unasked"))
+        answer = recv_frame(sock, timeout=5)
+        assert answer.type is FrameType.ERROR and "READ_RESPONSE is not a request" in answer.message
+        assert recv_frame(sock, timeout=5) is None
+
+
 def test_unreachable_target_raises():
     a = make_engine("caller")
     b = make_engine("gone")
