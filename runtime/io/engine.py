@@ -1,5 +1,5 @@
 """``IOEngine`` and ``IOEngineSession``: MORI-IO's engine with MORI's method names and positional call shapes
-(spec §1.6-§1.7), over the backends that exist here.
+(MORI's python/mori/io/engine.py), over the backends that exist here.
 
 Backends: ``BackendType.RDMA`` and ``BackendType.TCP`` are both served by the TCP backend (``tcp_backend``;
 there is no RDMA NIC here, and MORI's tests ask for RDMA); the RDMA config's ``qp_per_transfer`` becomes the
@@ -14,7 +14,7 @@ caller keeps that memory alive and at least ``size`` bytes long until ``deregist
 keeps a byte view of the first ``size`` bytes, so the buffer stays alive while registered. GPU memory is
 refused (``NotImplementedError``) until the GPU-IPC backend comes.
 
-Errors follow MORI (§2.6): no backend for a pair -> ``ERR_BAD_STATE`` "No available backend found, create
+Errors follow MORI: no backend for a pair -> ``ERR_BAD_STATE`` "No available backend found, create
 backend first"; an offset+size beyond the local or remote region, batch lists of unequal length, a local
 descriptor this engine did not register -> ``ERR_INVALID_ARGS``, set before the call returns; memory the
 target does not have (unknown, deregistered, too small) -> ``ERR_INVALID_ARGS`` from the target's answer;

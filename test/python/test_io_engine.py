@@ -208,8 +208,11 @@ def test_notifications_are_peeked_per_initiator_and_uid(pair):
     assert b.pop_inbound_transfer_status("init", 43) is None
 
 
-def test_notifications_can_be_turned_off():
-    a = make_engine("quiet", config=RdmaBackendConfig(enable_notification=False))
+@pytest.mark.parametrize("how", ["config", "environment"])
+def test_notifications_can_be_turned_off(how, monkeypatch):
+    if how == "environment":  # MORI's override, applied at create_backend
+        monkeypatch.setenv("MORI_IO_ENABLE_NOTIFICATION", "0")
+    a = make_engine("quiet", config=RdmaBackendConfig(enable_notification=how == "environment"))
     b = make_engine("listener")
     try:
         a.register_remote_engine(b.get_engine_desc())
@@ -335,7 +338,7 @@ def test_unreachable_target_raises():
 
 
 def test_several_threads_write_through_one_engine():
-    a, b = make_engine("threads", config=TcpBackendConfig(num_connections=3), backend=BackendType.TCP), make_engine("t")
+    a, b = make_engine("threads", config=RdmaBackendConfig(qp_per_transfer=3)), make_engine("t")  # 3 sockets
     try:
         a.register_remote_engine(b.get_engine_desc())
         chunk, workers, rounds = 64 << 10, 4, 8
