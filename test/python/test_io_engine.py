@@ -320,6 +320,37 @@ def test_a_target_refuses_frames_that_are_not_requests(pair):
         assert recv_frame(sock, timeout=5) is None
 
 
+def test_a_peer_that_stops_answering_fails_the_transfer_after_io_timeout():
+    from mori_compiler.runtime.io.tcp_frames import HelloFrame
+    from mori_compiler.runtime.io.tcp_socket import recv_frame, send_frame
+
+    mute = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def answer_hello_then_nothing():
+        sock, _ = mute.accept()
+        accepted.append(sock)
+        hello = recv_frame(sock, timeout=5)
+        send_frame(sock, HelloFrame("mute", hello.sender_key, reply=True))
+
+    server = threading.Thread(target=answer_hello_then_nothing, daemon=True)
+    server.start()
+    engine = make_engine("patient", BackendType.TCP, TcpBackendConfig(io_timeout_ms=300))
+    try:
+        engine.register_remote_engine(EngineDesc._from_fields(key="mute", host="127.0.0.1", port=mute.getsockname()[1]))
+        remote = MemoryDesc._from_fields(engine_key="mute", id=0, size=4096, loc=CPU)
+        start = time.monotonic()
+        status = engine.write(register(engine, bytearray(4096)), 0, remote, 0, 4096, 1)
+        assert status.WaitFor(WAIT_MS) == StatusCode.ERR_RDMA_OP
+        assert 0.2 < time.monotonic() - start < 5
+    finally:
+        engine.close()
+        server.join(5)
+        for sock in accepted:
+            sock.close()
+        mute.close()
+
+
 def test_unreachable_target_raises():
     a = make_engine("caller")
     b = make_engine("gone")
