@@ -6,7 +6,8 @@ Threads (all daemons, ended by ``close``):
 * one listener per backend, on the engine's host/port (port 0: an ephemeral one, see ``port``);
 * one *server* thread per accepted connection: it answers the peer's HELLO, then serves WRITE (each
   segment is checked against the registered region before a byte lands; a refused one is drained and
-  answered ``ERR_INVALID_ARGS``, the connection stays), READ_REQUEST (checked the same way; READ_RESPONSE
+  answered ``ERR_INVALID_ARGS``, the connection stays; a peer stalled inside a frame for ``io_timeout_ms`` is
+  dropped), READ_REQUEST (checked the same way; READ_RESPONSE
   with the bytes or the error), NOTIFY (counted for ``pop_inbound``) and MEMORY_QUERY;
 * one *sender* and one *receiver* thread per outgoing connection: the sender sends the queued frames in
   order (payloads straight from the local region); the receiver completes the initiator's parts from STATUS
@@ -405,7 +406,13 @@ class TcpBackend:
                 return views if not refused[0] else None
 
             while True:
-                frame = recv_frame(sock, self.own_limits, into)
+                try:  # an idle connection may stay idle; one stalled inside a frame is dropped after io_timeout
+                    frame = recv_frame(sock, self.own_limits, into, timeout=self.io_timeout)
+                except FrameTimeoutError as exc:
+                    if exc.at_boundary:
+                        continue
+                    LOGGER.warning("MORI-IO TCP engine %r: %s; closing the connection", self.key, exc)
+                    return
                 if frame is None or frame.type is FrameType.CLOSE:
                     return
                 if frame.type is FrameType.WRITE:

@@ -351,6 +351,29 @@ def test_a_peer_that_stops_answering_fails_the_transfer_after_io_timeout():
         mute.close()
 
 
+def test_a_target_drops_a_peer_stalled_inside_a_frame():
+    from mori_compiler.runtime.io.tcp_frames import (FrameType, HelloFrame, MemoryQueryFrame, Segment, WriteFrame,
+                                                     encode_head)  # fmt: skip
+    from mori_compiler.runtime.io.tcp_socket import recv_frame, send_frame
+
+    b = make_engine("strict", BackendType.TCP, TcpBackendConfig(io_timeout_ms=200))
+    try:
+        register(b, bytearray(4096))
+        with socket.create_connection(("127.0.0.1", b.get_engine_desc().port), timeout=5) as sock:
+            send_frame(sock, HelloFrame("slow", "strict"))
+            assert recv_frame(sock, timeout=5).reply
+            time.sleep(0.4)  # idle at a frame boundary for longer than io_timeout: kept
+            send_frame(sock, MemoryQueryFrame(9, 0))
+            info = recv_frame(sock, timeout=5)
+            assert info.type is FrameType.MEMORY_INFO and info.found and info.size == 4096
+            sock.sendall(encode_head(WriteFrame(1, (Segment(0, 0, 4096),)), 4096) + b"x" * 100)  # then stall
+            start = time.monotonic()
+            assert recv_frame(sock, timeout=5) is None  # the target closed it
+            assert time.monotonic() - start < 3
+    finally:
+        b.close()
+
+
 def test_unreachable_target_raises():
     a = make_engine("caller")
     b = make_engine("gone")
