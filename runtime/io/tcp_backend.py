@@ -26,7 +26,7 @@ import itertools
 import queue
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .configs import TcpBackendConfig
@@ -228,7 +228,9 @@ class TcpBackend:
         self.io_timeout = config.io_timeout_ms / 1000 if config.io_timeout_ms else None
         self.remotes: dict[str, object] = {}  # key -> EngineDesc
         self.connections: dict[str, list[_Outgoing]] = {}
-        self.inbound: dict[tuple[str, int], set] = {}  # (initiator key, uid) -> part indices seen; count
+        # Target side, per (initiator key, uid): the NOTIFY part indices seen and the part count announced.
+        # Never freed, as MORI's (a pop is a peek).
+        self.inbound: dict[tuple[str, int], set] = {}
         self.inbound_counts: dict[tuple[str, int], int] = {}
         self.lock = threading.Lock()
         self._connect_lock = threading.Lock()  # one thread builds the connections to a remote at a time
