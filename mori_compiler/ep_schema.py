@@ -152,8 +152,12 @@ class EpSizes(namedtuple("EpSizes", ("world_size", "hidden", "top_k", "experts_p
         return self.world_size // self.node_size
 
     @property
-    def hops(self) -> int:  # inter-node send targets a PE can have: W / hop_size (N for V1, W for V0)
-        return self.world_size // (self.hop_size or self.node_size)
+    def hop_pes(self) -> int:  # PEs one inter-node send target serves (hop_size; G when unset)
+        return self.hop_size or self.node_size
+
+    @property
+    def hops(self) -> int:  # inter-node send targets a PE can have: W / hop_pes (N for V1, W for V0)
+        return self.world_size // self.hop_pes
 
     @property
     def chunk_rows(self) -> int:  # records of one source's landing region: M rounded up to whole chunks
@@ -249,9 +253,8 @@ def internode_sizes(kind: KernelType, gpu_per_node: int) -> dict:
 def internode_attributes(kind: KernelType, gpu_per_node: int, num_qp_per_pe: int) -> dict:
     """The mori_ep attributes of an inter-node kernel type's ops (besides the sizes): G, the PEs per send
     target, whether every token goes to every remote target (V1LL), the queue pairs per peer."""
-    hop, selective = INTERNODE_KINDS[kind]
-    return {"gpu_per_node": gpu_per_node, "hop_size": hop or gpu_per_node, "send_all": int(not selective),
-            "num_qp": num_qp_per_pe}  # fmt: skip
+    _, selective = INTERNODE_KINDS[kind]
+    return {**internode_sizes(kind, gpu_per_node), "send_all": int(not selective), "num_qp": num_qp_per_pe}
 
 
 def recv_per_rank(max_tokens: int, max_total_recv: int, world_size: int) -> int:

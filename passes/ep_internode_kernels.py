@@ -117,7 +117,7 @@ class Topology(NamedTuple):
     """This PE's hops. Python ints: ``hops``, ``remote`` (hops on other nodes), ``chunks`` (ceil(M / wave)),
     ``shares`` (warps per chunk on the receiving side), ``hop_size``, ``group`` (G). i32 values: ``my_hop``
     (me / hop_size: the hop index targets file this PE's records under), ``first_remote`` (the first remote
-    hop, before the modulo), ``node_base`` ((me / G) * G), ``b_hops`` and ``b_hop_size`` (the constants)."""
+    hop, before the modulo), ``b_hops`` and ``b_hop_size`` (the constants)."""
 
     hops: int
     remote: int
@@ -126,7 +126,6 @@ class Topology(NamedTuple):
     hop_size: int
     my_hop: ir.Value
     first_remote: ir.Value
-    node_base: ir.Value
     b_hops: ir.Value
     b_hop_size: ir.Value
     group: int
@@ -135,13 +134,14 @@ class Topology(NamedTuple):
 def _topology(f: KernelFrame) -> Topology:
     b, cfg = f.b, f.cfg
     s = cfg.sizes
-    g, hs = s.node_size, s.hop_size or s.node_size
+    g, hs = s.node_size, s.hop_pes
     gc, hsc = b.const_i32(g), b.const_i32(hs)
     node_base = b.muli(b.divui(f.me, gc), gc)
     my_hop = b.divui(f.me, hsc)
     first_remote = b.addi(b.divui(node_base, hsc), b.const_i32(g // hs))
     chunks = -(-cfg.max_tokens_per_rank // cfg.wave_size)
-    return Topology(s.hops, s.hops - g // hs, chunks, CHUNK_SHARES, hs, my_hop, first_remote, node_base, b.const_i32(s.hops), hsc, g)
+    return Topology(s.hops, s.hops - g // hs, chunks, CHUNK_SHARES, hs, my_hop, first_remote, b.const_i32(s.hops),
+                    hsc, g)  # fmt: skip
 
 
 def _peer(f: KernelFrame, topo: Topology):
