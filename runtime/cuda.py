@@ -15,10 +15,11 @@ that call in get the same context made current for them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 
-from .driver import BindingsDriver, Function, LoadedModule, Module, call_checked, torch_cuda
+from .driver import BindingsDriver, DriverError, Function, LoadedModule, Module, call_checked, torch_cuda
 
 PTX_NUL = b"\0"
 
@@ -41,7 +42,11 @@ class CudaDriver(BindingsDriver):
         self._device_ordinal = None
         self._cudevice = None
         self._retained = []  # CUdevice handles whose primary context we retained
-        self._threads: set[int] = set()
+        # Threads that have the context current: a thread-local mark of the binding generation it saw
+        # (thread idents are reused after a thread ends, so a set of idents would lie).
+        self._bound = threading.local()
+        self._generation = 0
+        self._primary_contexts: dict = {}  # ordinal -> CUcontext retained for using_device
 
     # ---- error checking ------------------------------------------------------------------------
     def _error_text(self, err) -> tuple[str, str]:
@@ -69,8 +74,7 @@ class CudaDriver(BindingsDriver):
 
     # ---- context -------------------------------------------------------------------------------
     def _ensure_context(self) -> None:
-        tid = threading.get_ident()
-        if tid in self._threads:
+        if getattr(self._bound, "generation", -1) == self._generation:
             return
         with self._lock:
             if self._ctx is None:
@@ -79,7 +83,7 @@ class CudaDriver(BindingsDriver):
                 current = self._raw("cuCtxGetCurrent")
                 if current is None or int(current) != int(self._ctx):
                     self._raw("cuCtxSetCurrent", self._ctx)
-            self._threads.add(tid)
+            self._bound.generation = self._generation
 
     def _bind(self, ordinal: int | None) -> None:
         """Find or create the context to work in: the current one, else the primary context of
@@ -105,7 +109,8 @@ class CudaDriver(BindingsDriver):
         self._ctx = ctx
         self._cudevice = dev
         self._device_ordinal = int(dev)
-        self._threads = {threading.get_ident()}
+        self._generation += 1  # every other thread re-checks its context
+        self._bound.generation = self._generation
 
     @property
     def device(self) -> int:
@@ -167,6 +172,62 @@ class CudaDriver(BindingsDriver):
         h.reserved = handle
         flags = int(self._cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
         return int(self._call("cuIpcOpenMemHandle", h, flags))
+
+    # ---- copy engine (MORI-IO) -----------------------------------------------------------------
+    def _device_handle(self, ordinal: int):
+        return self._call("cuDeviceGet", ordinal)
+
+    def device_count(self) -> int:
+        self._raw("cuInit", 0)
+        return int(self._raw("cuDeviceGetCount"))
+
+    def stream_create(self) -> int:
+        return int(self._call("cuStreamCreate", int(self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+
+    def event_create(self):
+        return self._call("cuEventCreate", int(self._cu.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+
+    def event_query(self, event) -> bool:
+        self._ensure_context()
+        err = self._cu.cuEventQuery(event)[0]
+        if int(err) == int(self._cu.CUresult.CUDA_ERROR_NOT_READY):
+            return False
+        if int(err) != int(self._cu.CUresult.CUDA_SUCCESS):
+            name, desc = self._error_text(err)
+            raise DriverError("cuEventQuery", name, desc, int(err))
+        return True
+
+    def memcpy_async(self, dst: int, src: int, n: int, stream: int) -> None:
+        if n:
+            self._call("cuMemcpyAsync", int(dst), int(src), int(n), int(stream))
+
+    def host_alloc(self, n: int) -> int:
+        if n <= 0:
+            raise ValueError(f"cannot allocate {n} bytes of pinned host memory")
+        return int(self._call("cuMemHostAlloc", int(n), int(self._cu.CU_MEMHOSTALLOC_PORTABLE)))
+
+    def host_free(self, ptr: int) -> None:
+        self._call("cuMemFreeHost", int(ptr))
+
+    @contextlib.contextmanager
+    def using_device(self, ordinal: int):
+        """Pushes GPU ``ordinal``'s primary context on this thread for the block (popped after)."""
+        ordinal = int(ordinal)
+        self._ensure_context()  # registers the thread first, so that calls inside keep the pushed context
+        if ordinal == self._device_ordinal:
+            yield
+            return
+        with self._lock:
+            ctx = self._primary_contexts.get(ordinal)
+            if ctx is None:
+                dev = self._raw("cuDeviceGet", ordinal)
+                ctx = self._primary_contexts[ordinal] = self._raw("cuDevicePrimaryCtxRetain", dev)
+                self._retained.append(dev)
+        self._raw("cuCtxPushCurrent", ctx)
+        try:
+            yield
+        finally:
+            self._raw("cuCtxPopCurrent")
 
     # ---- synchronization -----------------------------------------------------------------------
     def device_synchronize(self) -> None:

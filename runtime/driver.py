@@ -19,6 +19,7 @@ This module imports only the standard library; torch is imported lazily and is o
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import os
@@ -237,6 +238,72 @@ class Driver(ABC):
     @abstractmethod
     def ipc_close_mem_handle(self, ptr: int) -> None: ...
 
+    # ---- copy engine: streams, events, async copies, pinned host memory (MORI-IO) ---------------
+    # Not every driver has them (the shmem tests' fakes do not): the defaults refuse clearly.
+
+    def _unsupported(self, what: str):
+        raise NotImplementedError(f"{type(self).__name__} has no {what} (MORI-IO's GPU memory needs it)")
+
+    def address_range(self, ptr: int) -> tuple[int, int]:
+        """(base, size) of the device allocation containing ``ptr``; DriverError if it is not device memory
+        (torch tensors are sub-allocations of larger segments: IPC handles name the segment's base)."""
+        self._unsupported("address_range")
+
+    def pci_bus_id(self, ordinal: int) -> str:
+        """The lower-case PCI bus id of GPU ``ordinal`` ("0000:00:06.0")."""
+        self._unsupported("pci_bus_id")
+
+    def device_count(self) -> int:
+        self._unsupported("device_count")
+
+    def stream_create(self) -> int:
+        """A new non-blocking stream (never synchronizes with the legacy default stream) on this device."""
+        self._unsupported("stream_create")
+
+    def stream_destroy(self, stream: int) -> None:
+        self._unsupported("stream_destroy")
+
+    def event_create(self):
+        """A new event with timing disabled (the cheap kind); an opaque handle."""
+        self._unsupported("event_create")
+
+    def event_destroy(self, event) -> None:
+        self._unsupported("event_destroy")
+
+    def event_record(self, event, stream: int | None) -> None:
+        self._unsupported("event_record")
+
+    def event_query(self, event) -> bool:
+        """True once the work before the event's last record is done, False while it runs (never blocks)."""
+        self._unsupported("event_query")
+
+    def event_synchronize(self, event) -> None:
+        self._unsupported("event_synchronize")
+
+    def stream_wait_event(self, stream: int, event) -> None:
+        """Work queued on ``stream`` later runs after the event's last record."""
+        self._unsupported("stream_wait_event")
+
+    def memcpy_async(self, dst: int, src: int, n: int, stream: int) -> None:
+        """Copy ``n`` bytes between any two addresses the GPU can reach (device, peer device, pinned host:
+        unified addressing infers the direction), ordered on ``stream``."""
+        self._unsupported("memcpy_async")
+
+    def host_alloc(self, n: int) -> int:
+        """``n`` bytes of page-locked host memory, usable by every device's copies."""
+        self._unsupported("host_alloc")
+
+    def host_free(self, ptr: int) -> None:
+        self._unsupported("host_free")
+
+    @contextlib.contextmanager
+    def using_device(self, ordinal: int):
+        """Inside the block the calling thread's driver calls work on GPU ``ordinal`` (its streams,
+        events and copies); the previous device is restored after. The same device: nothing changes."""
+        if int(ordinal) != self.device:
+            self.set_device(ordinal)  # drivers of one device refuse another one here
+        yield
+
     # ---- synchronization -----------------------------------------------------------------------
     @abstractmethod
     def stream_synchronize(self, stream: int | None) -> None: ...
@@ -265,13 +332,15 @@ class Driver(ABC):
         """True when torch tensors can be allocated on this driver's device (real drivers with a GPU torch)."""
         return False
 
-    def current_stream(self) -> int:
-        """The current PyTorch stream's handle when torch is importable (and has a GPU), else 0."""
+    def current_stream(self, device: int | None = None) -> int:
+        """The current PyTorch stream's handle (of ``device``, default torch's current device) when torch
+        is importable (and has a GPU), else 0."""
         torch = torch_cuda()
         if torch is None:
             return 0
         try:
-            return int(torch.cuda.current_stream().cuda_stream)
+            stream = torch.cuda.current_stream() if device is None else torch.cuda.current_stream(device)
+            return int(stream.cuda_stream)
         except Exception:  # noqa: BLE001 - no usable torch stream: the default stream
             return 0
 
@@ -335,6 +404,33 @@ class BindingsDriver(Driver):
 
     def stream_synchronize(self, stream: int | None) -> None:
         self._call(f"{self.prefix}StreamSynchronize", 0 if stream is None else int(stream))
+
+    def event_record(self, event, stream: int | None) -> None:
+        self._call(f"{self.prefix}EventRecord", event, 0 if stream is None else int(stream))
+
+    def event_synchronize(self, event) -> None:
+        self._call(f"{self.prefix}EventSynchronize", event)
+
+    def event_destroy(self, event) -> None:
+        self._call(f"{self.prefix}EventDestroy", event)
+
+    def stream_wait_event(self, stream: int, event) -> None:
+        self._call(f"{self.prefix}StreamWaitEvent", int(stream), event, 0)
+
+    def stream_destroy(self, stream: int) -> None:
+        self._call(f"{self.prefix}StreamDestroy", int(stream))
+
+    def address_range(self, ptr: int) -> tuple[int, int]:
+        base, size = self._call(f"{self.prefix}MemGetAddressRange", int(ptr))
+        return int(base), int(size)
+
+    def pci_bus_id(self, ordinal: int) -> str:
+        raw = self._call(f"{self.prefix}DeviceGetPCIBusId", 32, self._device_handle(int(ordinal)))
+        text = raw.decode(errors="replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
+        return text.split("\0", 1)[0].strip().lower()
+
+    def _device_handle(self, ordinal: int):
+        return ordinal
 
     @property
     def torch_interop(self) -> bool:

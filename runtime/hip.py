@@ -18,6 +18,7 @@ torch's current device (when torch has a GPU) or leaves as it is.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 
@@ -47,7 +48,10 @@ class HipDriver(BindingsDriver):
         self._hip = bindings if bindings is not None else importlib.import_module("hip").hip
         self._lock = threading.RLock()
         self._device_ordinal = None
-        self._threads: set[int] = set()
+        # Threads whose current device is set: a thread-local mark of the generation they saw (thread
+        # idents are reused after a thread ends, so a set of idents would lie).
+        self._bound = threading.local()
+        self._generation = 0
 
     # ---- error checking ------------------------------------------------------------------------
     def _error_text(self, err) -> tuple[str, str]:
@@ -69,8 +73,7 @@ class HipDriver(BindingsDriver):
 
     # ---- device --------------------------------------------------------------------------------
     def _ensure_device(self) -> None:
-        tid = threading.get_ident()
-        if tid in self._threads:
+        if getattr(self._bound, "generation", -1) == self._generation:
             return
         with self._lock:
             if self._device_ordinal is None:
@@ -81,7 +84,7 @@ class HipDriver(BindingsDriver):
                 else:
                     self._device_ordinal = int(self._raw("hipGetDevice"))
             self._raw("hipSetDevice", self._device_ordinal)
-            self._threads.add(tid)
+            self._bound.generation = self._generation
 
     @property
     def device(self) -> int:
@@ -94,7 +97,7 @@ class HipDriver(BindingsDriver):
             if torch is not None:
                 torch.cuda.set_device(int(ordinal))
             self._device_ordinal = int(ordinal)
-            self._threads = set()
+            self._generation += 1  # every thread sets the new device on its next call
             self._ensure_device()
 
     # ---- modules -------------------------------------------------------------------------------
@@ -146,6 +149,59 @@ class HipDriver(BindingsDriver):
         ptr = self._call("hipIpcOpenMemHandle", h, int(self._hip.hipIpcMemLazyEnablePeerAccess))
         del buf
         return int(ptr)
+
+    # ---- copy engine (MORI-IO) -----------------------------------------------------------------
+    def device_count(self) -> int:
+        return int(self._raw("hipGetDeviceCount"))
+
+    def pci_bus_id(self, ordinal: int) -> str:
+        buf = bytearray(32)  # hip-python fills a caller's char buffer
+        self._call("hipDeviceGetPCIBusId", buf, len(buf), int(ordinal))
+        return bytes(buf).split(b"\0", 1)[0].decode(errors="replace").strip().lower()
+
+    def stream_create(self) -> int:
+        return int(self._call("hipStreamCreateWithFlags", int(self._hip.hipStreamNonBlocking)))
+
+    def event_create(self):
+        return self._call("hipEventCreateWithFlags", int(self._hip.hipEventDisableTiming))
+
+    def event_query(self, event) -> bool:
+        self._ensure_device()
+        err = self._hip.hipEventQuery(event)
+        err = err[0] if isinstance(err, tuple) else err
+        if int(err) == int(self._hip.hipError_t.hipErrorNotReady):
+            return False
+        if int(err) != int(self._hip.hipError_t.hipSuccess):
+            name, desc = self._error_text(err)
+            raise DriverError("hipEventQuery", name, desc, int(err))
+        return True
+
+    def memcpy_async(self, dst: int, src: int, n: int, stream: int) -> None:
+        if n:
+            kind = int(self._hip.hipMemcpyKind.hipMemcpyDefault)  # direction from unified addressing
+            self._call("hipMemcpyAsync", int(dst), int(src), int(n), kind, int(stream))
+
+    def host_alloc(self, n: int) -> int:
+        if n <= 0:
+            raise ValueError(f"cannot allocate {n} bytes of pinned host memory")
+        return int(self._call("hipHostMalloc", int(n), int(self._hip.hipHostMallocPortable)))
+
+    def host_free(self, ptr: int) -> None:
+        self._call("hipHostFree", int(ptr))
+
+    @contextlib.contextmanager
+    def using_device(self, ordinal: int):
+        """Sets the thread's current device to ``ordinal`` for the block (restored after)."""
+        ordinal = int(ordinal)
+        self._ensure_device()
+        if ordinal == self._device_ordinal:
+            yield
+            return
+        self._raw("hipSetDevice", ordinal)
+        try:
+            yield
+        finally:
+            self._raw("hipSetDevice", self._device_ordinal)
 
     # ---- synchronization -----------------------------------------------------------------------
     def device_synchronize(self) -> None:

@@ -1,65 +1,63 @@
 """``IOEngine`` and ``IOEngineSession``: MORI-IO's engine with MORI's method names and positional call shapes
 (MORI's python/mori/io/engine.py), over the backends that exist here.
 
-Backends: ``BackendType.RDMA`` and ``BackendType.TCP`` are both served by the TCP backend (``tcp_backend``;
-there is no RDMA NIC here, and MORI's tests ask for RDMA); the RDMA config's ``qp_per_transfer`` becomes the
-number of sockets per remote engine and its ``enable_notification`` (after MORI's ``MORI_IO_*`` environment
-overrides) the notices. One engine has one TCP transport: asking for the other of the two types once one
-exists is refused. ``XGMI`` (the GPU-IPC backend) is not implemented yet and ``FABRIC``/``Unknown`` are out
-of scope: ``create_backend`` refuses them with ``NotImplementedError``.
+Backends (at most one per type, as MORI):
 
-Memory: CPU memory only for now. ``register_memory`` takes an object with the buffer protocol (bytearray,
-numpy array, ...), a CPU torch tensor, or a raw ``int`` address of CPU memory (wrapped with ctypes: the
-caller keeps that memory alive and at least ``size`` bytes long until ``deregister_memory``). The engine
-keeps a byte view of the first ``size`` bytes, so the buffer stays alive while registered. GPU memory is
-refused (``NotImplementedError``) until the GPU-IPC backend comes.
+* ``BackendType.RDMA`` and ``BackendType.TCP``: the TCP backend (``tcp_backend``). There is no RDMA NIC
+  here and MORI's tests ask for RDMA, so RDMA is served by TCP with a logged warning (the RDMA config's
+  ``qp_per_transfer`` becomes the number of sockets per remote engine, its ``enable_notification``, after
+  MORI's ``MORI_IO_*`` overrides, the notices); ``MORI_IO_RDMA_OVER_TCP=0`` refuses instead. One engine has
+  one TCP transport: asking for the other of the two types once one exists is refused.
+* ``BackendType.XGMI``: the GPU-IPC backend (``gpu_ipc_backend``), GPU memory of engines on one node.
+  After the RDMA/TCP backend is created it is also added automatically when ``MORI_DISABLE_AUTO_XGMI``
+  starts with ``0`` and the host has a GPU (MORI's reading of that variable: auto-XGMI is off otherwise).
+* ``FABRIC``/``Unknown``: out of scope; ``create_backend`` refuses them with ``NotImplementedError``.
+
+Route (MORI's ``SelectBackend``): per (local, remote) memory pair, GPU-IPC if it can handle the pair, else
+RDMA/TCP; the choice is cached per (remote engine, both locations, devices and ids) and the cache is
+cleared when a backend or a remote engine is added or removed. Backends created after a memory or a remote
+engine was registered do not learn about them (MORI does not replay either); a warning says so for GPU
+memory registered before the GPU-IPC backend.
+
+Memory (``regions``): CPU memory (a buffer, a CPU tensor, an int address) and GPU memory (a GPU tensor, or
+an int device address with its ``device_id``, checked against the driver allocation containing it).
 
 Errors follow MORI: no backend for a pair -> ``ERR_BAD_STATE`` "No available backend found, create
 backend first"; an offset+size beyond the local or remote region, batch lists of unequal length, a local
-descriptor this engine did not register -> ``ERR_INVALID_ARGS``, set before the call returns; memory the
-target does not have (unknown, deregistered, too small) -> ``ERR_INVALID_ARGS`` from the target's answer;
-a connection lost mid-transfer -> ``ERR_RDMA_OP``; a target that cannot be reached -> ``RuntimeError`` from
-the call that connects (the first transfer towards it).
+descriptor this engine did not register -> ``ERR_INVALID_ARGS``, set before the call returns (MORI does not
+check bounds for XGMI; we do for every backend); memory the target does not have (unknown, deregistered,
+too small) -> ``ERR_INVALID_ARGS`` from the target's answer (TCP) or ``ERR_BAD_STATE`` (GPU IPC: it cannot be
+mapped); a connection lost mid-transfer -> ``ERR_RDMA_OP``; a driver failure -> ``ERR_GPU_OP``; a target
+that cannot be reached -> ``RuntimeError`` from the call that connects (the first transfer towards it).
 """
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import os
 import threading
 from typing import Sequence
 
 from . import checks
-from .configs import IOEngineConfig, RdmaBackendConfig, TcpBackendConfig
+from .configs import IOEngineConfig, RdmaBackendConfig, TcpBackendConfig, XgmiBackendConfig
 from .descriptors import EngineDesc, MemoryDesc, local_node_id
 from .enums import BackendType, MemoryLocationType, StatusCode
+from .gpu import Devices, io_driver
+from .gpu_ipc_backend import GpuIpcBackend
 from .log import LOGGER
+from .regions import Region, cpu_region, gpu_region, is_torch_tensor, tensor_nbytes
 from .status import TransferStatus, wait_all
-from .tcp_backend import Region, TcpBackend
+from .tcp_backend import TcpBackend
 
 NO_BACKEND = "No available backend found, create backend first"
 _ROUTE_ORDER = (BackendType.XGMI, BackendType.FABRIC, BackendType.RDMA, BackendType.TCP)
 _TCP_TYPES = (BackendType.RDMA, BackendType.TCP)
+AUTO_XGMI_ENV = "MORI_DISABLE_AUTO_XGMI"  # auto-XGMI is on only when set and starting with "0" (MORI)
+RDMA_OVER_TCP_ENV = "MORI_IO_RDMA_OVER_TCP"  # ours: "0" refuses BackendType.RDMA instead of serving it by TCP
 
 
-def _byte_view(buffer, size: int, where: str) -> tuple[memoryview, int]:
-    """A writable byte view of the first ``size`` bytes of ``buffer`` and its address."""
-    try:
-        view = memoryview(buffer)
-    except TypeError:
-        raise TypeError(f"{where}: expected an int address, an object with the buffer protocol or a torch "
-                        f"tensor, not {type(buffer).__name__}") from None  # fmt: skip
-    if view.readonly:
-        raise ValueError(f"{where}: the buffer is read-only (a transfer could not write into it)")
-    if not view.c_contiguous:
-        raise ValueError(f"{where}: the buffer is not contiguous")
-    view = view.cast("B") if (view.format != "B" or view.ndim != 1) else view
-    if size > view.nbytes:
-        raise ValueError(f"{where}: size {size} is larger than the buffer ({view.nbytes} bytes)")
-    view = view[:size]
-    address = ctypes.addressof(ctypes.c_char.from_buffer(view)) if size else 0
-    return view, address
+def auto_xgmi_enabled() -> bool:
+    return os.environ.get(AUTO_XGMI_ENV, "").startswith("0")
 
 
 class IOEngine:
@@ -74,13 +72,16 @@ class IOEngine:
         self._key, self._config = key, IOEngineConfig(config.host, config.port)
         self._desc = EngineDesc._from_fields(key=key, node_id=local_node_id(), hostname=os.uname().nodename,
                                              host=config.host, port=config.port, pid=os.getpid())  # fmt: skip
-        self._backends: dict[BackendType, TcpBackend] = {}
+        self._backends: dict[BackendType, object] = {}
         self._regions: dict[int, Region] = {}
         self._memories: dict[int, MemoryDesc] = {}
         self._regions_lock = threading.Lock()
         self._next_mem_id = itertools.count()
         self._uid_lock = threading.Lock()
         self._next_uid = 0
+        self._routes: dict[tuple, BackendType] = {}
+        self._driver = None  # the GPU driver and devices, on first use of GPU memory or GPU IPC
+        self._devices: Devices | None = None
 
     # ---- engine and backends ----
 
@@ -93,10 +94,18 @@ class IOEngine:
             LOGGER.warning("IOEngine %r: backend %s already exists; create_backend ignored", self._key,
                            backend_type.name)  # fmt: skip
             return
-        if backend_type not in _TCP_TYPES:
-            later = " (the GPU-IPC backend is a later step)" if backend_type is BackendType.XGMI else ""
-            raise NotImplementedError(f"create_backend: backend {backend_type.name} is not implemented yet{later}; "
-                                      "available: RDMA and TCP (both over TCP sockets)")  # fmt: skip
+        if backend_type is BackendType.XGMI:
+            self._create_gpu_ipc(config)
+        elif backend_type in _TCP_TYPES:
+            self._create_tcp(backend_type, config)
+            if auto_xgmi_enabled() and BackendType.XGMI not in self._backends:
+                self._auto_gpu_ipc()
+        else:
+            raise NotImplementedError(f"create_backend: backend {backend_type.name} is not implemented; "
+                                      "available: XGMI (GPU IPC), RDMA and TCP (both over TCP sockets)")  # fmt: skip
+        self._routes.clear()
+
+    def _create_tcp(self, backend_type: BackendType, config) -> None:
         if any(t in self._backends for t in _TCP_TYPES):
             other = next(t for t in _TCP_TYPES if t in self._backends)
             raise RuntimeError(f"create_backend({backend_type.name}): this engine already has the {other.name} "
@@ -106,9 +115,46 @@ class IOEngine:
             raise RuntimeError("create_backend: IOEngineConfig.port 1 is reserved (MORI's sentinel for "
                                "'no RDMA here'); use 0 for an ephemeral port or another one")  # fmt: skip
         backend = TcpBackend(self._key, self._config.host, self._config.port, tcp_config, self._regions,
-                             self._regions_lock)  # fmt: skip
+                             self._regions_lock, self._gpu_context)  # fmt: skip
         self._backends[backend_type] = backend
         self._desc = self._desc._replace(port=backend.port)
+
+    def _create_gpu_ipc(self, config) -> None:
+        if config is None:
+            config = XgmiBackendConfig()
+        if not isinstance(config, XgmiBackendConfig):
+            raise TypeError(f"create_backend(XGMI) takes an XgmiBackendConfig, not {type(config).__name__}")
+        driver, devices = self._gpu_context()
+        config = XgmiBackendConfig(config.num_streams, config.num_events)
+        self._backends[BackendType.XGMI] = GpuIpcBackend(self._desc, config, driver, devices, self._regions,
+                                                         self._regions_lock)  # fmt: skip
+        with self._regions_lock:
+            earlier = sorted(r.mem_id for r in self._regions.values() if r.on_gpu)
+        if earlier:
+            LOGGER.warning("IOEngine %r: GPU memory %s was registered before the XGMI backend and has no IPC "
+                           "handle; register it again for other processes to reach it by GPU IPC", self._key,
+                           earlier)  # fmt: skip
+
+    def _auto_gpu_ipc(self) -> None:
+        """MORI's auto-XGMI after an RDMA creation: add the GPU-IPC backend if this host has a GPU."""
+        try:
+            driver, _ = self._gpu_context()
+            has_gpu = driver.device_count() > 0
+        except (RuntimeError, NotImplementedError) as exc:
+            LOGGER.info("IOEngine %r: %s=0 but no GPU runtime here (%s): no XGMI backend added", self._key,
+                        AUTO_XGMI_ENV, exc)  # fmt: skip
+            return
+        if has_gpu:
+            LOGGER.info("IOEngine %r: %s=0: adding the XGMI (GPU IPC) backend", self._key, AUTO_XGMI_ENV)
+            self._create_gpu_ipc(None)
+
+    def _gpu_context(self):
+        """(driver, devices) of this engine's GPU work, looked up once (RuntimeError without a GPU runtime)."""
+        if self._driver is None:
+            driver = io_driver()
+            self._devices = Devices(driver)
+            self._driver = driver
+        return self._driver, self._devices
 
     @staticmethod
     def _tcp_config(backend_type: BackendType, config) -> TcpBackendConfig:
@@ -129,12 +175,17 @@ class IOEngine:
         if config.qp_per_transfer > TcpBackendConfig.MAX_CONNECTIONS:
             raise ValueError(f"RdmaBackendConfig.qp_per_transfer {config.qp_per_transfer}: the TCP transport opens "
                              f"that many sockets per remote engine, at most {TcpBackendConfig.MAX_CONNECTIONS}")  # fmt: skip
-        LOGGER.info("IOEngine: the RDMA backend is served by the TCP transport (no RDMA NIC is used)")
+        if os.environ.get(RDMA_OVER_TCP_ENV, "1").strip() == "0":
+            raise RuntimeError(f"create_backend(RDMA): no RDMA device is used here and {RDMA_OVER_TCP_ENV}=0 "
+                               "refuses to serve RDMA over TCP; use BackendType.TCP, or unset it")  # fmt: skip
+        LOGGER.warning("IOEngine: no RDMA device here: BackendType.RDMA is served by the TCP transport "
+                       "(%s=0 refuses instead)", RDMA_OVER_TCP_ENV)  # fmt: skip
         return TcpBackendConfig(num_connections=config.qp_per_transfer, enable_notification=config.enable_notification)
 
     def remove_backend(self, backend_type) -> None:
         backend_type = checks.member("remove_backend type", backend_type, BackendType)
         backend = self._backends.pop(backend_type, None)
+        self._routes.clear()
         if backend is not None:
             backend.close()
 
@@ -142,11 +193,13 @@ class IOEngine:
         self._check_engine_desc("register_remote_engine", desc)
         for backend in self._backends.values():
             backend.register_remote_engine(desc)
+        self._routes.clear()
 
     def deregister_remote_engine(self, desc: EngineDesc) -> None:
         self._check_engine_desc("deregister_remote_engine", desc)
         for backend in self._backends.values():
             backend.deregister_remote_engine(desc)
+        self._routes.clear()
 
     @staticmethod
     def _check_engine_desc(where: str, desc) -> None:
@@ -169,51 +222,59 @@ class IOEngine:
     # ---- memory ----
 
     def register_memory(self, ptr, size, device_id, mem_loc) -> MemoryDesc:
-        """Register ``size`` bytes of CPU memory: ``ptr`` is a buffer, a CPU torch tensor or an int address."""
+        """Register ``size`` bytes: CPU memory (a buffer, a CPU tensor, an int address) or GPU memory (a GPU
+        tensor, an int device address on GPU ``device_id``); see ``regions``."""
         size = checks.integer("register_memory size", size, *checks.U64)
         device_id = checks.integer("register_memory device_id", device_id, *checks.I32)
         mem_loc = checks.member("register_memory mem_loc", mem_loc, MemoryLocationType)
-        if mem_loc is not MemoryLocationType.CPU:
-            raise NotImplementedError(f"register_memory: {mem_loc.name} memory is not supported yet (CPU memory "
-                                      "only; GPU memory comes with the GPU-IPC backend)")  # fmt: skip
-        owner = ptr
-        if _is_torch_tensor(ptr):
+        if mem_loc is MemoryLocationType.Unknown:
+            raise ValueError("register_memory: mem_loc must be MemoryLocationType.CPU or GPU, not Unknown")
+        if is_torch_tensor(ptr):
+            on_gpu = ptr.device.type != "cpu"
+            if on_gpu != (mem_loc is MemoryLocationType.GPU):
+                raise ValueError(f"register_memory: a {ptr.device.type} tensor registered as {mem_loc.name} memory")
+            if on_gpu and device_id != ptr.device.index:
+                raise ValueError(f"register_memory: device_id {device_id} but the tensor is on {ptr.device}")
             return self._register_tensor(ptr, size)
-        if isinstance(ptr, int) and not isinstance(ptr, bool):
-            if ptr <= 0 or size == 0:
-                raise ValueError(f"register_memory: address {ptr:#x} with size {size}: need a non-null address "
-                                 "and a positive size")  # fmt: skip
-            owner = (ctypes.c_char * size).from_address(ptr)
-        view, address = _byte_view(owner, size, "register_memory")
-        return self._add_region(view, address, owner, device_id)
+        mem_id = next(self._next_mem_id)
+        if mem_loc is MemoryLocationType.GPU:
+            driver, _ = self._gpu_context()
+            region = gpu_region(mem_id, ptr, size, device_id, driver, "register_memory")
+        else:
+            region = cpu_region(mem_id, ptr, size, "register_memory")
+        return self._add_region(region)
 
     def register_torch_tensor(self, tensor) -> MemoryDesc:
-        if not _is_torch_tensor(tensor):
+        if not is_torch_tensor(tensor):
             raise TypeError(f"register_torch_tensor takes a torch.Tensor, not {type(tensor).__name__}")
-        return self._register_tensor(tensor, _tensor_nbytes(tensor))
+        return self._register_tensor(tensor, tensor_nbytes(tensor))
 
     def _register_tensor(self, tensor, size: int) -> MemoryDesc:
         if not tensor.is_contiguous():
             raise RuntimeError("register_torch_tensor: the tensor is not contiguous")
         kind = tensor.device.type
-        if kind == "cuda":
-            raise NotImplementedError("register_torch_tensor: GPU tensors are not supported yet (they come with "
-                                      "the GPU-IPC backend); CPU tensors only")  # fmt: skip
-        if kind != "cpu":
+        if kind not in ("cpu", "cuda"):
             raise KeyError(kind)  # MORI: a device type other than cpu/cuda is a KeyError
-        if size > _tensor_nbytes(tensor):
-            raise ValueError(f"register_memory: size {size} is larger than the tensor ({_tensor_nbytes(tensor)} bytes)")
-        address = tensor.data_ptr()
-        view = memoryview((ctypes.c_char * size).from_address(address)).cast("B") if size else memoryview(bytearray())
-        return self._add_region(view, address, tensor, -1)
-
-    def _add_region(self, view: memoryview, address: int, owner, device_id: int) -> MemoryDesc:
+        if size > tensor_nbytes(tensor):
+            raise ValueError(f"register_memory: size {size} is larger than the tensor ({tensor_nbytes(tensor)} bytes)")
         mem_id = next(self._next_mem_id)
-        desc = MemoryDesc._from_fields(engine_key=self._key, id=mem_id, device_id=device_id, data=address,
-                                       size=view.nbytes, loc=MemoryLocationType.CPU)  # fmt: skip
+        if kind == "cuda":
+            driver, _ = self._gpu_context()
+            region = gpu_region(mem_id, tensor, size, tensor.device.index, driver, "register_torch_tensor")
+        else:
+            region = cpu_region(mem_id, tensor, size, "register_torch_tensor")
+        return self._add_region(region)
+
+    def _add_region(self, region: Region) -> MemoryDesc:
+        bus_id = self._devices.bus_id(region.device) if region.on_gpu else ""
+        desc = MemoryDesc._from_fields(engine_key=self._key, id=region.mem_id, device_id=region.device,
+                                       device_bus_id=bus_id, data=region.address, size=region.size,
+                                       loc=region.location)  # fmt: skip
+        for backend in self._backends.values():
+            desc = backend.annotate_memory(desc, region)
         with self._regions_lock:
-            self._regions[mem_id] = Region(view, owner)
-            self._memories[mem_id] = desc
+            self._regions[region.mem_id] = region
+            self._memories[region.mem_id] = desc
         return desc
 
     def deregister_memory(self, desc: MemoryDesc) -> None:
@@ -222,9 +283,13 @@ class IOEngine:
         if desc.engine_key != self._key:
             return
         with self._regions_lock:
-            if self._memories.get(desc.id) == desc:
-                del self._memories[desc.id]
-                del self._regions[desc.id]
+            if self._memories.get(desc.id) != desc:
+                return
+            del self._memories[desc.id]
+            del self._regions[desc.id]
+        for backend in self._backends.values():
+            backend.forget_memory(desc.id)
+        self._routes = {k: v for k, v in self._routes.items() if desc.id not in (k[5], k[6])}
 
     def allocate_transfer_uid(self) -> int:
         with self._uid_lock:
@@ -251,10 +316,9 @@ class IOEngine:
         cannot be reached or does not have it registered with at least the descriptor's size."""
         _check_mem("create_session local_mem", local_mem)
         _check_mem("create_session remote_mem", remote_mem)
-        backend = self._route(remote_mem)
-        if backend is None:
+        backend = self._route(local_mem, remote_mem)
+        if backend is None or not backend.prepare_session(local_mem, remote_mem):
             return None
-        backend.check_remote_memory(remote_mem.engine_key, remote_mem.id, remote_mem.size)
         return IOEngineSession(self, backend, local_mem, remote_mem)
 
     def pop_inbound_transfer_status(self, remote_key, transfer_uid):
@@ -273,10 +337,17 @@ class IOEngine:
     def wait_all(statuses, timeout_ms: int = -1) -> StatusCode:
         return wait_all(statuses, timeout_ms)
 
-    def _route(self, remote: MemoryDesc):
+    def _route(self, local: MemoryDesc, remote: MemoryDesc):
+        """The backend for the pair: the cached choice if it still can handle it, else the first of
+        GPU IPC, RDMA/TCP that can (MORI's order); None when none can."""
+        key = (remote.engine_key, local.loc, remote.loc, local.device_id, remote.device_id, local.id, remote.id)
+        cached = self._backends.get(self._routes.get(key))
+        if cached is not None and cached.can_handle(local, remote):
+            return cached
         for backend_type in _ROUTE_ORDER:
             backend = self._backends.get(backend_type)
-            if backend is not None and backend.can_handle(remote.engine_key):
+            if backend is not None and backend.can_handle(local, remote):
+                self._routes[key] = backend_type
                 return backend
         return None
 
@@ -288,7 +359,7 @@ class IOEngine:
         sizes = [_u64(f"{kind} size", size)]
         uid = _u64(f"{kind} transfer_uid", uid)
         status = TransferStatus()
-        backend = self._route(remote)
+        backend = self._route(local, remote)
         if backend is None:
             status.SetCode(StatusCode.ERR_BAD_STATE, NO_BACKEND)
             return status
@@ -305,7 +376,7 @@ class IOEngine:
         for i, (local, l_offs, remote, r_offs, sz, uid) in enumerate(zip(*lists)):
             _check_mem(f"batch_{kind} local descs[{i}]", local)
             _check_mem(f"batch_{kind} remote descs[{i}]", remote)
-            backend = self._route(remote)
+            backend = self._route(local, remote)
             if backend is None:
                 statuses[i].SetCode(StatusCode.ERR_BAD_STATE, NO_BACKEND)
                 return statuses  # MORI returns here, leaving the later statuses at INIT
@@ -342,8 +413,7 @@ class IOEngine:
                     return
         status.SetCode(StatusCode.IN_PROGRESS)
         try:
-            backend.transfer(kind, remote.engine_key, remote.id, _merge(l_offs, r_offs, sizes), region, uid,
-                             status.Update)  # fmt: skip
+            backend.transfer(kind, region, remote, _merge(l_offs, r_offs, sizes), uid, status)
         except RuntimeError as exc:
             status.SetCode(StatusCode.ERR_RDMA_OP, str(exc))
             raise
@@ -413,12 +483,3 @@ def _list(where: str, value) -> list:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"{where} must be a list, not {type(value).__name__}")
     return list(value)
-
-
-def _is_torch_tensor(value) -> bool:
-    torch = __import__("sys").modules.get("torch")  # torch is never imported here: a tensor implies it is loaded
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
-def _tensor_nbytes(tensor) -> int:
-    return tensor.numel() * tensor.element_size()

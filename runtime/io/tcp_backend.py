@@ -1,5 +1,8 @@
-"""The TCP backend of MORI-IO: one-sided reads and writes of registered CPU memory over sockets (it stands in
-for MORI's RDMA backend; the wire protocol is ``tcp_frames``, the socket I/O ``tcp_socket``).
+"""The TCP backend of MORI-IO: one-sided reads and writes of registered memory over sockets (it stands in
+for MORI's RDMA backend; the wire protocol is ``tcp_frames``, the socket I/O ``tcp_socket``). GPU memory, on
+either side, passes through pinned host buffers one frame at a time (``tcp_staging``): the initiator's
+copies wait for the caller's current stream at the time of the call, and a target acknowledges a write
+into GPU memory only once the bytes are there.
 
 Threads (all daemons, ended by ``close``):
 
@@ -29,13 +32,18 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from ..driver import DriverError
 from .configs import TcpBackendConfig
+from .descriptors import MemoryDesc
 from .enums import StatusCode
+from .gpu import EventPool
 from .log import LOGGER
+from .regions import Region
 from .tcp_frames import (CAP_NOTIFY, STATUS_SUCCESS, CloseFrame, ErrorFrame, FrameError, FrameLimits, FrameType,
                          HelloFrame, MemoryInfoFrame, MemoryQueryFrame, NotifyFrame, ReadRequestFrame, ReadResponseFrame, Segment,
                          StatusFrame, WriteFrame)  # fmt: skip
 from .tcp_socket import FrameTimeoutError, recv_frame, send_frame
+from .tcp_staging import Staging
 
 # Complete = callback(code, message) run once per part, from the receiver thread or the caller's.
 Complete = Callable[[StatusCode, str], None]
@@ -43,26 +51,27 @@ _MAX_SEGMENTS = 1024
 
 
 @dataclass
-class Region:
-    """A registered region as the backends see it: a writable byte view and what keeps it alive."""
-
-    view: memoryview
-    owner: object = None
-
-    def slice(self, offset: int, length: int) -> memoryview | None:
-        if offset + length > self.view.nbytes:
-            return None
-        return self.view[offset : offset + length]
-
-
-@dataclass
 class Part:
-    """One frame's worth of a transfer: remote segments and the local views they pair with, in order."""
+    """One frame's worth of a transfer: the remote segments and the local pieces [(offset, length), ...] of
+    ``local`` they pair with, in payload order. ``after``: for GPU memory, the event recorded on the
+    caller's stream at issue time, (event pool, device, event), that the staging copy waits for."""
 
     segments: list
-    local_views: list
+    local: Region | None
+    pieces: list
     complete: Complete
     nbytes: int = 0
+    after: tuple | None = None
+
+    def targets(self) -> list:
+        return [(self.local, offset, length) for offset, length in self.pieces]
+
+    def host_views(self) -> list:
+        """CPU memory: views of the local pieces."""
+        return [self.local.view[offset : offset + length] for offset, length in self.pieces]
+
+
+_GPU_FAILURE = (DriverError, RuntimeError, NotImplementedError, ValueError)
 
 
 def _status_code(value: int) -> StatusCode:
@@ -81,6 +90,8 @@ class _Outgoing:
         self.lock = threading.Lock()  # guards pending and dead
         self.pending: dict[int, tuple[str, Part]] = {}
         self.dead = False
+        self._send_staging: Staging | None = None  # GPU memory: the sender's and the receiver's buffers
+        self._recv_staging: Staging | None = None
         self._ids = itertools.count(1)
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (frame, payload views) to send; None ends
         self._sender = threading.Thread(target=self._send_loop, name=f"mori-io-tcp-send-{key}", daemon=True)
@@ -102,9 +113,29 @@ class _Outgoing:
             return
         segments = tuple(part.segments)
         if kind == "write":
-            self._outbox.put((WriteFrame(request_id, segments), part.local_views))
+            self._outbox.put((WriteFrame(request_id, segments), (request_id, part)))
         else:
             self._outbox.put((ReadRequestFrame(request_id, segments), None))
+
+    def _staging(self, which: str) -> Staging:
+        staging = getattr(self, which)
+        if staging is None:
+            staging = Staging(self.backend.gpu_context, self.peer_limits.max_payload)
+            setattr(self, which, staging)
+        return staging
+
+    def _payload(self, request_id: int, part: Part):
+        """The views a WRITE sends: the local bytes, or their staged copy for GPU memory (None if staging
+        failed: the part is then failed and dropped)."""
+        if not part.local.on_gpu:
+            return part.host_views()
+        try:
+            return self._staging("_send_staging").gather(part.targets(), part.after)
+        except _GPU_FAILURE as exc:
+            with self.lock:
+                self.pending.pop(request_id, None)
+            part.complete(StatusCode.ERR_GPU_OP, f"TCP: staging GPU memory for sending failed: {exc}")
+            return None
 
     def _send_loop(self) -> None:
         """The connection's only sender: frames go out in the order they were queued (a transfer's NOTIFY
@@ -115,7 +146,12 @@ class _Outgoing:
                 return
             if self.dead:
                 continue  # its part was failed with the connection
-            frame, views = item
+            frame, write = item
+            views = None
+            if write is not None:
+                views = self._payload(*write)
+                if views is None:
+                    continue
             try:
                 send_frame(self.sock, frame, views, limits=self.peer_limits, timeout=self.backend.io_timeout)
             except (OSError, FrameError, ValueError) as exc:
@@ -134,7 +170,7 @@ class _Outgoing:
             if self.dead:
                 raise RuntimeError(f"MORI-IO TCP backend: the connection to engine {self.remote_key!r} is closed")
             request_id = next(self._ids)
-            self.pending[request_id] = ("query", Part([], [], complete))
+            self.pending[request_id] = ("query", Part([], None, [], complete))
         self._outbox.put((MemoryQueryFrame(request_id, mem_id), None))
         if not answered.wait(timeout):
             self.fail(f"engine {self.remote_key!r} did not answer a memory query within {timeout} s")
@@ -168,6 +204,10 @@ class _Outgoing:
         self._outbox.put(None)
         self._sender.join(1.0)
         self.fail(f"connection to engine {self.remote_key!r} closed by this engine")
+        self._receiver.join(1.0)
+        for staging in (self._send_staging, self._recv_staging):
+            if staging is not None:
+                staging.close()
 
     def _into(self, frame, length: int):
         if frame.type is not FrameType.READ_RESPONSE:
@@ -177,7 +217,10 @@ class _Outgoing:
         if entry is None or entry[0] != "read" or entry[1].nbytes != length:
             raise FrameError("read_response.payload", f"{length} bytes for request {frame.request_id}, which is "
                                                       "not an outstanding read of that size")  # fmt: skip
-        return entry[1].local_views
+        part = entry[1]
+        if part.local.on_gpu:
+            return self._staging("_recv_staging").landing([n for _, n in part.pieces])
+        return part.host_views()
 
     def _receive_loop(self) -> None:
         timeout = self.backend.io_timeout
@@ -205,7 +248,14 @@ class _Outgoing:
                         entry[1].complete(StatusCode.SUCCESS, "", frame)
                         continue
                     code = _status_code(frame.status)
-                    entry[1].complete(code, frame.message if code.failed else "")
+                    part = entry[1]
+                    if frame.type is FrameType.READ_RESPONSE and not code.failed and part.local.on_gpu:
+                        try:
+                            self._staging("_recv_staging").scatter(part.targets(), part.after)
+                        except _GPU_FAILURE as exc:
+                            part.complete(StatusCode.ERR_GPU_OP, f"TCP: copying received bytes to the GPU failed: {exc}")
+                            continue
+                    part.complete(code, frame.message if code.failed else "")
                 elif frame.type is FrameType.ERROR:
                     raise ConnectionError(f"the peer reported an error: {frame.message}")
                 elif frame.type is FrameType.CLOSE:
@@ -221,9 +271,11 @@ class TcpBackend:
     (mem_id -> Region), read under ``regions_lock``."""
 
     def __init__(self, key: str, host: str, port: int, config: TcpBackendConfig, regions: dict,
-                 regions_lock: threading.Lock):  # fmt: skip
+                 regions_lock: threading.Lock, gpu_context=None):  # fmt: skip
         self.key, self.config = key, config
         self.regions, self.regions_lock = regions, regions_lock
+        self.gpu_context = gpu_context or _no_gpu  # () -> (driver, devices): GPU memory only
+        self._events: EventPool | None = None
         self.own_limits = FrameLimits(max_payload=config.max_frame_payload, max_segments=_MAX_SEGMENTS)
         self.io_timeout = config.io_timeout_ms / 1000 if config.io_timeout_ms else None
         self.remotes: dict[str, object] = {}  # key -> EngineDesc
@@ -261,10 +313,21 @@ class TcpBackend:
         for conn in connections:
             conn.close()
 
-    def can_handle(self, remote_key: str) -> bool:
+    def can_handle(self, local: MemoryDesc, remote: MemoryDesc) -> bool:
+        """Any memory of a registered remote engine that listens (MORI's RDMA rule; port 1 = no listener)."""
         with self.lock:
-            desc = self.remotes.get(remote_key)
+            desc = self.remotes.get(remote.engine_key)
         return desc is not None and desc.port != 1
+
+    def annotate_memory(self, desc: MemoryDesc, region: Region) -> MemoryDesc:
+        return desc  # the target looks regions up by id: nothing to add
+
+    def forget_memory(self, mem_id: int) -> None:
+        """Nothing cached per memory: the target reads the engine's registry for every frame."""
+
+    def prepare_session(self, local: MemoryDesc, remote: MemoryDesc) -> bool:
+        self.check_remote_memory(remote.engine_key, remote.id, remote.size)
+        return True
 
     def connections_to(self, remote_key: str) -> list[_Outgoing]:
         """The live connections to ``remote_key``, connecting (RuntimeError on failure) where needed."""
@@ -324,25 +387,41 @@ class TcpBackend:
 
     # ---- transfers (initiator side) ----
 
-    def transfer(self, kind: str, remote_key: str, mem_id: int, runs: Sequence, local: Region, uid: int,
-                 complete: Complete) -> None:  # fmt: skip
+    def transfer(self, kind: str, local: Region, remote: MemoryDesc, runs: Sequence, uid: int, status) -> None:
         """Issue ``runs`` = [(remote_offset, [(local_offset, length), ...]), ...] (remote-contiguous runs) as
-        frames over the connections; ``complete`` is called once with the transfer's outcome."""
-        conns = self.connections_to(remote_key)
+        frames over the connections; the status gets the transfer's outcome (first error wins)."""
+        conns = self.connections_to(remote.engine_key)
         limits = conns[0].peer_limits
-        parts = _frames(runs, local, mem_id, limits.max_payload, limits.max_segments)
+        parts = _frames(runs, remote.id, limits.max_payload, limits.max_segments)
         if not parts:
-            complete(StatusCode.SUCCESS, "")
+            status.Update(StatusCode.SUCCESS, "")
             return
-        state = _Aggregate(len(parts), complete)
+        afters = [None] * len(parts)
+        if local.on_gpu:
+            try:
+                afters = [self._caller_event(local.device) for _ in parts]
+            except _GPU_FAILURE as exc:
+                status.Update(StatusCode.ERR_GPU_OP, f"TCP: ordering after the caller's stream failed: {exc}")
+                return
+        state = _Aggregate(len(parts), status.Update)
         used = []
-        for i, (segments, views, nbytes) in enumerate(parts):
+        for i, ((segments, pieces, nbytes), after) in enumerate(zip(parts, afters)):
             conn = conns[(uid + i) % len(conns)]
             if conn not in used:
                 used.append(conn)
-            conn.submit(kind, Part(segments, views, state.part_done, nbytes))
+            conn.submit(kind, Part(segments, local, pieces, state.part_done, nbytes, after))
         for index, conn in enumerate(used):
             conn.send_notify(uid, index, len(used))
+
+    def _caller_event(self, device: int) -> tuple:
+        """An event recorded now on the caller's current stream of ``device``: (pool, device, event)."""
+        driver, _ = self.gpu_context()
+        if self._events is None:
+            self._events = EventPool(driver)
+        with driver.using_device(device):
+            event = self._events.take(device)
+            driver.event_record(event, driver.current_stream(device))
+        return self._events, device, event
 
     # ---- target side ----
 
@@ -366,25 +445,28 @@ class TcpBackend:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=self._serve, args=(sock,), name=f"mori-io-tcp-serve-{self.key}", daemon=True).start()
 
-    def _lookup(self, segment: Segment) -> memoryview | str:
+    def _lookup(self, segment: Segment):
+        """The bytes a segment names: a view of CPU memory, a (region, offset, length) target of GPU memory,
+        or the reason (str) it names none."""
         with self.regions_lock:
             region = self.regions.get(segment.mem_id)
         if region is None:
             return f"memory {segment.mem_id} is not registered on engine {self.key!r}"
-        view = region.slice(segment.offset, segment.length)
-        if view is None:
+        if not region.contains(segment.offset, segment.length):
             return (f"[{segment.offset}, {segment.offset + segment.length}) is outside memory {segment.mem_id} "
-                    f"of {region.view.nbytes} bytes on engine {self.key!r}")  # fmt: skip
-        return view
+                    f"of {region.size} bytes on engine {self.key!r}")  # fmt: skip
+        if region.on_gpu:
+            return (region, segment.offset, segment.length)
+        return region.slice(segment.offset, segment.length)
 
     def _check(self, segments) -> tuple[list, str]:
-        views = []
+        found_all = []
         for segment in segments:
             found = self._lookup(segment)
             if isinstance(found, str):
                 return [], found
-            views.append(found)
-        return views, ""
+            found_all.append(found)
+        return found_all, ""
 
     def _serve(self, sock: socket.socket) -> None:
         try:
@@ -399,13 +481,23 @@ class TcpBackend:
             send_frame(sock, HelloFrame(self.key, hello.sender_key, self.own_limits.max_payload, _MAX_SEGMENTS,
                                         caps, reply=True))  # fmt: skip
             peer_limits = self.own_limits.for_peer(hello)
-            refused = [""]
+            refused = ["", StatusCode.ERR_INVALID_ARGS]  # why the WRITE being received is dropped, and its code
+            staging = Staging(self.gpu_context, self.own_limits.max_payload)  # GPU memory only, made on first use
+            landed: list = []  # the GPU targets of the WRITE being received
 
             def into(frame, length):
                 if frame.type is not FrameType.WRITE:
                     raise FrameError("frame.type", f"{frame.type.name} is not a request a target serves")
-                views, refused[0] = self._check(frame.segments)
-                return views if not refused[0] else None
+                found, refused[0] = self._check(frame.segments)
+                refused[1] = StatusCode.ERR_INVALID_ARGS
+                if refused[0]:
+                    return None
+                try:
+                    return _host_views(found, staging, landed)
+                except _GPU_FAILURE as exc:  # no staging buffer: drop the payload, answer the error
+                    landed.clear()
+                    refused[0], refused[1] = f"staging for GPU memory failed: {exc}", StatusCode.ERR_GPU_OP
+                    return None
 
             while True:
                 try:  # an idle connection may stay idle; one stalled inside a frame is dropped after io_timeout
@@ -419,13 +511,18 @@ class TcpBackend:
                     return
                 if frame.type is FrameType.WRITE:
                     bad, refused[0] = refused[0], ""
-                    code = StatusCode.ERR_INVALID_ARGS if bad else STATUS_SUCCESS
+                    code = refused[1] if bad else STATUS_SUCCESS
+                    if landed and not bad:
+                        code, bad = _place(staging, landed)
+                    landed.clear()
                     send_frame(sock, StatusFrame(frame.request_id, code, bad), limits=peer_limits)
                 elif frame.type is FrameType.READ_REQUEST:
-                    views, bad = self._check(frame.segments)
+                    found, bad = self._check(frame.segments)
+                    code, views = StatusCode.ERR_INVALID_ARGS, None
+                    if not bad:
+                        code, views, bad = _read_views(found, staging)
                     if bad:
-                        send_frame(sock, ReadResponseFrame(frame.request_id, StatusCode.ERR_INVALID_ARGS, bad),
-                                   limits=peer_limits)  # fmt: skip
+                        send_frame(sock, ReadResponseFrame(frame.request_id, code, bad), limits=peer_limits)
                     else:
                         send_frame(sock, ReadResponseFrame(frame.request_id), views, limits=peer_limits)
                 elif frame.type is FrameType.NOTIFY:
@@ -440,7 +537,7 @@ class TcpBackend:
                 elif frame.type is FrameType.MEMORY_QUERY:
                     with self.regions_lock:
                         region = self.regions.get(frame.mem_id)
-                    size = region.view.nbytes if region is not None else 0
+                    size = region.size if region is not None else 0
                     send_frame(sock, MemoryInfoFrame(frame.request_id, frame.mem_id, region is not None, size),
                                limits=peer_limits)  # fmt: skip
                 else:
@@ -458,6 +555,8 @@ class TcpBackend:
                 if sock in self._accepted:
                     self._accepted.remove(sock)
             _close(sock)
+            if "staging" in locals():
+                staging.close()
 
     def close(self) -> None:
         with self.lock:
@@ -488,19 +587,19 @@ class _Aggregate:
             self.complete(code, message)
 
 
-def _frames(runs, local: Region, mem_id: int, max_payload: int, max_segments: int) -> list:
+def _frames(runs, mem_id: int, max_payload: int, max_segments: int) -> list:
     """Cut remote-contiguous runs into frames of at most ``max_payload`` bytes and ``max_segments`` segments:
-    [(segments, local views, bytes), ...]."""
-    frames, segments, views, nbytes = [], [], [], 0
+    [(segments, local pieces [(offset, length), ...], bytes), ...]."""
+    frames, segments, pieces, nbytes = [], [], [], 0
 
     def flush():
-        nonlocal segments, views, nbytes
+        nonlocal segments, pieces, nbytes
         if segments:
-            frames.append((segments, views, nbytes))
-        segments, views, nbytes = [], [], 0
+            frames.append((segments, pieces, nbytes))
+        segments, pieces, nbytes = [], [], 0
 
-    for remote_offset, pieces in runs:
-        for local_offset, length in pieces:
+    for remote_offset, run_pieces in runs:
+        for local_offset, length in run_pieces:
             while length:
                 if nbytes == max_payload or len(segments) == max_segments:
                     flush()
@@ -510,13 +609,48 @@ def _frames(runs, local: Region, mem_id: int, max_payload: int, max_segments: in
                     segments[-1] = Segment(mem_id, last.offset, last.length + step)
                 else:
                     segments.append(Segment(mem_id, remote_offset, step))
-                views.append(local.view[local_offset : local_offset + step])
+                pieces.append((local_offset, step))
                 nbytes += step
                 remote_offset += step
                 local_offset += step
                 length -= step
     flush()
     return frames
+
+
+def _host_views(found: list, staging: Staging, landed: list) -> list:
+    """Where a WRITE's payload lands: CPU views as they are, GPU targets in the staging buffer (recorded in
+    ``landed`` for ``_place``)."""
+    gpu = [f for f in found if isinstance(f, tuple)]
+    slots = iter(staging.landing([length for _, _, length in gpu])) if gpu else iter(())
+    landed.extend(gpu)
+    return [next(slots) if isinstance(f, tuple) else f for f in found]
+
+
+def _place(staging: Staging, landed: list) -> tuple[StatusCode, str]:
+    """Copy a received WRITE's GPU targets from the staging buffer into GPU memory (done on return)."""
+    try:
+        staging.scatter(landed)
+    except _GPU_FAILURE as exc:
+        return StatusCode.ERR_GPU_OP, f"copying the received bytes into GPU memory failed: {exc}"
+    return STATUS_SUCCESS, ""
+
+
+def _read_views(found: list, staging: Staging) -> tuple[StatusCode, list | None, str]:
+    """The views a READ_RESPONSE sends: CPU views as they are, GPU targets copied into the staging buffer;
+    or the error code and reason."""
+    gpu = [f for f in found if isinstance(f, tuple)]
+    if not gpu:
+        return STATUS_SUCCESS, found, ""
+    try:
+        slots = iter(staging.gather(gpu))
+    except _GPU_FAILURE as exc:
+        return StatusCode.ERR_GPU_OP, None, f"copying GPU memory for the answer failed: {exc}"
+    return STATUS_SUCCESS, [next(slots) if isinstance(f, tuple) else f for f in found], ""
+
+
+def _no_gpu():
+    raise RuntimeError("MORI-IO TCP backend: this engine has no GPU runtime for GPU memory")
 
 
 def _close(sock: socket.socket) -> None:

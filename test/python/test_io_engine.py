@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -17,6 +18,7 @@ import pytest
 from mori_compiler.io import (BackendType, EngineDesc, IOEngine, IOEngineConfig, IOEngineSession, MemoryDesc,
                               MemoryLocationType, RdmaBackendConfig, StatusCode, TcpBackendConfig, TransferStatus,
                               wait_all)  # fmt: skip
+from mori_compiler.runtime import driver as driver_mod
 from mori_compiler.runtime.io.engine import NO_BACKEND, _merge
 
 CPU = MemoryLocationType.CPU
@@ -67,11 +69,23 @@ def test_engine_desc_gets_the_bound_port_and_round_trips():
         engine.close()
 
 
-@pytest.mark.parametrize("kind", [BackendType.XGMI, BackendType.FABRIC, BackendType.Unknown])
+@pytest.mark.parametrize("kind", [BackendType.FABRIC, BackendType.Unknown])
 def test_backends_that_do_not_exist_are_refused(kind):
     engine = IOEngine("x", IOEngineConfig("127.0.0.1", 0))
-    with pytest.raises(NotImplementedError, match="not implemented yet"):
+    with pytest.raises(NotImplementedError, match="not implemented"):
         engine.create_backend(kind)
+
+
+def test_gpu_work_without_a_gpu_runtime_is_refused_clearly(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", None)  # no cuda-bindings (as on CI)
+    monkeypatch.setenv("MORI_COMPILER_BACKEND", "nvvm")
+    driver_mod._reset_drivers()
+    engine = IOEngine("x", IOEngineConfig("127.0.0.1", 0))
+    with pytest.raises(RuntimeError, match="needs a GPU runtime"):
+        engine.create_backend(BackendType.XGMI)
+    with pytest.raises(RuntimeError, match="needs a GPU runtime"):
+        engine.register_memory(12345, 8, 0, MemoryLocationType.GPU)
+    driver_mod._reset_drivers()
 
 
 def test_port_one_is_refused():
@@ -94,8 +108,8 @@ def test_register_memory_kinds_and_refusals():
         engine.register_memory(b"const", 5, -1, CPU)
     with pytest.raises(ValueError, match="larger than the buffer"):
         engine.register_memory(data, 9, -1, CPU)
-    with pytest.raises(NotImplementedError, match="GPU-IPC"):
-        engine.register_memory(data, 8, 0, MemoryLocationType.GPU)
+    with pytest.raises(ValueError, match="Unknown"):
+        engine.register_memory(data, 8, -1, MemoryLocationType.Unknown)
     with pytest.raises(TypeError, match="buffer protocol"):
         engine.register_memory(object(), 8, -1, CPU)
     with pytest.raises(TypeError, match="torch.Tensor"):

@@ -102,6 +102,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_INVALID_VALUE = 1
     CUDA_ERROR_OUT_OF_MEMORY = 2
     CUDA_ERROR_NOT_FOUND = 500
+    CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720
 
 
@@ -123,6 +124,14 @@ class CUipcMemHandle:
         self.reserved = bytes(64)
 
 
+class CUstream_flags(enum.IntEnum):
+    CU_STREAM_NON_BLOCKING = 1
+
+
+class CUevent_flags(enum.IntEnum):
+    CU_EVENT_DISABLE_TIMING = 2
+
+
 class CUcontext(Handle):
     pass
 
@@ -138,6 +147,9 @@ class FakeCudaModule(types.ModuleType):
     CUdevice_attribute = CUdevice_attribute
     CUipcMem_flags = CUipcMem_flags
     CUipcMemHandle = CUipcMemHandle
+    CUstream_flags = CUstream_flags
+    CUevent_flags = CUevent_flags
+    CU_MEMHOSTALLOC_PORTABLE = 1
 
     def __init__(self, gpu: FakeGPU, *, current_ctx: int = 0):
         super().__init__("cuda.bindings.driver")
@@ -285,6 +297,65 @@ class FakeCudaModule(types.ModuleType):
     def cuIpcCloseMemHandle(self, ptr):
         return (self._rec("cuIpcCloseMemHandle", int(ptr)),)
 
+    # copy engine (MORI-IO)
+    def cuMemGetAddressRange(self, ptr):
+        err = self._rec("cuMemGetAddressRange", int(ptr))
+        for base, buf in self.gpu.memory.items():
+            if base <= int(ptr) < base + len(buf):
+                return err, Handle(base), len(buf)
+        return CUresult.CUDA_ERROR_NOT_FOUND, None, None
+
+    def cuDeviceGetCount(self):
+        return self._rec("cuDeviceGetCount"), 2
+
+    def cuDeviceGetPCIBusId(self, length, dev):
+        return self._rec("cuDeviceGetPCIBusId", length, int(dev)), f"0000:0{int(dev)}:00.0".upper().encode() + b"\0 "
+
+    def cuStreamCreate(self, flags):
+        return self._rec("cuStreamCreate", flags), self._handle()
+
+    def cuStreamDestroy(self, stream):
+        return (self._rec("cuStreamDestroy", int(stream)),)
+
+    def cuEventCreate(self, flags):
+        return self._rec("cuEventCreate", flags), self._handle()
+
+    def cuEventDestroy(self, event):
+        return (self._rec("cuEventDestroy", int(event)),)
+
+    def cuEventRecord(self, event, stream):
+        return (self._rec("cuEventRecord", int(event), int(stream)),)
+
+    def cuEventQuery(self, event):
+        err = self._rec("cuEventQuery", int(event))
+        return (CUresult.CUDA_ERROR_NOT_READY if getattr(self, "busy", False) and not err else err,)
+
+    def cuEventSynchronize(self, event):
+        return (self._rec("cuEventSynchronize", int(event)),)
+
+    def cuStreamWaitEvent(self, stream, event, flags):
+        return (self._rec("cuStreamWaitEvent", int(stream), int(event), flags),)
+
+    def cuMemcpyAsync(self, dst, src, n, stream):
+        self.gpu.write(int(dst), self.gpu.read(int(src), n))
+        return (self._rec("cuMemcpyAsync", int(dst), int(src), n, int(stream)),)
+
+    def cuMemHostAlloc(self, n, flags):
+        return self._rec("cuMemHostAlloc", n, flags), self.gpu.alloc(n)
+
+    def cuMemFreeHost(self, ptr):
+        self.gpu.memory.pop(int(ptr))
+        return (self._rec("cuMemFreeHost", int(ptr)),)
+
+    def cuCtxPushCurrent(self, ctx):
+        self.pushed = getattr(self, "pushed", []) + [self.current]
+        self.current = ctx
+        return (self._rec("cuCtxPushCurrent", int(ctx)),)
+
+    def cuCtxPopCurrent(self):
+        popped, self.current = self.current, self.pushed.pop()
+        return self._rec("cuCtxPopCurrent"), popped
+
 
 # ---- fake hip.hip -----------------------------------------------------------------------------------
 
@@ -294,6 +365,11 @@ class hipError_t(enum.IntEnum):
     hipErrorInvalidValue = 1
     hipErrorOutOfMemory = 2
     hipErrorNotFound = 500
+    hipErrorNotReady = 600
+
+
+class hipMemcpyKind(enum.IntEnum):
+    hipMemcpyDefault = 4
 
 
 class hipDeviceAttribute_t(enum.IntEnum):
@@ -320,6 +396,10 @@ class FakeHipModule(types.ModuleType):
     hipDeviceAttribute_t = hipDeviceAttribute_t
     hipIpcMemHandle_st = hipIpcMemHandle_st
     hipIpcMemLazyEnablePeerAccess = 1
+    hipMemcpyKind = hipMemcpyKind
+    hipStreamNonBlocking = 1
+    hipEventDisableTiming = 2
+    hipHostMallocPortable = 1
 
     def __init__(self, gpu: FakeGPU, *, cooperative: bool = True):
         super().__init__("hip.hip")
@@ -442,6 +522,60 @@ class FakeHipModule(types.ModuleType):
 
     def hipIpcCloseMemHandle(self, ptr):
         return (self._rec("hipIpcCloseMemHandle", int(ptr)),)
+
+    # copy engine (MORI-IO)
+    def hipMemGetAddressRange(self, ptr):
+        err = self._rec("hipMemGetAddressRange", int(ptr))
+        for base, buf in self.gpu.memory.items():
+            if base <= int(ptr) < base + len(buf):
+                return err, Handle(base), len(buf)
+        return hipError_t.hipErrorNotFound, None, None
+
+    def hipGetDeviceCount(self):
+        return self._rec("hipGetDeviceCount"), 2
+
+    def hipDeviceGetPCIBusId(self, buf, length, device):
+        text = f"0000:C{device}:00.0".encode()
+        buf[: len(text)] = text
+        return (self._rec("hipDeviceGetPCIBusId", length, device),)
+
+    def hipStreamCreateWithFlags(self, flags):
+        self.next_handle += 0x10
+        return self._rec("hipStreamCreateWithFlags", flags), Handle(self.next_handle)
+
+    def hipStreamDestroy(self, stream):
+        return (self._rec("hipStreamDestroy", int(stream)),)
+
+    def hipEventCreateWithFlags(self, flags):
+        self.next_handle += 0x10
+        return self._rec("hipEventCreateWithFlags", flags), Handle(self.next_handle)
+
+    def hipEventDestroy(self, event):
+        return (self._rec("hipEventDestroy", int(event)),)
+
+    def hipEventRecord(self, event, stream):
+        return (self._rec("hipEventRecord", int(event), int(stream)),)
+
+    def hipEventQuery(self, event):
+        err = self._rec("hipEventQuery", int(event))
+        return (hipError_t.hipErrorNotReady if getattr(self, "busy", False) and not err else err,)
+
+    def hipEventSynchronize(self, event):
+        return (self._rec("hipEventSynchronize", int(event)),)
+
+    def hipStreamWaitEvent(self, stream, event, flags):
+        return (self._rec("hipStreamWaitEvent", int(stream), int(event), flags),)
+
+    def hipMemcpyAsync(self, dst, src, n, kind, stream):
+        self.gpu.write(int(dst), self.gpu.read(int(src), n))
+        return (self._rec("hipMemcpyAsync", int(dst), int(src), n, kind, int(stream)),)
+
+    def hipHostMalloc(self, n, flags):
+        return self._rec("hipHostMalloc", n, flags), Handle(self.gpu.alloc(n))
+
+    def hipHostFree(self, ptr):
+        self.gpu.memory.pop(int(ptr))
+        return (self._rec("hipHostFree", int(ptr)),)
 
 
 # ---- fixtures ---------------------------------------------------------------------------------------
@@ -974,3 +1108,86 @@ def test_backend_mismatch(fake_cuda, fake_hip, gpu, tmp_path):
     shmem.shmem_init_comm(OneRank(), heap_size=HEAP, driver=get_driver("rocdl"))
     with pytest.raises(RuntimeError, match="shmem was initialized on rocdl"):
         KernelSet(_bundle(tmp_path, [_kernel("k", ())], key="c" * 64))
+
+
+# ---- the copy-engine calls MORI-IO uses ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["cuda", "hip"])
+def test_copy_engine_calls(api, request, gpu):
+    bindings = request.getfixturevalue(f"fake_{api}")
+    drv = get_driver("nvvm" if api == "cuda" else "rocdl")
+    prefix = "cu" if api == "cuda" else "hip"
+    base = drv.malloc(4096)
+    assert drv.address_range(base + 100) == (base, 4096)
+    with pytest.raises(DriverError, match="AddressRange"):
+        drv.address_range(12345)
+    assert drv.device_count() == 2
+    expected_bus = "0000:01:00.0" if api == "cuda" else "0000:c1:00.0"
+    assert drv.pci_bus_id(1) == expected_bus  # lower-case, NUL and padding cut
+    stream, event = drv.stream_create(), drv.event_create()
+    assert isinstance(stream, int) and stream
+    host = drv.host_alloc(64)
+    gpu.write(base, b"copy-engine!")
+    drv.memcpy_async(host, base, 12, stream)
+    assert gpu.read(host, 12) == b"copy-engine!"
+    drv.event_record(event, stream)
+    drv.stream_wait_event(stream, event)
+    assert drv.event_query(event) is True
+    bindings.busy = True
+    assert drv.event_query(event) is False  # NOT_READY is an answer, not an error
+    bindings.busy = False
+    gpu.fail[f"{prefix}EventQuery"] = 1
+    with pytest.raises(DriverError, match="EventQuery"):
+        drv.event_query(event)
+    del gpu.fail[f"{prefix}EventQuery"]
+    drv.event_synchronize(event)
+    drv.event_destroy(event)
+    drv.stream_destroy(stream)
+    drv.host_free(host)
+    names = [c[0] for c in gpu.calls]
+    create = "cuStreamCreate" if api == "cuda" else "hipStreamCreateWithFlags"
+    assert gpu.calls[names.index(create)][1] == 1  # non-blocking
+    event_create = "cuEventCreate" if api == "cuda" else "hipEventCreateWithFlags"
+    assert gpu.calls[names.index(event_create)][1] == 2  # timing disabled
+    if api == "hip":
+        assert gpu.calls[names.index("hipMemcpyAsync")][4] == hipMemcpyKind.hipMemcpyDefault
+
+
+def test_cuda_using_device_pushes_and_pops_the_primary_context(fake_cuda, gpu):
+    drv = get_driver("nvvm")
+    assert drv.device == 0
+    gpu.calls.clear()
+    with drv.using_device(0):
+        pass
+    assert not [c for c in gpu.calls if c[0] in ("cuCtxPushCurrent", "cuCtxPopCurrent")]  # same device: nothing
+    with drv.using_device(1):
+        assert fake_cuda.current is not None and int(fake_cuda.current) == 0xC0DE
+        drv.stream_create()
+    names = [c[0] for c in gpu.calls]
+    assert names.index("cuCtxPushCurrent") < names.index("cuStreamCreate") < names.index("cuCtxPopCurrent")
+    assert ("cuDeviceGet", 1) in gpu.calls
+
+
+def test_hip_using_device_sets_and_restores(fake_hip, gpu):
+    drv = get_driver("rocdl")
+    with drv.using_device(1):
+        assert fake_hip.device == 1
+    assert fake_hip.device == 0
+
+
+@pytest.mark.parametrize("api", ["cuda", "hip"])
+def test_every_new_thread_gets_the_context_even_with_a_reused_ident(api, request, gpu):
+    """Thread idents are reused once a thread ends: the driver must not take a new thread for an old one."""
+    import threading
+
+    request.getfixturevalue(f"fake_{api}")
+    drv = get_driver("nvvm" if api == "cuda" else "rocdl")
+    drv.malloc(64)
+    call = "cuCtxGetCurrent" if api == "cuda" else "hipSetDevice"  # the check a new thread makes
+    for _ in range(5):
+        before = sum(1 for c in gpu.calls if c[0] == call)
+        worker = threading.Thread(target=drv.malloc, args=(64,))
+        worker.start()
+        worker.join()
+        assert sum(1 for c in gpu.calls if c[0] == call) == before + 1
