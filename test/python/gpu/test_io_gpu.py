@@ -67,7 +67,11 @@ def test_one_engine_gpu_ipc_write_read_sizes(n):
         src.copy_(_random_bytes(n, n))
         dst_whole, dst = _view(n + 8192, 8191, n)
         ms, md = engine.register_torch_tensor(src), engine.register_torch_tensor(dst)
-        assert md.ipc_offset == 8191 and md.ipc_handle != bytes(64) and md.device_bus_id
+        from mori_compiler.runtime.driver import default_driver
+
+        segment_base = default_driver().address_range(dst.data_ptr())[0]  # torch sub-allocates segments
+        assert md.ipc_offset == dst.data_ptr() - segment_base >= 8191
+        assert md.ipc_handle != bytes(64) and md.device_bus_id
         _done(engine.write(ms, 0, md, 0, n, 1))
         torch.cuda.synchronize()
         assert torch.equal(dst, src)
