@@ -21,6 +21,10 @@
 |                          | POST_BATCH_SIZE, NUM_WORKER_THREADS, POLL_CQ_MODE,             |                            |
 |                          | ENABLE_NOTIFICATION, ENABLE_CHUNKING, CHUNK_BYTES, MAX_CHUNKS, |                            |
 |                          | NUM_NICS_PER_TRANSFER; runtime/io/configs.py)                  |                            |
+| MORI_DISABLE_AUTO_XGMI   | MORI-IO: a value starting with 0 adds the GPU-IPC (XGMI)       | unset (no auto-XGMI, as    |
+|                          | backend after an RDMA/TCP one (MORI's reading of the variable) | MORI)                      |
+| MORI_IO_RDMA_OVER_TCP    | MORI-IO: 0 refuses BackendType.RDMA instead of serving it with | 1 (served by TCP, with a   |
+|                          | the TCP transport (there is no RDMA device here)               | warning)                   |
 """
 
 from __future__ import annotations

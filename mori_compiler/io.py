@@ -2,8 +2,9 @@
 tests take from ``mori.cpp``), implemented in ``mori_compiler.runtime.io``.
 
 The enums, configs, descriptors, ``TransferStatus``, ``wait_all``, ``set_log_level``, ``IOEngine`` and
-``IOEngineSession`` (TCP backend, CPU memory so far), plus our ``TcpBackendConfig``;
-``FabricBackendConfig``, ``fabric_alloc`` and ``fabric_free`` are out of scope (no FABRIC backend).
+``IOEngineSession`` (backends: TCP, also serving RDMA, and GPU IPC for XGMI; CPU and GPU memory), plus our
+``TcpBackendConfig``; ``FabricBackendConfig``, ``fabric_alloc`` and ``fabric_free`` are out of scope (no
+FABRIC backend). docs/mori-io.md is the guide.
 """
 
 from __future__ import annotations
