@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("what to move")
     g.add_argument("--backend", choices=("tcp", "rdma", "xgmi"), default="tcp",
                    help="tcp (rdma: the same TCP transport under BackendType.RDMA) or xgmi (GPU IPC)")
-    g.add_argument("--mem", choices=("cpu", "gpu"), help="memory on both sides (default: cpu for tcp/rdma, gpu for xgmi)")
+    g.add_argument("--mem", choices=("cpu", "gpu"),
+                   help="memory on both sides (default: cpu for tcp/rdma, gpu for xgmi)")
     g.add_argument("--op", choices=("read", "write", "both"), default="both")
     g.add_argument("--api", choices=("engine", "session", "both"), default="both")
     g.add_argument("--issue", choices=("batch", "single", "both"), default="batch",
@@ -232,7 +233,8 @@ def check_config(args: argparse.Namespace) -> Config:
         if getattr(args, value) is None:
             setattr(args, value, default)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        raise BenchError("--plot needs matplotlib, which is not installed here (pip install matplotlib, or drop --plot)")
+        raise BenchError("--plot needs matplotlib, which is not installed here (pip install matplotlib, or "
+                         "drop --plot)")  # fmt: skip
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path and not Path(path).resolve().parent.is_dir():
             raise BenchError(f"{flag} {path}: the directory {Path(path).resolve().parent} does not exist")
@@ -854,11 +856,11 @@ def print_row(r: dict, first: bool) -> None:
     if first:
         print(f"\n[{r['section']}]")
         print("".join(f"{name:>{width}}" for name, width in _COLUMNS))
-    e = r["engine"]
+    e, b = r["engine"], r["baseline"]
     cells = (r["op"], r["api"], r["issue"], r["layout"], human(r["size"]), r["batch"], human(r["total_bytes"]),
              f"{e['GBps_median']:.3f}", f"{e['GBps_best']:.3f}", f"{e['us_per_iter_min']:.1f}",
-             f"{e['us_per_iter_median']:.1f}", f"{e['us_per_transfer_median']:.2f}",
-             f"{r['baseline']['GBps_median']:.3f}", f"{r['baseline']['us_per_iter_median']:.1f}", f"{r['ratio']:.2f}")  # fmt: skip
+             f"{e['us_per_iter_median']:.1f}", f"{e['us_per_transfer_median']:.2f}", f"{b['GBps_median']:.3f}",
+             f"{b['us_per_iter_median']:.1f}", f"{r['ratio']:.2f}")  # fmt: skip
     print("".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, _COLUMNS)), flush=True)
 
 
@@ -885,7 +887,7 @@ def plot(results: list[dict], path: str, title: str, baseline_name: str) -> None
         baselines.setdefault((r["op"], r["batch"]), {}).setdefault(r["size"], []).append(r["baseline"]["GBps_median"])
     for (op, api, issue, layout, batch), points in series.items():
         ax.plot([p["size"] for p in points], [p["engine"]["GBps_median"] for p in points], marker="o",
-                label=f"engine {op} {api}/{issue} {layout} batch {batch}")  # fmt: skip
+                label=f"MORI-IO {op}, {api} API ({issue}), {layout}, batch {batch}")  # fmt: skip
     for (op, batch), by_size in baselines.items():
         sizes = sorted(by_size)
         ax.plot(sizes, [statistics.median(by_size[s]) for s in sizes], ls="--",
