@@ -201,43 +201,59 @@ def geometric(start: int, stop: int, factor: int) -> list[int]:
     return values
 
 
-def check_config(args: argparse.Namespace) -> Config:
-    """Refuse impossible or ignored combinations with a message naming the flags (BenchError)."""
+def refuse_combinations(args: argparse.Namespace) -> None:
+    """Impossible combinations, and flags that would be ignored, are errors naming the flags."""
     xgmi = args.backend == "xgmi"
-    if args.mem is None:
-        args.mem = "gpu" if xgmi else "cpu"
     if xgmi and args.mem == "cpu":
         raise BenchError("--backend xgmi copies between GPUs by IPC: it needs --mem gpu (CPU memory: --backend tcp)")
     if args.single_process and not xgmi:
         raise BenchError("--single-process is XGMI's mode (one engine owning both GPU buffers); the TCP "
                          "backend always uses a target process")  # fmt: skip
-    for flag, value, applies in (("--num-connections", args.num_connections, not xgmi),
-                                 ("--notify", args.notify or None, not xgmi),
-                                 ("--num-streams", args.num_streams, xgmi), ("--num-events", args.num_events, xgmi),
-                                 ("--src-gpu", args.src_gpu, args.mem == "gpu"),
-                                 ("--dst-gpu", args.dst_gpu, args.mem == "gpu")):  # fmt: skip
-        if value is not None and not applies:
-            raise BenchError(f"{flag} does not apply to --backend {args.backend} --mem {args.mem}")
-    if xgmi:  # the defaults, recorded in the header as used
-        args.num_streams, args.num_events = args.num_streams or 64, args.num_events or 64
-    else:
-        args.num_connections = args.num_connections or 1
+    gpu = args.mem == "gpu" or (args.mem is None and xgmi)
+    for flag, given, applies, needs in (
+        ("--num-connections", args.num_connections is not None, not xgmi, "a TCP option: --backend tcp or rdma"),
+        ("--notify", args.notify, not xgmi, "a TCP option: --backend tcp or rdma"),
+        ("--num-streams", args.num_streams is not None, xgmi, "an XGMI option: --backend xgmi"),
+        ("--num-events", args.num_events is not None, xgmi, "an XGMI option: --backend xgmi"),
+        ("--src-gpu", args.src_gpu is not None, gpu, "it needs --mem gpu"),
+        ("--dst-gpu", args.dst_gpu is not None, gpu, "it needs --mem gpu"),
+        ("--batch-max", args.batch_max is not None, args.batch_sweep, "it needs --batch-sweep"),
+        ("--latency-iters", args.latency_iters is not None, args.latency, "it needs --latency"),
+    ):  # fmt: skip
+        if given and not applies:
+            raise BenchError(f"{flag} does not apply to this run ({needs})")
     if args.start_size > args.max_size:
         raise BenchError(f"--start-size {args.start_size} is larger than --max-size {args.max_size}")
     if args.batch is not None and args.batch_sweep:
         raise BenchError("give either --batch LIST or --batch-sweep, not both")
-    for flag, value, switch, default in (("--batch-max", "batch_max", "--batch-sweep", 4096),
-                                         ("--latency-iters", "latency_iters", "--latency", 200)):  # fmt: skip
-        if getattr(args, value) is not None and not getattr(args, switch[2:].replace("-", "_")):
-            raise BenchError(f"{flag} applies only with {switch}")
-        if getattr(args, value) is None:
-            setattr(args, value, default)
+
+
+def fill_defaults(args: argparse.Namespace) -> None:
+    """The defaults that depend on other flags (recorded in the JSON header as used)."""
+    xgmi = args.backend == "xgmi"
+    args.mem = args.mem or ("gpu" if xgmi else "cpu")
+    if xgmi:
+        args.num_streams, args.num_events = args.num_streams or 64, args.num_events or 64
+    else:
+        args.num_connections = args.num_connections or 1
+    args.batch_max = args.batch_max or 4096
+    args.latency_iters = args.latency_iters or 200
+
+
+def check_outputs(args: argparse.Namespace) -> None:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise BenchError("--plot needs matplotlib, which is not installed here (pip install matplotlib, or "
                          "drop --plot)")  # fmt: skip
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path and not Path(path).resolve().parent.is_dir():
             raise BenchError(f"{flag} {path}: the directory {Path(path).resolve().parent} does not exist")
+
+
+def check_config(args: argparse.Namespace) -> Config:
+    """The checked config with the sweep expanded (BenchError for a bad combination)."""
+    refuse_combinations(args)
+    fill_defaults(args)
+    check_outputs(args)
     batches = geometric(1, args.batch_max, 2) if args.batch_sweep else (args.batch or [1])
     return Config(args, _both(args.op, ("read", "write")), _both(args.api, ("engine", "session")),
                   _both(args.issue, ("batch", "single")), geometric(args.start_size, args.max_size, args.size_factor),
@@ -548,7 +564,7 @@ def target_main(conn, spec: EngineSpec, device, baseline_bytes: int) -> None:
         return
     except Exception as exc:  # reported by the initiator as one line
         try:
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            conn.send(("error", str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"))
         except OSError:
             pass
     finally:
@@ -568,7 +584,11 @@ class RemoteTarget:
         self.proc = ctx.Process(target=target_main, args=(child, spec, device, baseline_bytes), daemon=True)
         self.proc.start()
         child.close()
-        _, engine_bytes, memory_bytes, self.baseline_port = self._answer("ready", START_TIMEOUT_S)
+        try:
+            _, engine_bytes, memory_bytes, self.baseline_port = self._answer("ready", START_TIMEOUT_S)
+        except BenchError:
+            self.close()
+            raise
         self.engine_desc, self.memory = EngineDesc.unpack(engine_bytes), MemoryDesc.unpack(memory_bytes)
 
     def _answer(self, kind: str, timeout_s: float):
@@ -667,6 +687,14 @@ def issuer(init: Initiator, point: Point):
     return lambda: [single(o, o, size, uid()) for o in offsets]
 
 
+def issue_checked(issue, what: str) -> list:
+    """``issue()``, with the engine's synchronous errors (a target that cannot be reached, ...) as BenchError."""
+    try:
+        return issue()
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise BenchError(f"{what}: issuing the transfers failed: {exc}") from None
+
+
 def check_statuses(statuses, code: StatusCode, what: str, timeout_s=None) -> None:
     if code is StatusCode.SUCCESS:
         return
@@ -677,7 +705,7 @@ def check_statuses(statuses, code: StatusCode, what: str, timeout_s=None) -> Non
 
 
 def describe(point: Point) -> str:
-    return (f"{point.op} {point.api}/{point.issue} {point.layout} size {human(point.size)} batch {point.batch}")
+    return f"{point.op} {point.api}/{point.issue} {point.layout} size {human(point.size)} batch {point.batch}"
 
 
 def validate(init: Initiator, target, point: Point, issue, timeout_s: float) -> None:
@@ -687,8 +715,9 @@ def validate(init: Initiator, target, point: Point, issue, timeout_s: float) -> 
     # The initiator's buffer is the source of a write and the destination of a read: fresh random bytes make
     # a write's source new to the target, and a read's destination unequal to the target's bytes until it lands.
     init.buffer.fill_random(nbytes)
-    statuses = issue()
-    check_statuses(statuses, wait_all(statuses, int(timeout_s * 1000)), f"validation of {describe(point)}", timeout_s)
+    what = f"validation of {describe(point)}"
+    statuses = issue_checked(issue, what)
+    check_statuses(statuses, wait_all(statuses, int(timeout_s * 1000)), what, timeout_s)
     local = init.buffer.digest(offsets, point.size)
     remote = target.digest(point.size, point.batch, point.contiguous)
     if local != remote:
@@ -701,9 +730,11 @@ def measure(point: Point, issue, baseline, warmup: int) -> tuple[list[float], li
     """Interleaved timing: each engine iteration (issue + wait all) is followed by one baseline iteration of
     the same bytes. Seconds per iteration, engine and baseline."""
 
-    def engine_iteration():
-        statuses = issue()
-        check_statuses(statuses, wait_all(statuses), describe(point))
+    what = describe(point)
+
+    def engine_iteration():  # wait_all without a deadline, as MORI's Wait(): a bounded wait would poll
+        statuses = issue_checked(issue, what)  # GPU-IPC events only every millisecond
+        check_statuses(statuses, wait_all(statuses), what)
 
     def baseline_iteration():
         baseline.run(point.op, point.total)

@@ -76,9 +76,10 @@ def test_single_ops_contiguous_batches_and_the_latency_section(tmp_path):
     (["--backend", "xgmi", "--mem", "cpu"], "needs --mem gpu"),
     (["--single-process"], "--single-process"),
     (["--num-streams", "4"], "--num-streams does not apply"),
+    (["--backend", "xgmi", "--notify"], "--notify does not apply"),
     (["--batch", "0"], "batch sizes must be >= 1"),
     (["--start-size", "1M", "--max-size", "1K"], "--start-size"),
-    (["--latency-iters", "5"], "--latency-iters applies only with --latency"),
+    (["--latency-iters", "5"], "--latency-iters does not apply to this run"),
 ])  # fmt: skip
 def test_impossible_combinations_are_refused_clearly(args, says):
     proc = run_bench(*args, timeout=60)
