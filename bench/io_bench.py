@@ -833,8 +833,6 @@ def human(nbytes: int) -> str:
 
 def machine_info(torch) -> dict:
     info = {"hostname": platform.node(), "cpu_count": os.cpu_count(), "platform": platform.platform()}
-    if torch is None and importlib.util.find_spec("torch") is not None:
-        import torch
     if torch is not None and torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     else:
@@ -860,9 +858,12 @@ def versions(torch) -> dict:
 
 
 def header(cfg: Config, torch) -> dict:
-    config = {k: v for k, v in vars(cfg.args).items()}
-    config.update(sizes=cfg.sizes, batches=cfg.batches, baseline=cfg.baseline)
-    return {"machine": machine_info(torch), "config": config, "versions": versions(torch),
+    """Machine (GPU names through torch where it is installed, even for CPU runs), config, versions."""
+    if torch is None and importlib.util.find_spec("torch") is not None:
+        import torch
+    config = dict(vars(cfg.args), sizes=cfg.sizes, batches=cfg.batches, baseline=cfg.baseline)
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine_info(torch),
+            "config": config, "versions": versions(torch),
             "measurement": "one iteration = issue the batch + wait all (perf_counter); GB/s = 10^9 B/s from the "
                            "median (GBps_median) and the fastest (GBps_best) iteration; us_per_transfer = "
                            "us_per_iter / batch; baseline iterations interleaved with the engine's; "
