@@ -27,14 +27,16 @@ to exit (the transfers are one-sided: only the engine's own threads serve them).
 Baselines: TCP: a plain socket stream between the same two processes (the target runs a plain TCP server
 thread): per iteration the initiator sends size x batch bytes with ``sendall`` and waits for a 1-byte ack
 (write), or the target sends them (read), received with ``recv_into`` a preallocated buffer (goal: ratio
->= 0.8 at >= 1 MiB). GPU IPC: ``dst.copy_(src)`` (cudaMemcpyAsync) of size x batch bytes between two
+>= 0.8 at >= 1 MiB); its buffers are host memory also with ``--mem gpu``, so that ratio includes the
+engine's GPU staging. GPU IPC: ``dst.copy_(src)`` (cudaMemcpyAsync) of size x batch bytes between two
 device buffers in the initiator, synchronized and timed the same way (goal: ratio >= 0.9 at >= 1 MiB).
 ``--latency`` adds the small-message latency section (8 B ... 4 KiB, batch 1, ``--latency-iters``).
 
     python bench/io_bench.py --backend tcp --mem cpu --max-size 64MiB --json io.json
     python bench/io_bench.py --backend xgmi --op write --api session --batch 1,64 --latency --plot io.png
 
-torch is imported only for GPU memory, matplotlib only for ``--plot``.
+torch is needed only for GPU memory (where it is installed, the header names the GPUs through it);
+matplotlib only for ``--plot``. Bad flags and impossible combinations exit with status 1 and one line.
 """
 
 from __future__ import annotations
@@ -177,7 +179,9 @@ class Config:
     sizes: list[int]
     batches: list[int]
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # the flags themselves: cfg.backend, cfg.iters, ...
+        if name == "args":
+            raise AttributeError(name)
         return getattr(self.args, name)
 
     @property
