@@ -157,17 +157,14 @@ def kv_blocks(cfg: Config) -> np.ndarray:
 def prefill_process(conn, cfg: Config) -> None:
     """Entry point of the prefill process: every outcome, failures included, goes back to decode."""
     try:
-        try:
-            result = prefill(conn, cfg)
-        except (EOFError, OSError) as exc:
-            result = {"error": f"lost decode: {exc or type(exc).__name__}"}
-        except Failure as exc:  # reported by decode, which exits 1
-            result = {"error": str(exc)}
-        except Exception as exc:
-            result = {"error": f"{type(exc).__name__}: {exc}"}
+        result = prefill(conn, cfg)
+    except Failure as exc:  # reported by decode, which exits 1
+        result = {"error": str(exc)}
+    except Exception as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    try:
         conn.send(result)
-        conn.poll(cfg.timeout_s)  # keep the engine up until decode has checked (or closed the pipe)
-    except (EOFError, OSError):
+    except OSError:
         sys.exit(1)  # decode is gone: nobody to report to
 
 
@@ -175,13 +172,12 @@ def prefill(conn, cfg: Config) -> dict:
     select_gpu(cfg, cfg.prefill_gpu)
     if not conn.poll(cfg.timeout_s):
         raise Failure(f"no descriptors from decode within {cfg.timeout_s} s")
-    hello = conn.recv()
-    decode_engine = EngineDesc.unpack(hello["engine"])
-    decode_cache = MemoryDesc.unpack(hello["memory"])
+    descriptors = conn.recv()
+    decode_engine = EngineDesc.unpack(descriptors["engine"])
+    decode_cache = MemoryDesc.unpack(descriptors["memory"])
 
     blocks = to_device(kv_blocks(cfg), cfg, cfg.prefill_gpu)
-    engine = create_engine("prefill", cfg)
-    with engine:
+    with create_engine("prefill", cfg) as engine:
         local = register(engine, blocks)
         engine.register_remote_engine(decode_engine)
         entries = cfg.entries()
@@ -190,8 +186,8 @@ def prefill(conn, cfg: Config) -> dict:
         sizes = [cfg.block_bytes] * len(entries)
         uid = engine.allocate_transfer_uid()  # names the transfer to the target (inbound notices)
 
-        # The copy is ordered after the work queued on the current stream (the blocks were just computed
-        # there), so no synchronize is needed before issuing it.
+        # GPU memory: the engine orders the copy after the work queued on the current stream (the blocks
+        # were just computed there), so no synchronize is needed before issuing it.
         start = time.perf_counter()  # the first transfer: connection set-up included
         if cfg.api == "session":
             # A session binds one (local, remote) pair to its backend once; serving systems keep it per peer.
@@ -248,7 +244,7 @@ def decode(cfg: Config) -> str:
             route = inbound_route(engine, prefill_key, reply["uid"], cfg)
             untouched = check_cache(host_bytes(cache), reply["digests"], empty, cfg)
         finally:
-            conn.close()  # prefill sees EOF and ends, whether we succeeded or not
+            conn.close()  # a prefill still waiting for our message sees EOF and ends
             process.join(cfg.timeout_s)
             if process.is_alive():
                 process.kill()
@@ -392,10 +388,13 @@ def main(argv=None) -> int:
         cfg = parse(argv)
         print(decode(cfg), flush=True)
         return 0
+    except UsageError as exc:
+        print(f"kv_transfer: error: {exc}", file=sys.stderr, flush=True)
     except Failure as exc:
-        what = "error" if isinstance(exc, UsageError) else "FAILED"
-        print(f"kv_transfer: {what}: {exc}", file=sys.stderr, flush=True)
-        return 1
+        print(f"kv_transfer: FAILED: {exc}", file=sys.stderr, flush=True)
+    except Exception as exc:  # the engine's own errors (no GPU runtime, a port that cannot be bound, ...)
+        print(f"kv_transfer: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    return 1
 
 
 if __name__ == "__main__":
