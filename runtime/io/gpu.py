@@ -106,10 +106,11 @@ class StreamPool:
 
 
 class EventPool:
-    """Reusable timing-free events per device: ``take`` creates one when none is free, ``give`` returns it."""
+    """Reusable timing-free events per device: ``initial`` of them are made at a device's first ``take``
+    (MORI's ``num_events``), more when none is free; ``give`` returns one."""
 
-    def __init__(self, driver: Driver):
-        self.driver = driver
+    def __init__(self, driver: Driver, initial: int = 0):
+        self.driver, self.initial = driver, initial
         self._lock = threading.Lock()
         self._free: dict[int, list] = {}
         self._all: dict[int, list] = {}
@@ -117,9 +118,17 @@ class EventPool:
     def take(self, device: int):
         """A free event of ``device`` (call inside ``using_device(device)``)."""
         with self._lock:
+            first = device not in self._all
+            if first:
+                self._all[device] = []
             free = self._free.setdefault(device, [])
             if free:
                 return free.pop()
+        if first and self.initial > 1:
+            made = [self.driver.event_create() for _ in range(self.initial - 1)]
+            with self._lock:
+                self._all[device].extend(made)
+                self._free[device].extend(made)
         event = self.driver.event_create()
         with self._lock:
             self._all.setdefault(device, []).append(event)

@@ -2,6 +2,10 @@
 engines on one node, through the driver's IPC handles (CUDA IPC on NVIDIA, HIP IPC on AMD), as MORI's XGMI
 backend does. No thread and no socket: the copies are queued on the GPU by the initiator.
 
+Driver calls per transfer (each one costs ~20 µs in the sandbox of our H200 machines, measured: a plain
+``copy_`` plus synchronize takes ~40 µs): two to order after the caller's stream (event record, stream
+wait), one per merged run, one event record, and one query or synchronize to see it done.
+
 Registration (``annotate_memory``): for GPU memory, the handle of the driver allocation that contains it
 (``ipc_handle``; torch tensors are sub-allocations of larger segments) and the region's offset in it
 (``ipc_offset``) go into the MemoryDesc. If the driver cannot export it (e.g. VMM memory, torch's
@@ -114,7 +118,7 @@ class GpuIpcBackend:
         self.driver, self.devices = driver, devices
         self.regions, self.regions_lock = regions, regions_lock
         self.streams = StreamPool(driver, config.effective_num_streams)
-        self.events = EventPool(driver)
+        self.events = EventPool(driver, config.effective_num_events)
         self.remotes: dict[str, object] = {}  # key -> EngineDesc
         self.lock = threading.Lock()
         self._mappings: dict[tuple[bytes, int], tuple[int, int]] = {}  # (handle, local GPU) -> (base, size)

@@ -136,14 +136,14 @@ class TransferStatus:
         timeout_ms = _timeout("TransferStatus.WaitFor timeout_ms", timeout_ms)
         if self._code is not _IN_PROGRESS:
             return self._code
+        wait = self._wait
+        if timeout_ms < 0 and wait is not None:
+            wait()  # blocks until done: a poll first would only cost a driver call
+            return self._code
         self._poll()
         if timeout_ms == 0:
             return self._code
         if timeout_ms < 0:
-            wait = self._wait
-            if wait is not None:
-                wait()
-                return self._code
             return self._sleep_until(None)
         return self._sleep_until(time.monotonic() + timeout_ms / 1000)
 

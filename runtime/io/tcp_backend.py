@@ -365,7 +365,7 @@ class TcpBackend:
             why = getattr(reply, "message", None) or f"unexpected answer {reply!r}"
             raise RuntimeError(f"MORI-IO TCP backend: engine {desc.key!r} at {host}:{desc.port} refused the "
                                f"connection: {why}")  # fmt: skip
-        sock.settimeout(None)
+        sock.settimeout(self.io_timeout)  # kept: the sender's and the receiver's calls then set nothing
         notify = bool(caps & reply.capabilities & CAP_NOTIFY)
         return _Outgoing(self, sock, self.own_limits.for_peer(reply), notify, desc.key)
 
@@ -443,6 +443,7 @@ class TcpBackend:
                     return
                 self._accepted.append(sock)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(self.io_timeout)  # sends to a stalled peer fail too, after io_timeout_ms
             threading.Thread(target=self._serve, args=(sock,), name=f"mori-io-tcp-serve-{self.key}", daemon=True).start()
 
     def _lookup(self, segment: Segment):

@@ -60,7 +60,8 @@ def _byte_view(buffer, writable: bool) -> memoryview:
 
 
 class _Timeout:
-    """Set a socket's timeout for the duration of one call and put the old one back."""
+    """Set a socket's timeout for the duration of one call and put the old one back (no system call when
+    it already has that timeout: two threads, a sender and a receiver, share one socket)."""
 
     def __init__(self, sock, timeout):
         self.sock, self.timeout = sock, timeout
@@ -70,14 +71,16 @@ class _Timeout:
         if self.timeout is not None:
             if self.timeout <= 0:
                 raise ValueError(f"timeout must be positive seconds or None, got {self.timeout!r}")
-            self.sock.settimeout(self.timeout)
+            if self.timeout != self.old:  # usually equal: the backend keeps its sockets' timeout
+                self.sock.settimeout(self.timeout)
         elif self.old == 0.0:
             raise ValueError("send_frame/recv_frame need a blocking socket (timeout None or > 0), "
                              "got a non-blocking one")  # fmt: skip
         return self.sock.gettimeout()
 
     def __exit__(self, *exc):
-        self.sock.settimeout(self.old)
+        if self.sock.gettimeout() != self.old:
+            self.sock.settimeout(self.old)
 
 
 def send_frame(sock: socket.socket, frame: Frame, payload_views: Sequence | None = None, *,
