@@ -13,8 +13,9 @@ Threads (all daemons, ended by ``close``):
   dropped), READ_REQUEST (checked the same way; READ_RESPONSE
   with the bytes or the error), NOTIFY (counted for ``pop_inbound``) and MEMORY_QUERY;
 * one *sender* and one *receiver* thread per outgoing connection: the sender sends the queued frames in
-  order (payloads straight from the local region); the receiver completes the initiator's parts from STATUS
-  and READ_RESPONSE frames (a read's bytes are received straight into the local region).
+  order (payloads straight from the local region; a small frame with nothing queued ahead of it is sent by
+  the caller's thread instead, saving a thread wake-up); the receiver completes the initiator's parts from
+  STATUS and READ_RESPONSE frames (a read's bytes are received straight into the local region).
 
 Initiator side: the caller's thread checks, queues the frames and returns (MORI's calls are asynchronous);
 the connection's threads send them and complete the parts. A connection that fails (peer gone, reset, protocol error, no answer within
@@ -72,6 +73,7 @@ class Part:
 
 
 _GPU_FAILURE = (DriverError, RuntimeError, NotImplementedError, ValueError)
+INLINE_SEND_BYTES = 64 << 10  # a WRITE up to this payload is sent by the caller when nothing is queued
 
 
 def _status_code(value: int) -> StatusCode:
@@ -93,7 +95,12 @@ class _Outgoing:
         self._send_staging: Staging | None = None  # GPU memory: the sender's and the receiver's buffers
         self._recv_staging: Staging | None = None
         self._ids = itertools.count(1)
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (frame, payload views) to send; None ends
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (frame, write part or None) to send; None ends
+        # Frames leave in submission order: whoever sends holds _send_lock; _queued counts the frames put in
+        # the outbox and not yet sent, so a caller sends a small frame itself only when nothing is ahead.
+        self._send_lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._queued = 0
         self._sender = threading.Thread(target=self._send_loop, name=f"mori-io-tcp-send-{key}", daemon=True)
         self._receiver = threading.Thread(target=self._receive_loop, name=f"mori-io-tcp-recv-{key}", daemon=True)
         self._sender.start()
@@ -113,9 +120,28 @@ class _Outgoing:
             return
         segments = tuple(part.segments)
         if kind == "write":
-            self._outbox.put((WriteFrame(request_id, segments), (request_id, part)))
+            small = part.nbytes <= INLINE_SEND_BYTES and not part.local.on_gpu
+            self._enqueue((WriteFrame(request_id, segments), (request_id, part)), inline=small)
         else:
-            self._outbox.put((ReadRequestFrame(request_id, segments), None))
+            self._enqueue((ReadRequestFrame(request_id, segments), None), inline=True)
+
+    def _enqueue(self, item, inline: bool = False) -> None:
+        """Send ``item`` from this thread if it is small (``inline``) and no frame is ahead of it (saves the
+        sender thread's wake-up); otherwise queue it for the sender thread. An inline send blocks only when
+        the peer stopped reading and the socket's buffer is full, then at most ``io_timeout_ms``."""
+        if inline and self._send_lock.acquire(blocking=False):
+            try:
+                with self._count_lock:
+                    idle = self._queued == 0
+                if idle:
+                    if not self.dead:
+                        self._send(item)
+                    return
+            finally:
+                self._send_lock.release()
+        with self._count_lock:
+            self._queued += 1
+        self._outbox.put(item)
 
     def _staging(self, which: str) -> Staging:
         staging = getattr(self, which)
@@ -144,18 +170,26 @@ class _Outgoing:
             item = self._outbox.get()
             if item is None:
                 return
-            if self.dead:
-                continue  # its part was failed with the connection
-            frame, write = item
-            views = None
-            if write is not None:
-                views = self._payload(*write)
-                if views is None:
-                    continue
-            try:
-                send_frame(self.sock, frame, views, limits=self.peer_limits, timeout=self.backend.io_timeout)
-            except (OSError, FrameError, ValueError) as exc:
-                self.fail(f"sending to engine {self.remote_key!r} failed: {exc}")
+            with self._send_lock:
+                try:
+                    if not self.dead:  # else its part was failed with the connection
+                        self._send(item)
+                finally:
+                    with self._count_lock:
+                        self._queued -= 1
+
+    def _send(self, item) -> None:
+        """Send one queued item (call with ``_send_lock`` held); a failure fails the connection."""
+        frame, write = item
+        views = None
+        if write is not None:
+            views = self._payload(*write)
+            if views is None:
+                return
+        try:
+            send_frame(self.sock, frame, views, limits=self.peer_limits, timeout=self.backend.io_timeout)
+        except (OSError, FrameError, ValueError) as exc:
+            self.fail(f"sending to engine {self.remote_key!r} failed: {exc}")
 
     def query_memory(self, mem_id: int, timeout: float):
         """The target's MEMORY_INFO for ``mem_id`` (RuntimeError if the connection fails or times out)."""
@@ -171,7 +205,7 @@ class _Outgoing:
                 raise RuntimeError(f"MORI-IO TCP backend: the connection to engine {self.remote_key!r} is closed")
             request_id = next(self._ids)
             self.pending[request_id] = ("query", Part([], None, [], complete))
-        self._outbox.put((MemoryQueryFrame(request_id, mem_id), None))
+        self._enqueue((MemoryQueryFrame(request_id, mem_id), None), inline=True)
         if not answered.wait(timeout):
             self.fail(f"engine {self.remote_key!r} did not answer a memory query within {timeout} s")
             answered.wait(1.0)
@@ -182,7 +216,7 @@ class _Outgoing:
 
     def send_notify(self, uid: int, index: int, count: int) -> None:
         if self.notify and not self.dead:
-            self._outbox.put((NotifyFrame(uid, self.backend.key, index, count), None))
+            self._enqueue((NotifyFrame(uid, self.backend.key, index, count), None), inline=True)
 
     def fail(self, message: str) -> None:
         """Mark the connection dead and fail every outstanding part with ERR_RDMA_OP."""
@@ -200,7 +234,7 @@ class _Outgoing:
     def close(self) -> None:
         """Send CLOSE after the frames already queued (waiting up to a second), then fail what is left."""
         if not self.dead:
-            self._outbox.put((CloseFrame(), None))
+            self._enqueue((CloseFrame(), None))
         self._outbox.put(None)
         self._sender.join(1.0)
         self.fail(f"connection to engine {self.remote_key!r} closed by this engine")
