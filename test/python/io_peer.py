@@ -117,6 +117,7 @@ class _EnginePeer:
         return [digest(data[a:b]) for a, b in zip(points, points[1:])]
 
     def deregister(self, name: str):
+        """Deregister the slab but keep it, so that a dump still shows whether anything wrote into it."""
         self.engine.deregister_memory(self.descs.pop(name))
 
     def register_remote(self, packed: bytes):
@@ -208,62 +209,102 @@ def answer_hello(sock: socket.socket, key: str):
 
 
 def raw_peer(conn, key: str, mode: str, param: float = 0.0) -> None:
-    """A listener on 127.0.0.1 that sends ``("port", port)`` and then, with the first connection, does what
-    ``mode`` says:
+    """A listener on 127.0.0.1 that sends ``("port", port)`` and then does what ``mode`` says with every
+    connection it accepts (an engine opens several):
 
     * ``silent``: accepts and never sends a byte (not even the HELLO answer);
     * ``hello_then_silent``: answers the HELLO, then reads and answers nothing;
     * ``hello_then_close``: answers the HELLO and closes the connection when the first request arrives;
     * ``stall_mid_write``: answers the HELLO, reads a WRITE head and ``param`` bytes of its payload, sends
-      ``("half", payload_length)`` and waits to be killed;
+      ``("half", payload_length)`` (the first connection to get there) and waits to be killed;
     * ``stall_mid_read``: answers the HELLO and a READ_REQUEST with the READ_RESPONSE head and ``param``
-      payload bytes, sends ``("half", payload_length)`` and waits to be killed;
+      payload bytes, sends ``("half", payload_length)`` (the first connection) and waits to be killed;
     * ``slow_status``: answers the HELLO, then every WRITE (its payload drained) with a SUCCESS STATUS
-      ``param`` seconds after it arrived, and sends ``("answered", monotonic time)`` after each.
+      ``param`` seconds after it arrived.
 
     It ends on the parent's "exit" or when the Pipe closes (and by the watchdog).
     """
-    from mori_compiler.runtime.io.tcp_frames import FrameType, ReadResponseFrame, StatusFrame, encode_head
-    from mori_compiler.runtime.io.tcp_socket import send_frame
-
     _watchdog()
     listener = socket.create_server(("127.0.0.1", 0))
+    reported = threading.Lock()
+    accepted = []
+
+    def serve(sock):
+        try:
+            _misbehave(sock, key, mode, param, conn, reported)
+        except (OSError, ConnectionError):
+            pass
+
+    def accept_loop():
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            sock.settimeout(60)
+            accepted.append(sock)
+            threading.Thread(target=serve, args=(sock,), daemon=True).start()
+
+    threading.Thread(target=accept_loop, daemon=True).start()
     conn.send(("port", listener.getsockname()[1]))
-    listener.settimeout(60)
-    sock, _ = listener.accept()
-    sock.settimeout(60)
     try:
-        if mode != "silent":
-            answer_hello(sock, key)
-        if mode == "hello_then_close":
-            recv_head(sock)
-            sock.close()
-        elif mode == "stall_mid_write":
-            frame, length = recv_head(sock)
-            assert frame.type is FrameType.WRITE
-            recv_exactly(sock, int(param))
-            conn.send(("half", length))
-        elif mode == "stall_mid_read":
-            frame, _ = recv_head(sock)
-            assert frame.type is FrameType.READ_REQUEST
-            length = frame.requested_length
-            sock.sendall(encode_head(ReadResponseFrame(frame.request_id), length) + bytes(int(param)))
-            conn.send(("half", length))
-        elif mode == "slow_status":
-            while True:
-                frame, length = recv_head(sock)
-                arrived = time.monotonic()
-                recv_exactly(sock, length)
-                if frame.type is FrameType.WRITE:
-                    time.sleep(max(0.0, arrived + param - time.monotonic()))
-                    send_frame(sock, StatusFrame(frame.request_id, 0))
-                    conn.send(("answered", time.monotonic()))
-    except (OSError, ConnectionError):
-        pass
-    try:
-        while not conn.poll(0.05) or conn.recv() != "exit":
+        while conn.recv() != "exit":
             pass
     except (EOFError, OSError):
         pass
-    sock.close()
     listener.close()
+    for sock in accepted:
+        sock.close()
+
+
+def _misbehave(sock, key, mode, param, conn, reported) -> None:
+    from mori_compiler.runtime.io.tcp_frames import FrameType, ReadResponseFrame, StatusFrame, encode_head
+    from mori_compiler.runtime.io.tcp_socket import send_frame
+
+    if mode == "silent":
+        time.sleep(LIFETIME_S)
+    answer_hello(sock, key)
+    if mode == "hello_then_silent":
+        time.sleep(LIFETIME_S)
+    elif mode == "hello_then_close":
+        recv_head(sock)
+        sock.close()
+    elif mode in ("stall_mid_write", "stall_mid_read"):
+        frame, length = recv_head(sock)
+        if mode == "stall_mid_write":
+            assert frame.type is FrameType.WRITE
+            recv_exactly(sock, int(param))
+        else:
+            assert frame.type is FrameType.READ_REQUEST
+            length = frame.requested_length
+            sock.sendall(encode_head(ReadResponseFrame(frame.request_id), length) + bytes(int(param)))
+        if reported.acquire(blocking=False):
+            conn.send(("half", length))
+        time.sleep(LIFETIME_S)
+    elif mode == "slow_status":
+        while True:
+            frame, length = recv_head(sock)
+            arrived = time.monotonic()
+            recv_exactly(sock, length)
+            if frame.type is FrameType.WRITE:
+                time.sleep(max(0.0, arrived + param - time.monotonic()))
+                send_frame(sock, StatusFrame(frame.request_id, 0))
+
+
+def raw_initiator(conn, port: int, target_key: str, mem_id: int, offset: int, length: int, sent: int) -> None:
+    """Connect to the engine listening on ``port`` as initiator "raw-initiator", send a WRITE of ``length``
+    bytes at ``offset`` of region ``mem_id`` but only ``sent`` bytes of its payload (0xAB), report
+    ``("half", sent)`` and wait to be killed."""
+    from mori_compiler.runtime.io.tcp_frames import HelloFrame, Segment, WriteFrame, encode_head
+    from mori_compiler.runtime.io.tcp_socket import recv_frame, send_frame
+
+    _watchdog()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    send_frame(sock, HelloFrame("raw-initiator", target_key))
+    recv_frame(sock, timeout=30)
+    sock.sendall(encode_head(WriteFrame(1, (Segment(mem_id, offset, length),)), length) + b"\xab" * sent)
+    conn.send(("half", sent))
+    try:
+        conn.recv()
+    except (EOFError, OSError):
+        pass
