@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import faulthandler
 import multiprocessing
-import os
 import random
-import signal
 import socket
 import struct
 import threading
@@ -31,7 +29,7 @@ import pytest
 import io_peer
 from io_peer import GUARD_DEFAULT, POISON_SEED, Slab, digest, pattern
 from mori_compiler.io import (BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType,
-                              StatusCode, TcpBackendConfig, TransferStatus, wait_all)  # fmt: skip
+                              StatusCode, TransferStatus, wait_all)  # fmt: skip
 from mori_compiler.runtime.io.engine import NO_BACKEND
 from mori_compiler.runtime.io.tcp_frames import (FrameLimits, FrameType, HelloFrame, MemoryQueryFrame, NotifyFrame,
                                                  ReadRequestFrame, Segment, WriteFrame, encode_frame,
@@ -94,6 +92,8 @@ def eventually(predicate, seconds: float = 5.0) -> bool:
 class Child:
     """A spawned daemon process running an ``io_peer`` function; every receive from it is bounded."""
 
+    EXIT: object = "exit"  # what its loop takes as the end
+
     def __init__(self, target, *args):
         self.conn, child_end = CTX.Pipe()
         self.proc = CTX.Process(target=target, args=(child_end, *args), daemon=True)
@@ -113,7 +113,7 @@ class Child:
 
     def stop(self) -> None:
         try:
-            self.conn.send("exit" if not isinstance(self, EnginePeer) else ("exit",))
+            self.conn.send(self.EXIT)
         except OSError:
             pass
         self.proc.join(5)
@@ -123,6 +123,8 @@ class Child:
 
 class EnginePeer(Child):
     """An IOEngine in a child process (``io_peer.engine_peer``), driven by ``call``."""
+
+    EXIT = ("exit",)
 
     def __init__(self, key: str, backend: str, options: dict):
         super().__init__(io_peer.engine_peer, key, backend, options)
@@ -179,12 +181,19 @@ class World:
     per backend type in this process (the "parents"), all registered with each other."""
 
     def __init__(self):
-        self.targets = {TCP: EnginePeer("target-tcp", "TCP", {"num_connections": 2}),
-                        RDMA: EnginePeer("target-rdma", "RDMA", {"qp_per_transfer": 3})}  # fmt: skip
-        self.initiators = [EnginePeer("ini0", "RDMA", {"qp_per_transfer": 2}),
-                           EnginePeer("ini1", "TCP", {"num_connections": 4}),
-                           EnginePeer("ini2", "TCP", {})]  # fmt: skip
-        self.children = [*self.targets.values(), *self.initiators]
+        self.children: list[EnginePeer] = []  # what close() stops, even after a failed start()
+        self.parents: dict[BackendType, IOEngine] = {}
+
+    def _spawn(self, *args) -> EnginePeer:
+        self.children.append(EnginePeer(*args))
+        return self.children[-1]
+
+    def start(self):
+        self.targets = {TCP: self._spawn("target-tcp", "TCP", {"num_connections": 2}),
+                        RDMA: self._spawn("target-rdma", "RDMA", {"qp_per_transfer": 3})}  # fmt: skip
+        self.initiators = [self._spawn("ini0", "RDMA", {"qp_per_transfer": 2}),
+                           self._spawn("ini1", "TCP", {"num_connections": 4}),
+                           self._spawn("ini2", "TCP", {})]  # fmt: skip
         # The TCP parent cuts frames at 256 KiB, so that 1 MiB + 3 already spreads over its 3 sockets.
         self.parents = {TCP: io_peer.make_engine("parent-tcp", "TCP", {"num_connections": 3,
                                                                       "max_frame_payload": 256 << 10}),
@@ -213,8 +222,11 @@ class World:
 @pytest.fixture(scope="module")
 def world():
     w = World()
-    yield w
-    w.close()
+    try:
+        w.start()
+        yield w
+    finally:
+        w.close()
 
 
 class Pair:
@@ -496,9 +508,10 @@ def test_initiator_processes_write_and_read_one_target_at_the_same_time(world):
         for i, ini in enumerate(world.initiators):
             ini.call("fill", "mem", seed_of("initiator", i))
         for i, ini in enumerate(world.initiators):  # all commands first: the three run at the same time
-            specs = [("write", "mem", [k * chunk], world.sink_desc.pack(), [i * (1 << 20) + k * chunk], [chunk], 100 * i + k)
+            sink, shared = world.sink_desc.pack(), source_desc.pack()
+            specs = [("write", "mem", [k * chunk], sink, [i * (1 << 20) + k * chunk], [chunk], 100 * i + k)
                      for k in range(writes)]  # fmt: skip
-            specs += [("read", "mem", [writes * chunk + k * chunk], source_desc.pack(), [k * chunk], [chunk], 100 * i + 50 + k)
+            specs += [("read", "mem", [(writes + k) * chunk], shared, [k * chunk], [chunk], 100 * i + 50 + k)
                       for k in range(4)]  # fmt: skip
             ini.conn.send(("transfers", specs, WAIT_MS))
         results = [ini._answer(CALL_S) for ini in world.initiators]
@@ -576,7 +589,8 @@ def test_many_outstanding_transfers_then_wait_all(pair):
     back, back_local = pair.local(MEM2, POISON_SEED)
     remote, remote2 = pair.peer.mems["mem"], pair.peer.mems["mem2"]
     statuses = [pair.engine.write(local, i * 1024, remote, i * 1024 + 7, size, i) for i in range(n)]
-    statuses += [pair.engine.read(back_local, i * 64, remote2, MEM2 - 64 - i * 64, 64, n + i) for i in range(MEM2 // 64)]
+    statuses += [pair.engine.read(back_local, i * 64, remote2, MEM2 - 64 - i * 64, 64, n + i)
+                 for i in range(MEM2 // 64)]  # fmt: skip
     assert wait_all(statuses, WAIT_MS) == StatusCode.SUCCESS
     assert all(s.Succeeded() for s in statuses)
     for i in range(n):
@@ -691,7 +705,8 @@ def test_deregistered_local_memory_is_refused_synchronously(world):
     statuses = [pair.engine.write(local, 0, remote, 0, 100, 1), pair.engine.read(local, 0, remote, 0, 100, 2),
                 *pair.engine.batch_write([local], [[0]], [remote], [[0]], [[100]], [3]),
                 *pair.engine.batch_read([local], [[0]], [remote], [[0]], [[100]], [4]),
-                session.write(0, 0, 100, 5), session.read(0, 0, 100, 6), session.batch_read([0], [0], [100], 7)]  # fmt: skip
+                session.write(0, 0, 100, 5), session.read(0, 0, 100, 6),
+                session.batch_read([0], [0], [100], 7)]  # fmt: skip
     for status in statuses:
         assert status.Code() == StatusCode.ERR_INVALID_ARGS and "not registered" in status.Message()
     time.sleep(0.05)
@@ -753,7 +768,8 @@ def test_an_initiator_killed_in_the_middle_of_a_write_leaves_the_target_serving(
         child.stop()
     expected = poison(MEM)
     expected[G + offset : G + offset + sent] = b"\xab" * sent
-    assert eventually(lambda: world.sink.data[G + offset : G + offset + sent] == expected[G + offset : G + offset + sent])
+    landed = slice(G + offset, G + offset + sent)
+    assert eventually(lambda: world.sink.data[landed] == expected[landed])
     same(world.sink.data, expected, "target slab (only the bytes that came, inside the segment)")
     ini = world.initiators[1]
     ini.call("fill", "mem", POISON_SEED)
@@ -836,7 +852,8 @@ def malformed_cases(mem_id: int):
         ("body_length 2**63", hello + _header(2, 2**63), ("error", "header.body_length")),
         ("WRITE above max_payload", hello + _write_head([(mem_id, 0, 8 << 20)])[:24], ("error", "header.body_length")),
         ("WRITE of no segment", hello + _header(2, 8) + struct.pack("<II", 0, 0), ("error", "write.count")),
-        ("WRITE of 1025 segments", hello + _write_head([(mem_id, i, 1) for i in range(1025)])[:32], ("error", "write.count")),
+        ("WRITE of 1025 segments", hello + _write_head([(mem_id, i, 1) for i in range(1025)])[:32],
+         ("error", "write.count")),
         ("WRITE payload longer than its segments", hello + bytes(longer), ("error", "write.payload")),
         ("NOTIFY for another initiator", hello + encode_frame(NotifyFrame(0x5EED_0400, "victim")),
          ("error", "notify.initiator_key")),
