@@ -310,8 +310,8 @@ def test_64_mib_once_per_direction(world, op):
 
 
 def entries(count: int, layout: str, seed: int):
-    """(local_offsets, remote_offsets, sizes) of ``count`` disjoint entries, in shuffled order, and the
-    local and remote sizes they need. Layouts: ``contiguous`` (both sides back to back: one merged run),
+    """(local_offsets, remote_offsets, sizes, local region size) of ``count`` disjoint entries in shuffled
+    order (the remote side fits ``MEM``). Layouts: ``contiguous`` (both sides back to back: one merged run),
     ``remote_contiguous`` (remote back to back, local scattered: one run of many pieces), ``strided``
     (gaps on both sides), ``zeros`` (strided, a quarter of the entries zero-sized, one of them at the very
     end of both regions)."""
@@ -331,7 +331,7 @@ def entries(count: int, layout: str, seed: int):
 
     ordered = list(range(count))
     shuffled = rng.sample(ordered, count)
-    remote, remote_end = lay(ordered, layout in ("strided", "zeros"))
+    remote, _ = lay(ordered, layout in ("strided", "zeros"))
     if layout == "contiguous":
         local, local_end = lay(ordered, False)
     else:
