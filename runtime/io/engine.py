@@ -33,9 +33,11 @@ that cannot be reached -> ``RuntimeError`` from the call that connects (the firs
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import threading
+import weakref
 from typing import Sequence
 
 from . import checks
@@ -60,6 +62,20 @@ def auto_xgmi_enabled() -> bool:
     return os.environ.get(AUTO_XGMI_ENV, "").startswith("0")
 
 
+_OPEN_ENGINES: "weakref.WeakSet[IOEngine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    """Close the engines still open at exit (MORI's engines close in their destructors): their threads
+    end before the interpreter finalizes, which a daemon thread caught in finalization can abort."""
+    for engine in list(_OPEN_ENGINES):
+        try:
+            engine.close()
+        except Exception:  # noqa: BLE001 - exiting: nothing left to report to
+            pass
+
+
 class IOEngine:
     """A MORI-IO engine: ``IOEngine(key, config)`` (see the module docstring)."""
 
@@ -82,6 +98,7 @@ class IOEngine:
         self._routes: dict[tuple, BackendType] = {}
         self._driver = None  # the GPU driver and devices, on first use of GPU memory or GPU IPC
         self._devices: Devices | None = None
+        _OPEN_ENGINES.add(self)
 
     # ---- engine and backends ----
 
@@ -212,6 +229,8 @@ class IOEngine:
         for backend in self._backends.values():
             backend.close()
         self._backends.clear()
+        self._routes.clear()
+        _OPEN_ENGINES.discard(self)
 
     def __enter__(self):
         return self

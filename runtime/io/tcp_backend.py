@@ -30,6 +30,7 @@ import itertools
 import queue
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -63,6 +64,7 @@ class Part:
     complete: Complete
     nbytes: int = 0
     after: tuple | None = None
+    issued: float = 0.0  # time.monotonic() when submitted: the receive timeout counts from it
 
     def targets(self) -> list:
         return [(self.local, offset, length) for offset, length in self.pieces]
@@ -108,6 +110,7 @@ class _Outgoing:
 
     def submit(self, kind: str, part: Part) -> None:
         """Send one WRITE or READ_REQUEST; the part completes later (or now, if the connection is dead)."""
+        part.issued = time.monotonic()
         with self.lock:
             if self.dead:
                 dead = True
@@ -204,7 +207,7 @@ class _Outgoing:
             if self.dead:
                 raise RuntimeError(f"MORI-IO TCP backend: the connection to engine {self.remote_key!r} is closed")
             request_id = next(self._ids)
-            self.pending[request_id] = ("query", Part([], None, [], complete))
+            self.pending[request_id] = ("query", Part([], None, [], complete, issued=time.monotonic()))
         self._enqueue((MemoryQueryFrame(request_id, mem_id), None), inline=True)
         if not answered.wait(timeout):
             self.fail(f"engine {self.remote_key!r} did not answer a memory query within {timeout} s")
@@ -263,9 +266,12 @@ class _Outgoing:
                 try:
                     frame = recv_frame(self.sock, self.backend.own_limits, self._into, timeout=timeout)
                 except FrameTimeoutError as exc:
+                    # A receive that times out at a frame boundary started before the requests now
+                    # outstanding may have: each gets io_timeout from its own submission (so at most
+                    # twice that in all) before the connection is given up.
                     with self.lock:
-                        idle = not self.pending
-                    if exc.at_boundary and idle:
+                        oldest = min((part.issued for _, part in self.pending.values()), default=None)
+                    if exc.at_boundary and (oldest is None or time.monotonic() - oldest < timeout):
                         continue
                     raise
                 if frame is None:
@@ -322,6 +328,7 @@ class TcpBackend:
         self._connect_lock = threading.Lock()  # one thread builds the connections to a remote at a time
         self.closed = False
         self._accepted: list[socket.socket] = []
+        self._servers: list[threading.Thread] = []
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -437,15 +444,20 @@ class TcpBackend:
             except _GPU_FAILURE as exc:
                 status.Update(StatusCode.ERR_GPU_OP, f"TCP: ordering after the caller's stream failed: {exc}")
                 return
-        state = _Aggregate(len(parts), status.Update)
-        used = []
-        for i, ((segments, pieces, nbytes), after) in enumerate(zip(parts, afters)):
-            conn = conns[(uid + i) % len(conns)]
-            if conn not in used:
-                used.append(conn)
+        assignment = [conns[(uid + i) % len(conns)] for i in range(len(parts))]
+        used = list(dict.fromkeys(assignment))
+
+        def finished(code: StatusCode, message: str) -> None:
+            # The notices go out once every part is placed: a failed transfer is not notified (as RDMA,
+            # where the notice SEND of a QP in error is flushed).
+            if not code.failed:
+                for index, conn in enumerate(used):
+                    conn.send_notify(uid, index, len(used))
+            status.Update(code, message)
+
+        state = _Aggregate(len(parts), finished)
+        for (segments, pieces, nbytes), after, conn in zip(parts, afters, assignment):
             conn.submit(kind, Part(segments, local, pieces, state.part_done, nbytes, after))
-        for index, conn in enumerate(used):
-            conn.send_notify(uid, index, len(used))
 
     def _caller_event(self, device: int) -> tuple:
         """An event recorded now on the caller's current stream of ``device``: (pool, device, event)."""
@@ -478,7 +490,11 @@ class TcpBackend:
                 self._accepted.append(sock)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(self.io_timeout)  # sends to a stalled peer fail too, after io_timeout_ms
-            threading.Thread(target=self._serve, args=(sock,), name=f"mori-io-tcp-serve-{self.key}", daemon=True).start()
+            server = threading.Thread(target=self._serve, args=(sock,), name=f"mori-io-tcp-serve-{self.key}",
+                                      daemon=True)  # fmt: skip
+            with self.lock:
+                self._servers = [t for t in self._servers if t.is_alive()] + [server]
+            server.start()
 
     def _lookup(self, segment: Segment):
         """The bytes a segment names: a view of CPU memory, a (region, offset, length) target of GPU memory,
@@ -599,11 +615,17 @@ class TcpBackend:
             connections = [c for conns in self.connections.values() for c in conns]
             self.connections.clear()
             accepted = list(self._accepted)
+            servers = list(self._servers)
         _close(self.listener)
         for conn in connections:
             conn.close()
         for sock in accepted:
             _close(sock)
+        # Wait (briefly) for the threads to end: a daemon thread still running when the interpreter
+        # finalizes can abort the process ("terminate called without an active exception").
+        deadline = time.monotonic() + 2.0
+        for thread in (self._accept_thread, *servers):
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class _Aggregate:

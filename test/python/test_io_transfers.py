@@ -477,8 +477,6 @@ def test_a_target_with_notifications_off_keeps_no_inbound_state(world):
         quiet.close()
 
 
-@pytest.mark.xfail(strict=True, reason="tcp_backend.transfer sends NOTIFY for every transfer, also one whose "
-                   "WRITE the target refused: the target then reports SUCCESS for data that never landed")
 def test_a_transfer_the_target_refused_is_not_notified(world):
     ini0 = world.initiators[0]
     sink = world.sink_desc
@@ -953,9 +951,6 @@ def test_waitfor_returns_in_progress_at_its_deadline_then_the_transfer_fails_aft
         peer.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="tcp_backend._Outgoing._receive_loop applies io_timeout to the receive "
-                   "that was already waiting on an idle connection: a transfer issued shortly before that receive "
-                   "times out fails with ERR_RDMA_OP although the peer answers well within io_timeout")
 def test_a_transfer_on_a_connection_idle_for_most_of_io_timeout_gets_the_whole_io_timeout():
     peer = RawPeer("slow", "slow_status", 0.9)  # answers every WRITE 0.9 s after it came
     engine = _engine_for(peer, io_timeout_ms=1000)
@@ -972,9 +967,6 @@ def test_a_transfer_on_a_connection_idle_for_most_of_io_timeout_gets_the_whole_i
         peer.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="tcp_backend.TcpBackend._serve sends answers without a timeout: a peer "
-                   "that stops reading a READ_RESPONSE holds the server thread (and the region's views) forever "
-                   "instead of being dropped after io_timeout_ms as a peer stalled in a receive is")
 def test_a_target_drops_a_peer_that_stops_reading_its_answer():
     size = 16 << 20  # more than the kernel buffers of both sides hold
     target = io_peer.make_engine("reader-target", "TCP", {"io_timeout_ms": 200, "max_frame_payload": size})
