@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import importlib
 import os
+import sys
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -163,11 +164,22 @@ def params_address(array) -> int:
     return 0 if array is None else ctypes.addressof(array)
 
 
+_torch_import_failed = False  # an import of torch failed once: not tried again (each try searches sys.path)
+
+
 def _import_torch():
-    """torch if it can be imported, else None (never raises)."""
+    """torch if it can be imported, else None (never raises). Cheap after the first call: these are asked
+    on every MORI-IO transfer of GPU memory."""
+    global _torch_import_failed
+    torch = sys.modules.get("torch")
+    if torch is not None or "torch" in sys.modules:  # loaded, or deliberately blocked (None)
+        return torch
+    if _torch_import_failed:
+        return None
     try:
         return importlib.import_module("torch")
     except Exception:  # noqa: BLE001 - an unusable torch is the same as none
+        _torch_import_failed = True
         return None
 
 

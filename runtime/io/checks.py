@@ -18,6 +18,8 @@ U64 = (0, 2**64 - 1)
 
 
 def integer(where: str, value, lo: int, hi: int) -> int:
+    if type(value) is int and lo <= value <= hi:  # the common case, on every transfer's offsets
+        return value
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{where} must be an integer, not {type(value).__name__}")
     number = operator.index(value)
@@ -44,6 +46,8 @@ def string(where: str, value) -> str:
 
 def member(where: str, value, enum_type: type[enum.IntEnum]) -> enum.IntEnum:
     """A member of ``enum_type``, given as a member or its integer value."""
+    if type(value) is enum_type:
+        return value
     if isinstance(value, enum.Enum) and not isinstance(value, enum_type):
         raise TypeError(f"{where} must be a {enum_type.__name__}, not {type(value).__name__}")
     number = integer(where, value, *U32)

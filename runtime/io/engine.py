@@ -417,7 +417,8 @@ class IOEngine:
             return
         with self._regions_lock:
             region = self._regions.get(local.id) if local.engine_key == self._key else None
-            known = region is not None and self._memories.get(local.id) == local
+            registered = self._memories.get(local.id)
+            known = region is not None and (registered is local or registered == local)
         if not known:
             status.SetCode(StatusCode.ERR_INVALID_ARGS, f"{kind}: local memory {local.id} of engine "
                                                         f"{local.engine_key!r} is not registered on this engine "
@@ -499,6 +500,8 @@ def _u64(where: str, value) -> int:
 
 
 def _list(where: str, value) -> list:
+    if type(value) is list:
+        return value
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"{where} must be a list, not {type(value).__name__}")
     return list(value)
