@@ -188,13 +188,20 @@ class CudaDriver(BindingsDriver):
         return self._call("cuEventCreate", int(self._cu.CUevent_flags.CU_EVENT_DISABLE_TIMING))
 
     def event_query(self, event) -> bool:
+        return self._ready("cuEventQuery", event)
+
+    def stream_query(self, stream: int | None) -> bool:
+        return self._ready("cuStreamQuery", 0 if stream is None else int(stream))
+
+    def _ready(self, call: str, handle) -> bool:
+        """A query whose NOT_READY is an answer (False), not an error."""
         self._ensure_context()
-        err = self._cu.cuEventQuery(event)[0]
+        err = getattr(self._cu, call)(handle)[0]
         if int(err) == int(self._cu.CUresult.CUDA_ERROR_NOT_READY):
             return False
         if int(err) != int(self._cu.CUresult.CUDA_SUCCESS):
             name, desc = self._error_text(err)
-            raise DriverError("cuEventQuery", name, desc, int(err))
+            raise DriverError(call, name, desc, int(err))
         return True
 
     def memcpy_async(self, dst: int, src: int, n: int, stream: int) -> None:

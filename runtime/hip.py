@@ -166,14 +166,21 @@ class HipDriver(BindingsDriver):
         return self._call("hipEventCreateWithFlags", int(self._hip.hipEventDisableTiming))
 
     def event_query(self, event) -> bool:
+        return self._ready("hipEventQuery", event)
+
+    def stream_query(self, stream: int | None) -> bool:
+        return self._ready("hipStreamQuery", 0 if stream is None else int(stream))
+
+    def _ready(self, call: str, handle) -> bool:
+        """A query whose NOT_READY is an answer (False), not an error."""
         self._ensure_device()
-        err = self._hip.hipEventQuery(event)
+        err = getattr(self._hip, call)(handle)
         err = err[0] if isinstance(err, tuple) else err
         if int(err) == int(self._hip.hipError_t.hipErrorNotReady):
             return False
         if int(err) != int(self._hip.hipError_t.hipSuccess):
             name, desc = self._error_text(err)
-            raise DriverError("hipEventQuery", name, desc, int(err))
+            raise DriverError(call, name, desc, int(err))
         return True
 
     def memcpy_async(self, dst: int, src: int, n: int, stream: int) -> None:

@@ -9,7 +9,8 @@ device they belong to (``Driver.using_device``), and destroyed by ``close``.
 Ordering after the caller (MORI does not do this; see docs/mori-io.md): a transfer of GPU memory first
 records an event on the caller's current stream of the local device (torch's current stream, else the
 default stream) and makes its copy stream wait on it, so that the bytes a kernel or a torch op queued
-before the call are the bytes that move. The wait is queued on the GPU: the host never blocks on it.
+before the call are the bytes that move. The wait is queued on the GPU: the host never blocks on it. When
+a query shows that stream has nothing left to run, there is nothing to order after and no event is used.
 """
 
 from __future__ import annotations
@@ -147,13 +148,25 @@ class EventPool:
                     _quietly(self.driver.event_destroy, event)
 
 
+def caller_stream_busy(driver: Driver, caller_device: int) -> int | None:
+    """The caller's current stream of ``caller_device`` if work queued on it may still run, else None
+    (all done: nothing to wait for, and the event wait, which costs GPU-side latency, is skipped)."""
+    stream = driver.current_stream(caller_device)
+    with driver.using_device(caller_device):
+        return None if driver.stream_query(stream) else stream
+
+
 def wait_for_caller(driver: Driver, events: EventPool, caller_device: int, stream: int, device: int) -> None:
     """Make ``stream`` (on ``device``; call inside ``using_device(device)``) wait for the work queued so far
-    on the caller's current stream of ``caller_device``. The event goes back to the pool at once: a stream
-    wait captures the event's last record when it is queued, so re-recording it later is harmless."""
+    on the caller's current stream of ``caller_device`` (nothing when that is all done). The event goes back
+    to the pool at once: a stream wait captures the event's last record when it is queued, so re-recording
+    it later is harmless."""
+    caller = caller_stream_busy(driver, caller_device)
+    if caller is None:
+        return
     with driver.using_device(caller_device):
         event = events.take(caller_device)
-        driver.event_record(event, driver.current_stream(caller_device))
+        driver.event_record(event, caller)
     try:
         driver.stream_wait_event(stream, event)
     finally:

@@ -38,7 +38,7 @@ from ..driver import DriverError
 from .configs import TcpBackendConfig
 from .descriptors import MemoryDesc
 from .enums import StatusCode
-from .gpu import EventPool
+from .gpu import EventPool, caller_stream_busy
 from .log import LOGGER
 from .regions import Region
 from .tcp_frames import (CAP_NOTIFY, STATUS_SUCCESS, CloseFrame, ErrorFrame, FrameError, FrameLimits, FrameType,
@@ -459,14 +459,18 @@ class TcpBackend:
         for (segments, pieces, nbytes), after, conn in zip(parts, afters, assignment):
             conn.submit(kind, Part(segments, local, pieces, state.part_done, nbytes, after))
 
-    def _caller_event(self, device: int) -> tuple:
-        """An event recorded now on the caller's current stream of ``device``: (pool, device, event)."""
+    def _caller_event(self, device: int) -> tuple | None:
+        """An event recorded now on the caller's current stream of ``device``, (pool, device, event), or
+        None when that stream has nothing left to run."""
         driver, _ = self.gpu_context()
+        caller = caller_stream_busy(driver, device)
+        if caller is None:
+            return None
         if self._events is None:
             self._events = EventPool(driver)
         with driver.using_device(device):
             event = self._events.take(device)
-            driver.event_record(event, driver.current_stream(device))
+            driver.event_record(event, caller)
         return self._events, device, event
 
     # ---- target side ----

@@ -206,6 +206,11 @@ class HostGpuDriver(Driver):
             if self._event_pending(event):
                 self._run(self.events[id(event)][1], upto=event)
 
+    def stream_query(self, stream) -> bool:
+        self._rec("stream_query", stream or 0)
+        with self.lock:
+            return not self.streams.get(stream or 0)
+
     def stream_wait_event(self, stream: int, event) -> None:
         self._rec("stream_wait_event", stream)
         with self.lock:

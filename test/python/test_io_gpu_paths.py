@@ -143,7 +143,15 @@ def test_ordering_after_the_callers_stream_and_one_stream_per_call(gpu, engines)
     a = engine.register_memory(gpu.malloc(64), 64, 0, GPU)
     b = engine.register_memory(gpu.malloc(64), 64, 0, GPU)
     gpu.calls.clear()
-    done(engine.write(a, 0, b, 0, 64, 1))
+    done(engine.write(a, 0, b, 0, 64, 1))  # the caller's stream is idle: no event, no wait
+    names = [c[0] for c in gpu.calls]
+    assert "stream_query" in names and "stream_wait_event" not in names and names.count("event_record") == 1
+    producer = gpu.malloc(64)
+    gpu.write(producer, b"produced")
+    gpu.streams[0].append(("copy", a.data, producer, 8))  # the caller's work that fills a, still queued
+    gpu.calls.clear()
+    done(engine.write(a, 0, b, 0, 8, 2))
+    assert gpu.read(b.data, 8) == b"produced"
     names = [c[0] for c in gpu.calls]
     record_caller = names.index("event_record")
     assert gpu.calls[record_caller][1] == 0  # the caller's (default) stream

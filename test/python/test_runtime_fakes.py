@@ -330,6 +330,10 @@ class FakeCudaModule(types.ModuleType):
         err = self._rec("cuEventQuery", int(event))
         return (CUresult.CUDA_ERROR_NOT_READY if getattr(self, "busy", False) and not err else err,)
 
+    def cuStreamQuery(self, stream):
+        err = self._rec("cuStreamQuery", int(stream))
+        return (CUresult.CUDA_ERROR_NOT_READY if getattr(self, "busy", False) and not err else err,)
+
     def cuEventSynchronize(self, event):
         return (self._rec("cuEventSynchronize", int(event)),)
 
@@ -558,6 +562,10 @@ class FakeHipModule(types.ModuleType):
 
     def hipEventQuery(self, event):
         err = self._rec("hipEventQuery", int(event))
+        return (hipError_t.hipErrorNotReady if getattr(self, "busy", False) and not err else err,)
+
+    def hipStreamQuery(self, stream):
+        err = self._rec("hipStreamQuery", int(stream))
         return (hipError_t.hipErrorNotReady if getattr(self, "busy", False) and not err else err,)
 
     def hipEventSynchronize(self, event):
@@ -1133,9 +1141,10 @@ def test_copy_engine_calls(api, request, gpu):
     assert gpu.read(host, 12) == b"copy-engine!"
     drv.event_record(event, stream)
     drv.stream_wait_event(stream, event)
-    assert drv.event_query(event) is True
+    assert drv.event_query(event) is True and drv.stream_query(stream) is True
     bindings.busy = True
     assert drv.event_query(event) is False  # NOT_READY is an answer, not an error
+    assert drv.stream_query(stream) is False
     bindings.busy = False
     gpu.fail[f"{prefix}EventQuery"] = 1
     with pytest.raises(DriverError, match="EventQuery"):
@@ -1191,3 +1200,22 @@ def test_every_new_thread_gets_the_context_even_with_a_reused_ident(api, request
         worker.start()
         worker.join()
         assert sum(1 for c in gpu.calls if c[0] == call) == before + 1
+
+
+def test_current_stream_of_a_device_uses_torchs_raw_stream_query(monkeypatch, fake_cuda):
+    asked = []
+    fake_torch = types.ModuleType("torch")
+    fake_torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda d: asked.append(d) or 0x5678)
+    fake_torch.cuda = types.SimpleNamespace(is_available=lambda: True, init=lambda: None, current_device=lambda: 0,
+                                            set_device=lambda d: None,
+                                            current_stream=lambda *a: types.SimpleNamespace(cuda_stream=0x1234))  # fmt: skip
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    drv = get_driver("nvvm")
+    assert drv.current_stream(1) == 0x5678 and asked == [1]
+    assert drv.current_stream() == 0x1234  # no device named: torch's current device, public API
+
+    def broken(d):
+        raise RuntimeError("no CUDA in this torch")
+
+    fake_torch._C._cuda_getCurrentRawStream = broken
+    assert drv.current_stream(0) == 0x1234  # falls back to the public path
