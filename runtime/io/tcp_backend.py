@@ -44,7 +44,7 @@ from .regions import Region
 from .tcp_frames import (CAP_NOTIFY, STATUS_SUCCESS, CloseFrame, ErrorFrame, FrameError, FrameLimits, FrameType,
                          HelloFrame, MemoryInfoFrame, MemoryQueryFrame, NotifyFrame, ReadRequestFrame, ReadResponseFrame, Segment,
                          StatusFrame, WriteFrame)  # fmt: skip
-from .tcp_socket import FrameTimeoutError, recv_frame, send_frame
+from .tcp_socket import FrameTimeoutError, keep_io_timeout, recv_frame, send_frame
 from .tcp_staging import Staging
 
 # Complete = callback(code, message) run once per part, from the receiver thread or the caller's.
@@ -190,7 +190,7 @@ class _Outgoing:
             if views is None:
                 return
         try:
-            send_frame(self.sock, frame, views, limits=self.peer_limits, timeout=self.backend.io_timeout)
+            send_frame(self.sock, frame, views, limits=self.peer_limits)  # the socket's io timeout
         except (OSError, FrameError, ValueError) as exc:
             self.fail(f"sending to engine {self.remote_key!r} failed: {exc}")
 
@@ -264,7 +264,7 @@ class _Outgoing:
         try:
             while True:
                 try:
-                    frame = recv_frame(self.sock, self.backend.own_limits, self._into, timeout=timeout)
+                    frame = recv_frame(self.sock, self.backend.own_limits, self._into)
                 except FrameTimeoutError as exc:
                     # A receive that times out at a frame boundary started before the requests now
                     # outstanding may have: each gets io_timeout from its own submission (so at most
@@ -406,7 +406,7 @@ class TcpBackend:
             why = getattr(reply, "message", None) or f"unexpected answer {reply!r}"
             raise RuntimeError(f"MORI-IO TCP backend: engine {desc.key!r} at {host}:{desc.port} refused the "
                                f"connection: {why}")  # fmt: skip
-        sock.settimeout(self.io_timeout)  # kept: the sender's and the receiver's calls then set nothing
+        keep_io_timeout(sock, self.io_timeout)  # the sender's and the receiver's calls then set nothing
         notify = bool(caps & reply.capabilities & CAP_NOTIFY)
         return _Outgoing(self, sock, self.own_limits.for_peer(reply), notify, desc.key)
 
@@ -493,7 +493,7 @@ class TcpBackend:
                     return
                 self._accepted.append(sock)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(self.io_timeout)  # sends to a stalled peer fail too, after io_timeout_ms
+            keep_io_timeout(sock, self.io_timeout)  # sends to a stalled peer fail too, after io_timeout_ms
             server = threading.Thread(target=self._serve, args=(sock,), name=f"mori-io-tcp-serve-{self.key}",
                                       daemon=True)  # fmt: skip
             with self.lock:
@@ -556,7 +556,7 @@ class TcpBackend:
 
             while True:
                 try:  # an idle connection may stay idle; one stalled inside a frame is dropped after io_timeout
-                    frame = recv_frame(sock, self.own_limits, into, timeout=self.io_timeout)
+                    frame = recv_frame(sock, self.own_limits, into)  # the socket's io timeout
                 except FrameTimeoutError as exc:
                     if exc.at_boundary:
                         continue
