@@ -74,8 +74,8 @@ class CudaDriver(BindingsDriver):
 
     # ---- context -------------------------------------------------------------------------------
     def _ensure_context(self) -> None:
-        if getattr(self._bound, "generation", -1) == self._generation:
-            return
+        if getattr(self._bound, "generation", -1) == self._generation or getattr(self._bound, "scoped", 0):
+            return  # bound already, or inside using_device (whose context must stay current)
         with self._lock:
             if self._ctx is None:
                 self._bind(None)
@@ -123,6 +123,12 @@ class CudaDriver(BindingsDriver):
                 self._ensure_context()
                 return
             self._bind(int(ordinal))
+
+    def peer_access(self, device: int, peer: int) -> bool:
+        if int(device) == int(peer):
+            return True
+        handles = (self._call("cuDeviceGet", int(device)), self._call("cuDeviceGet", int(peer)))
+        return bool(self._call("cuDeviceCanAccessPeer", *handles))
 
     def can_access_peer(self, peer_ordinal: int) -> bool:
         if int(peer_ordinal) == self.device:
@@ -218,23 +224,29 @@ class CudaDriver(BindingsDriver):
 
     @contextlib.contextmanager
     def using_device(self, ordinal: int):
-        """Pushes GPU ``ordinal``'s primary context on this thread for the block (popped after)."""
+        """Makes GPU ``ordinal``'s context current on this thread for the block (pushed, popped after, when
+        another one is current) without touching the thread's context otherwise: a thread torch set to
+        another GPU keeps it."""
         ordinal = int(ordinal)
-        self._ensure_context()  # registers the thread first, so that calls inside keep the pushed context
-        if ordinal == self._device_ordinal:
-            yield
-            return
         with self._lock:
-            ctx = self._primary_contexts.get(ordinal)
+            if self._ctx is None:
+                self._bind(None)
+            ctx = self._ctx if ordinal == self._device_ordinal else self._primary_contexts.get(ordinal)
             if ctx is None:
                 dev = self._raw("cuDeviceGet", ordinal)
                 ctx = self._primary_contexts[ordinal] = self._raw("cuDevicePrimaryCtxRetain", dev)
                 self._retained.append(dev)
-        self._raw("cuCtxPushCurrent", ctx)
+        current = self._raw("cuCtxGetCurrent")
+        pushed = current is None or int(current) != int(ctx)
+        if pushed:
+            self._raw("cuCtxPushCurrent", ctx)
+        self._bound.scoped = getattr(self._bound, "scoped", 0) + 1
         try:
             yield
         finally:
-            self._raw("cuCtxPopCurrent")
+            self._bound.scoped -= 1
+            if pushed:
+                self._raw("cuCtxPopCurrent")
 
     # ---- synchronization -----------------------------------------------------------------------
     def device_synchronize(self) -> None:

@@ -343,6 +343,14 @@ class Driver(ABC):
         (P2P over NVLink / xGMI / PCIe). The same GPU always can."""
         return peer_ordinal == self.device
 
+    def peer_access(self, device: int, peer: int) -> bool:
+        """Whether GPU ``device`` can load and store GPU ``peer``'s memory directly (any two ordinals;
+        ``can_access_peer`` asks for this driver's own device). Drivers that know only their device say
+        so for it and refuse other pairs."""
+        if device == peer:
+            return True
+        return device == self.device and self.can_access_peer(peer)
+
     @property
     def torch_interop(self) -> bool:
         """True when torch tensors can be allocated on this driver's device (real drivers with a GPU torch)."""

@@ -73,8 +73,8 @@ class HipDriver(BindingsDriver):
 
     # ---- device --------------------------------------------------------------------------------
     def _ensure_device(self) -> None:
-        if getattr(self._bound, "generation", -1) == self._generation:
-            return
+        if getattr(self._bound, "generation", -1) == self._generation or getattr(self._bound, "scoped", 0):
+            return  # set already, or inside using_device (whose device must stay current)
         with self._lock:
             if self._device_ordinal is None:
                 torch = torch_cuda()
@@ -133,6 +133,11 @@ class HipDriver(BindingsDriver):
     def multiprocessor_count(self) -> int:
         attr = self._hip.hipDeviceAttribute_t.hipDeviceAttributeMultiprocessorCount
         return int(self._call("hipDeviceGetAttribute", attr, self.device))
+
+    def peer_access(self, device: int, peer: int) -> bool:
+        if int(device) == int(peer):
+            return True
+        return bool(self._call("hipDeviceCanAccessPeer", int(device), int(peer)))
 
     def can_access_peer(self, peer_ordinal: int) -> bool:
         if int(peer_ordinal) == self.device:
@@ -198,17 +203,18 @@ class HipDriver(BindingsDriver):
 
     @contextlib.contextmanager
     def using_device(self, ordinal: int):
-        """Sets the thread's current device to ``ordinal`` for the block (restored after)."""
+        """Sets the thread's current device to ``ordinal`` for the block and restores the one it had."""
         ordinal = int(ordinal)
-        self._ensure_device()
-        if ordinal == self._device_ordinal:
-            yield
-            return
-        self._raw("hipSetDevice", ordinal)
+        previous = int(self._raw("hipGetDevice"))
+        if previous != ordinal:
+            self._raw("hipSetDevice", ordinal)
+        self._bound.scoped = getattr(self._bound, "scoped", 0) + 1
         try:
             yield
         finally:
-            self._raw("hipSetDevice", self._device_ordinal)
+            self._bound.scoped -= 1
+            if previous != ordinal:
+                self._raw("hipSetDevice", previous)
 
     # ---- synchronization -----------------------------------------------------------------------
     def device_synchronize(self) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import socket
 import threading
 import weakref
 from typing import Sequence
@@ -91,7 +92,7 @@ class IOEngine:
         self._backends: dict[BackendType, object] = {}
         self._regions: dict[int, Region] = {}
         self._memories: dict[int, MemoryDesc] = {}
-        self._regions_lock = threading.Lock()
+        self._regions_lock = threading.Condition()  # the registry's lock; deregistration waits on it
         self._next_mem_id = itertools.count()
         self._uid_lock = threading.Lock()
         self._next_uid = 0
@@ -305,10 +306,26 @@ class IOEngine:
             if self._memories.get(desc.id) != desc:
                 return
             del self._memories[desc.id]
-            del self._regions[desc.id]
+            region = self._regions.pop(desc.id)
+            self._wait_unused(region)
         for backend in self._backends.values():
             backend.forget_memory(desc.id)
-        self._routes = {k: v for k, v in self._routes.items() if desc.id not in (k[5], k[6])}
+        self._routes = {k: v for k, v in list(self._routes.items()) if desc.id not in (k[5], k[6])}
+
+    def _wait_unused(self, region: Region) -> None:
+        """Return only once no peer's frame uses ``region`` (call with the registry's lock held): after
+        ``deregister_memory`` no byte lands in it or is read from it, as after an RDMA deregistration. A
+        peer stalled inside such a frame has its connection shut down (its transfer fails)."""
+        if self._regions_lock.wait_for(lambda: region.users == 0, timeout=1.0):
+            return
+        for holder in list(region.holders):
+            try:
+                holder.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if not self._regions_lock.wait_for(lambda: region.users == 0, timeout=10.0):
+            LOGGER.error("IOEngine %r: memory %d is still in use by a peer after deregistration", self._key,
+                         region.mem_id)  # fmt: skip
 
     def allocate_transfer_uid(self) -> int:
         with self._uid_lock:

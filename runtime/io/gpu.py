@@ -67,8 +67,7 @@ class Devices:
             known = self._p2p.get(key)
         if known is None:
             try:
-                with self.driver.using_device(device):
-                    known = bool(self.driver.can_access_peer(peer))
+                known = bool(self.driver.peer_access(device, peer))
             except DriverError:
                 known = False
             with self._lock:
@@ -171,6 +170,24 @@ def wait_for_caller(driver: Driver, events: EventPool, caller_device: int, strea
         driver.stream_wait_event(stream, event)
     finally:
         events.give(caller_device, event)
+
+
+class CallerEvent:
+    """An event recorded on the caller's stream of ``device`` when a transfer was issued, for a later copy
+    to wait on. ``release`` returns it to its pool, once, whoever gets there first (the copy, once its
+    wait is queued, or the transfer's completion when no copy ran)."""
+
+    __slots__ = ("pool", "device", "event", "_lock")
+
+    def __init__(self, pool: EventPool, device: int, event):
+        self.pool, self.device, self.event = pool, device, event
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            event, self.event = self.event, None
+        if event is not None:
+            self.pool.give(self.device, event)
 
 
 class PinnedBuffer:

@@ -23,7 +23,8 @@ Addresses: memory of this engine is used as registered; another engine's memory 
 (allocation handle, local GPU) with the handle and offset by ``ipc_offset``. The mapping must cover
 ``ipc_offset + size`` bytes, else the transfer fails: a descriptor cannot make us copy outside what its
 owner exported. An engine of this same process (its handle cannot be opened here: CUDA refuses a process's
-own handles) is reached through its registration directly. Mappings are closed by ``close``.
+own handles) is reached through its registration directly. An engine's mappings are closed when it is
+deregistered (after the copies in flight) and by ``close``.
 
 Transfers: every copy of one call runs on one stream of the local GPU (where the remote memory is mapped),
 taken round robin from ``num_streams`` per device; first the stream waits for the caller's current stream
@@ -58,54 +59,66 @@ _REAP_PER_TRANSFER = 8  # finished transfers whose events a new transfer returns
 _PROCESS_BACKENDS: "weakref.WeakValueDictionary[str, GpuIpcBackend]" = weakref.WeakValueDictionary()
 
 
+def _process_peer(desc) -> "GpuIpcBackend | None":
+    """The GPU-IPC backend of engine ``desc`` if that engine lives in this process (same pid and a backend
+    of that key and engine descriptor here: a pid alone could be another container's), else None."""
+    if desc.pid != os.getpid():
+        return None
+    peer = _PROCESS_BACKENDS.get(desc.key)
+    if peer is None or peer.own_desc.node_id != desc.node_id or peer.own_desc.hostname != desc.hostname:
+        return None
+    return peer
+
+
 class MappingError(RuntimeError):
     """Remote memory cannot be reached from here (``ERR_BAD_STATE``)."""
 
 
 class _InFlight:
-    """One issued transfer: its completion event and status; finished once, by whoever sees it first."""
+    """One issued transfer: its completion event and status; finished once, by whoever sees it first. The
+    event goes back to the pool only when finished and no thread is still querying or waiting on it (else
+    a new transfer could re-record it under that thread)."""
 
-    __slots__ = ("backend", "device", "event", "status", "done", "lock")
+    __slots__ = ("backend", "device", "event", "status", "done", "users", "lock")
 
     def __init__(self, backend: "GpuIpcBackend", device: int, event, status: TransferStatus):
         self.backend, self.device, self.event, self.status = backend, device, event, status
         self.done = False
+        self.users = 0
         self.lock = threading.Lock()
 
     def poll(self) -> bool:
         """Query the event (never blocks); True once finished."""
-        if self.done:
-            return True
-        driver = self.backend.driver
-        try:
-            with driver.using_device(self.device):
-                ready = driver.event_query(self.event)
-        except DriverError as exc:
-            self._finish(StatusCode.ERR_GPU_OP, f"XGMI: {exc}")
-            return True
-        if ready:
-            self._finish(StatusCode.SUCCESS, "")
-        return ready
+        return self._use(self.backend.driver.event_query)
 
     def wait(self) -> None:
-        if self.done:
-            return
-        driver = self.backend.driver
-        try:
-            with driver.using_device(self.device):
-                driver.event_synchronize(self.event)
-        except DriverError as exc:
-            self._finish(StatusCode.ERR_GPU_OP, f"XGMI: {exc}")
-            return
-        self._finish(StatusCode.SUCCESS, "")
+        self._use(lambda event: self.backend.driver.event_synchronize(event) or True)
 
-    def _finish(self, code: StatusCode, message: str) -> None:
+    def _use(self, ask) -> bool:
         with self.lock:
             if self.done:
-                return
-            self.done = True
-        self.backend.events.give(self.device, self.event)
-        self.status.SetCode(code, message)
+                return True
+            self.users += 1
+        code = None
+        try:
+            with self.backend.driver.using_device(self.device):
+                if ask(self.event):
+                    code, message = StatusCode.SUCCESS, ""
+        except DriverError as exc:
+            code, message = StatusCode.ERR_GPU_OP, f"XGMI: {exc}"
+        with self.lock:
+            self.users -= 1
+            first = code is not None and not self.done
+            if first:
+                self.done = True
+            event = None
+            if self.done and self.users == 0:
+                event, self.event = self.event, None
+        if event is not None:
+            self.backend.events.give(self.device, event)
+        if first:
+            self.status.SetCode(code, message)
+        return code is not None or self.done
 
 
 class GpuIpcBackend:
@@ -121,7 +134,8 @@ class GpuIpcBackend:
         self.events = EventPool(driver, config.effective_num_events)
         self.remotes: dict[str, object] = {}  # key -> EngineDesc
         self.lock = threading.Lock()
-        self._mappings: dict[tuple[bytes, int], tuple[int, int]] = {}  # (handle, local GPU) -> (base, size)
+        # (handle, local GPU) -> (base, size, owning engine key)
+        self._mappings: dict[tuple[bytes, int], tuple[int, int, str]] = {}
         self._in_flight: collections.deque[_InFlight] = collections.deque()
         _PROCESS_BACKENDS[self.key] = self
 
@@ -132,8 +146,19 @@ class GpuIpcBackend:
             self.remotes[desc.key] = desc
 
     def deregister_remote_engine(self, desc) -> None:
+        """Forget the engine and close its memory's mappings (after the copies in flight, which may use them:
+        the owner may free that memory once it has no importer)."""
         with self.lock:
             self.remotes.pop(desc.key, None)
+            mine = [key for key, (_, _, owner) in self._mappings.items() if owner == desc.key]
+            flights = list(self._in_flight) if mine else []
+        for flight in flights:
+            flight.wait()
+        for key in mine:
+            with self.lock:
+                mapping = self._mappings.pop(key, None)
+            if mapping is not None:
+                self._unmap(key[1], mapping[0])
 
     def annotate_memory(self, desc: MemoryDesc, region: Region) -> MemoryDesc:
         """The descriptor with the IPC handle of the region's allocation and its offset (GPU memory)."""
@@ -162,7 +187,7 @@ class GpuIpcBackend:
                 desc = self.remotes.get(remote.engine_key)
             if desc is None or not self._same_node(desc):
                 return False
-            if desc.pid != os.getpid() and remote.ipc_handle == ZERO_HANDLE:
+            if _process_peer(desc) is None and remote.ipc_handle == ZERO_HANDLE:
                 return False  # nothing to open: let another backend carry it
         visible = self.devices.ordinal(remote.device_bus_id)
         if visible is not None:
@@ -193,15 +218,13 @@ class GpuIpcBackend:
             return self._registered_address(self, remote)
         with self.lock:
             desc = self.remotes.get(remote.engine_key)
-        if desc is not None and desc.pid == os.getpid():
-            peer = _PROCESS_BACKENDS.get(remote.engine_key)
-            if peer is None:
-                raise MappingError(f"engine {remote.engine_key!r} of this process has no XGMI backend")
+        peer = _process_peer(desc) if desc is not None else None
+        if peer is not None:
             return self._registered_address(peer, remote)
         if remote.ipc_handle == ZERO_HANDLE:
             raise MappingError(f"memory {remote.id} of engine {remote.engine_key!r} has no IPC handle (registered "
                                "before that engine's XGMI backend existed, or not exportable)")  # fmt: skip
-        base, size = self._map(remote.ipc_handle, local_device)
+        base, size = self._map(remote.ipc_handle, local_device, remote.engine_key)
         if remote.ipc_offset + remote.size > size:
             raise MappingError(f"memory {remote.id} of engine {remote.engine_key!r} claims [{remote.ipc_offset}, "
                                f"+{remote.size}) of an allocation of {size} bytes")  # fmt: skip
@@ -217,27 +240,34 @@ class GpuIpcBackend:
                                "descriptor says (deregistered?)")  # fmt: skip
         return region.address
 
-    def _map(self, handle: bytes, local_device: int) -> tuple[int, int]:
+    def _map(self, handle: bytes, local_device: int, owner: str) -> tuple[int, int]:
+        """(base, size) in this process of the allocation ``handle`` names, mapped once per local GPU."""
         key = (handle, local_device)
         with self.lock:
             found = self._mappings.get(key)
         if found is not None:
-            return found
+            return found[:2]
         try:
             with self.driver.using_device(local_device):
                 base = self.driver.ipc_open_mem_handle(handle)
-                found = (base, self.driver.address_range(base)[1])
+                size = self.driver.address_range(base)[1]
         except DriverError as exc:
             raise MappingError(f"opening the IPC handle failed: {exc}") from None
         with self.lock:
             if key in self._mappings:  # another thread mapped it meanwhile: keep one mapping
-                duplicate, found = found[0], self._mappings[key]
+                duplicate, found = base, self._mappings[key]
             else:
-                duplicate, self._mappings[key] = None, found
+                duplicate, found = None, self._mappings.setdefault(key, (base, size, owner))
         if duplicate is not None:
-            with self.driver.using_device(local_device):
-                self.driver.ipc_close_mem_handle(duplicate)
-        return found
+            self._unmap(local_device, duplicate)
+        return found[:2]
+
+    def _unmap(self, device: int, base: int) -> None:
+        try:
+            with self.driver.using_device(device):
+                self.driver.ipc_close_mem_handle(base)
+        except DriverError as exc:
+            LOGGER.warning("MORI-IO XGMI: closing an IPC mapping failed: %s", exc)
 
     # ---- transfers ----
 
@@ -303,12 +333,8 @@ class GpuIpcBackend:
             mappings, self._mappings = dict(self._mappings), {}
         for flight in flights:
             flight.wait()
-        for (_, device), (base, _) in mappings.items():
-            try:
-                with self.driver.using_device(device):
-                    self.driver.ipc_close_mem_handle(base)
-            except DriverError:
-                pass
+        for (_, device), (base, _, _) in mappings.items():
+            self._unmap(device, base)
         self.streams.close()
         self.events.close()
         if _PROCESS_BACKENDS.get(self.key) is self:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..driver import DriverError
 from .enums import MemoryLocationType
@@ -38,6 +38,22 @@ class Region:
     view: memoryview | None = None
     base: int = 0
     allocation_size: int = 0
+    # The TCP target's frames using the region now: the connections (sockets) and their count. Changed
+    # under the engine's registry condition; deregistration waits for the count to reach zero.
+    users: int = 0
+    holders: dict = field(default_factory=dict)
+
+    def hold(self, holder) -> None:
+        self.users += 1
+        self.holders[holder] = self.holders.get(holder, 0) + 1
+
+    def unhold(self, holder) -> None:
+        self.users -= 1
+        left = self.holders.get(holder, 0) - 1
+        if left > 0:
+            self.holders[holder] = left
+        else:
+            self.holders.pop(holder, None)
 
     @property
     def on_gpu(self) -> bool:

@@ -38,7 +38,7 @@ from ..driver import DriverError
 from .configs import TcpBackendConfig
 from .descriptors import MemoryDesc
 from .enums import StatusCode
-from .gpu import EventPool, caller_stream_busy
+from .gpu import CallerEvent, EventPool, caller_stream_busy
 from .log import LOGGER
 from .regions import Region
 from .tcp_frames import (CAP_NOTIFY, STATUS_SUCCESS, CloseFrame, ErrorFrame, FrameError, FrameLimits, FrameType,
@@ -56,18 +56,24 @@ _MAX_SEGMENTS = 1024
 class Part:
     """One frame's worth of a transfer: the remote segments and the local pieces [(offset, length), ...] of
     ``local`` they pair with, in payload order. ``after``: for GPU memory, the event recorded on the
-    caller's stream at issue time, (event pool, device, event), that the staging copy waits for."""
+    caller's stream at issue time that the staging copy waits for."""
 
     segments: list
     local: Region | None
     pieces: list
     complete: Complete
     nbytes: int = 0
-    after: tuple | None = None
+    after: CallerEvent | None = None
     issued: float = 0.0  # time.monotonic() when submitted: the receive timeout counts from it
 
     def targets(self) -> list:
         return [(self.local, offset, length) for offset, length in self.pieces]
+
+    def finish(self, code: StatusCode, message: str) -> None:
+        """Complete the part (its caller-stream event goes back to the pool if no copy used it)."""
+        if self.after is not None:
+            self.after.release()
+        self.complete(code, message)
 
     def host_views(self) -> list:
         """CPU memory: views of the local pieces."""
@@ -119,7 +125,7 @@ class _Outgoing:
                 request_id = next(self._ids)
                 self.pending[request_id] = (kind, part)
         if dead:
-            part.complete(StatusCode.ERR_RDMA_OP, f"TCP connection to engine {self.remote_key!r} is closed")
+            part.finish(StatusCode.ERR_RDMA_OP, f"TCP connection to engine {self.remote_key!r} is closed")
             return
         segments = tuple(part.segments)
         if kind == "write":
@@ -163,12 +169,18 @@ class _Outgoing:
         except _GPU_FAILURE as exc:
             with self.lock:
                 self.pending.pop(request_id, None)
-            part.complete(StatusCode.ERR_GPU_OP, f"TCP: staging GPU memory for sending failed: {exc}")
+            part.finish(StatusCode.ERR_GPU_OP, f"TCP: staging GPU memory for sending failed: {exc}")
             return None
 
     def _send_loop(self) -> None:
         """The connection's only sender: frames go out in the order they were queued (a transfer's NOTIFY
         after its data), so the caller's thread never blocks on a slow peer."""
+        try:
+            self._send_queued()
+        finally:
+            _close_staging(self, "_send_staging")  # only this thread uses it (inline sends never stage)
+
+    def _send_queued(self) -> None:
         while True:
             item = self._outbox.get()
             if item is None:
@@ -219,7 +231,9 @@ class _Outgoing:
 
     def send_notify(self, uid: int, index: int, count: int) -> None:
         if self.notify and not self.dead:
-            self._enqueue((NotifyFrame(uid, self.backend.key, index, count), None), inline=True)
+            # Queued, never sent inline: this runs on a receiver thread, which must not block on a send
+            # while the peer waits for it to read.
+            self._enqueue((NotifyFrame(uid, self.backend.key, index, count), None))
 
     def fail(self, message: str) -> None:
         """Mark the connection dead and fail every outstanding part with ERR_RDMA_OP."""
@@ -232,7 +246,7 @@ class _Outgoing:
             self.backend._drop(self)
             _close(self.sock)
         for _, part in pending.values():
-            part.complete(StatusCode.ERR_RDMA_OP, message)
+            part.finish(StatusCode.ERR_RDMA_OP, message)
 
     def close(self) -> None:
         """Send CLOSE after the frames already queued (waiting up to a second), then fail what is left."""
@@ -241,10 +255,7 @@ class _Outgoing:
         self._outbox.put(None)
         self._sender.join(1.0)
         self.fail(f"connection to engine {self.remote_key!r} closed by this engine")
-        self._receiver.join(1.0)
-        for staging in (self._send_staging, self._recv_staging):
-            if staging is not None:
-                staging.close()
+        self._receiver.join(1.0)  # each thread frees its own staging buffer when it ends
 
     def _into(self, frame, length: int):
         if frame.type is not FrameType.READ_RESPONSE:
@@ -293,9 +304,9 @@ class _Outgoing:
                         try:
                             self._staging("_recv_staging").scatter(part.targets(), part.after)
                         except _GPU_FAILURE as exc:
-                            part.complete(StatusCode.ERR_GPU_OP, f"TCP: copying received bytes to the GPU failed: {exc}")
+                            part.finish(StatusCode.ERR_GPU_OP, f"TCP: copying received bytes to the GPU failed: {exc}")
                             continue
-                    part.complete(code, frame.message if code.failed else "")
+                    part.finish(code, frame.message if code.failed else "")
                 elif frame.type is FrameType.ERROR:
                     raise ConnectionError(f"the peer reported an error: {frame.message}")
                 elif frame.type is FrameType.CLOSE:
@@ -304,6 +315,8 @@ class _Outgoing:
                     raise FrameError("frame.type", f"{frame.type.name} is not an answer an initiator accepts")
         except (OSError, FrameError, ValueError) as exc:
             self.fail(f"connection to engine {self.remote_key!r} failed: {exc}")
+        finally:
+            _close_staging(self, "_recv_staging")
 
 
 class TcpBackend:
@@ -382,8 +395,15 @@ class TcpBackend:
                 live = [c for c in self.connections.get(remote_key, []) if not c.dead]
             if desc is None:
                 raise RuntimeError(f"MORI-IO TCP backend: engine {remote_key!r} is not registered")
-            while len(live) < self.config.num_connections:
-                live.append(self._connect(desc))
+            made = []
+            try:
+                while len(live) + len(made) < self.config.num_connections:
+                    made.append(self._connect(desc))
+            except RuntimeError:
+                for conn in made:  # a partial set is not kept: close what this attempt opened
+                    conn.close()
+                raise
+            live += made
             with self.lock:
                 self.connections[remote_key] = list(live)
         return live
@@ -440,8 +460,12 @@ class TcpBackend:
         afters = [None] * len(parts)
         if local.on_gpu:
             try:
-                afters = [self._caller_event(local.device) for _ in parts]
+                for i in range(len(parts)):
+                    afters[i] = self._caller_event(local.device)
             except _GPU_FAILURE as exc:
+                for after in afters:
+                    if after is not None:
+                        after.release()
                 status.Update(StatusCode.ERR_GPU_OP, f"TCP: ordering after the caller's stream failed: {exc}")
                 return
         assignment = [conns[(uid + i) % len(conns)] for i in range(len(parts))]
@@ -459,19 +483,25 @@ class TcpBackend:
         for (segments, pieces, nbytes), after, conn in zip(parts, afters, assignment):
             conn.submit(kind, Part(segments, local, pieces, state.part_done, nbytes, after))
 
-    def _caller_event(self, device: int) -> tuple | None:
-        """An event recorded now on the caller's current stream of ``device``, (pool, device, event), or
-        None when that stream has nothing left to run."""
+    def _caller_event(self, device: int) -> CallerEvent | None:
+        """An event recorded now on the caller's current stream of ``device``, or None when that stream
+        has nothing left to run."""
         driver, _ = self.gpu_context()
         caller = caller_stream_busy(driver, device)
         if caller is None:
             return None
-        if self._events is None:
-            self._events = EventPool(driver)
+        with self.lock:
+            if self._events is None:
+                self._events = EventPool(driver)
+            events = self._events
         with driver.using_device(device):
-            event = self._events.take(device)
-            driver.event_record(event, caller)
-        return self._events, device, event
+            event = events.take(device)
+            try:
+                driver.event_record(event, caller)
+            except BaseException:
+                events.give(device, event)
+                raise
+        return CallerEvent(events, device, event)
 
     # ---- target side ----
 
@@ -500,28 +530,40 @@ class TcpBackend:
                 self._servers = [t for t in self._servers if t.is_alive()] + [server]
             server.start()
 
-    def _lookup(self, segment: Segment):
+    def _lookup(self, segment: Segment, held: list, sock):
         """The bytes a segment names: a view of CPU memory, a (region, offset, length) target of GPU memory,
-        or the reason (str) it names none."""
+        or the reason (str) it names none. The region is held (appended to ``held``) until ``_release``:
+        ``deregister_memory`` waits for it, so no byte lands after that returns."""
         with self.regions_lock:
             region = self.regions.get(segment.mem_id)
-        if region is None:
-            return f"memory {segment.mem_id} is not registered on engine {self.key!r}"
-        if not region.contains(segment.offset, segment.length):
-            return (f"[{segment.offset}, {segment.offset + segment.length}) is outside memory {segment.mem_id} "
-                    f"of {region.size} bytes on engine {self.key!r}")  # fmt: skip
+            if region is None:
+                return f"memory {segment.mem_id} is not registered on engine {self.key!r}"
+            if not region.contains(segment.offset, segment.length):
+                return (f"[{segment.offset}, {segment.offset + segment.length}) is outside memory {segment.mem_id} "
+                        f"of {region.size} bytes on engine {self.key!r}")  # fmt: skip
+            region.hold(sock)
+            held.append(region)
         if region.on_gpu:
             return (region, segment.offset, segment.length)
         return region.slice(segment.offset, segment.length)
 
-    def _check(self, segments) -> tuple[list, str]:
+    def _check(self, segments, held: list, sock) -> tuple[list, str]:
         found_all = []
         for segment in segments:
-            found = self._lookup(segment)
+            found = self._lookup(segment, held, sock)
             if isinstance(found, str):
                 return [], found
             found_all.append(found)
         return found_all, ""
+
+    def _release(self, held: list, sock) -> None:
+        """End a frame's use of the regions it named (and wake a ``deregister_memory`` waiting for them)."""
+        if held:
+            with self.regions_lock:
+                for region in held:
+                    region.unhold(sock)
+                self.regions_lock.notify_all()
+            held.clear()
 
     def _serve(self, sock: socket.socket) -> None:
         try:
@@ -539,11 +581,12 @@ class TcpBackend:
             refused = ["", StatusCode.ERR_INVALID_ARGS]  # why the WRITE being received is dropped, and its code
             staging = Staging(self.gpu_context, self.own_limits.max_payload)  # GPU memory only, made on first use
             landed: list = []  # the GPU targets of the WRITE being received
+            held: list = []  # the regions the frame being served uses (released once it is answered)
 
             def into(frame, length):
                 if frame.type is not FrameType.WRITE:
                     raise FrameError("frame.type", f"{frame.type.name} is not a request a target serves")
-                found, refused[0] = self._check(frame.segments)
+                found, refused[0] = self._check(frame.segments, held, sock)
                 refused[1] = StatusCode.ERR_INVALID_ARGS
                 if refused[0]:
                     return None
@@ -570,9 +613,10 @@ class TcpBackend:
                     if landed and not bad:
                         code, bad = _place(staging, landed)
                     landed.clear()
+                    self._release(held, sock)  # every byte is placed
                     send_frame(sock, StatusFrame(frame.request_id, code, bad), limits=peer_limits)
                 elif frame.type is FrameType.READ_REQUEST:
-                    found, bad = self._check(frame.segments)
+                    found, bad = self._check(frame.segments, held, sock)
                     code, views = StatusCode.ERR_INVALID_ARGS, None
                     if not bad:
                         code, views, bad = _read_views(found, staging)
@@ -580,6 +624,8 @@ class TcpBackend:
                         send_frame(sock, ReadResponseFrame(frame.request_id, code, bad), limits=peer_limits)
                     else:
                         send_frame(sock, ReadResponseFrame(frame.request_id), views, limits=peer_limits)
+                    del views, found
+                    self._release(held, sock)  # every byte is sent
                 elif frame.type is FrameType.NOTIFY:
                     if frame.initiator_key != hello.sender_key:
                         raise FrameError("notify.initiator_key", f"{frame.initiator_key!r} on a connection of "
@@ -606,6 +652,8 @@ class TcpBackend:
         except OSError:
             pass
         finally:
+            if "held" in locals():
+                self._release(held, sock)
             with self.lock:
                 if sock in self._accepted:
                     self._accepted.remove(sock)
@@ -630,6 +678,8 @@ class TcpBackend:
         deadline = time.monotonic() + 2.0
         for thread in (self._accept_thread, *servers):
             thread.join(max(0.0, deadline - time.monotonic()))
+        if self._events is not None:
+            self._events.close()
 
 
 class _Aggregate:
@@ -708,6 +758,13 @@ def _read_views(found: list, staging: Staging) -> tuple[StatusCode, list | None,
     except _GPU_FAILURE as exc:
         return StatusCode.ERR_GPU_OP, None, f"copying GPU memory for the answer failed: {exc}"
     return STATUS_SUCCESS, [next(slots) if isinstance(f, tuple) else f for f in found], ""
+
+
+def _close_staging(conn: "_Outgoing", which: str) -> None:
+    staging = getattr(conn, which)
+    if staging is not None:
+        setattr(conn, which, None)
+        staging.close()
 
 
 def _no_gpu():

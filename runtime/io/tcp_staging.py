@@ -13,8 +13,8 @@ receiver, a target's server thread), so none is shared and none needs a lock.
 
 A target is ``(region, offset, length)`` of a GPU region; one frame's targets may lie in several regions.
 
-``after`` (an event recorded on the caller's current stream when the transfer was issued) makes the copy
-wait for the caller's GPU work first; the event is returned to its pool once the wait is queued.
+``after`` (a ``gpu.CallerEvent``, recorded on the caller's current stream when the transfer was issued)
+makes the copy wait for the caller's GPU work first; the event is released once the wait is queued.
 """
 
 from __future__ import annotations
@@ -55,12 +55,11 @@ class Staging:
         return views
 
     def _wait(self, stream: int, after) -> None:
-        if after is not None:
-            events, device, event = after
+        if after is not None and after.event is not None:
             try:
-                self._driver.stream_wait_event(stream, event)
+                self._driver.stream_wait_event(stream, after.event)
             finally:
-                events.give(device, event)
+                after.release()
 
     def gather(self, targets, after=None) -> list[memoryview]:
         """Host views of ``targets`` = [(GPU region, offset, length), ...], copied device -> host into
@@ -88,7 +87,7 @@ class Staging:
                 stream = used.get(region.device)
                 if stream is None:
                     stream = used[region.device] = self._stream(region.device)
-                    if after is not None and after[1] == region.device:
+                    if after is not None and after.device == region.device:
                         self._wait(stream, after)
                         after = None
                 host, device_address = self._buffer.address + at, region.address + offset
@@ -98,7 +97,7 @@ class Staging:
                     self._driver.memcpy_async(device_address, host, length, stream)
             at += length
         if after is not None:  # not used by a copy (no target on its device): still hand it back
-            after[0].give(after[1], after[2])
+            after.release()
         for device, stream in used.items():
             with self._driver.using_device(device):
                 self._driver.stream_synchronize(stream)

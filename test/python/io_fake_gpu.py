@@ -106,7 +106,10 @@ class HostGpuDriver(Driver):
         return self.bus_ids[ordinal]
 
     def can_access_peer(self, peer_ordinal: int) -> bool:
-        return peer_ordinal == self.device or (self.device, peer_ordinal) in self.peers
+        return self.peer_access(self.device, peer_ordinal)
+
+    def peer_access(self, device: int, peer: int) -> bool:
+        return device == peer or (device, peer) in self.peers
 
     def malloc(self, n: int) -> int:
         alloc = _Allocation(shared_memory.SharedMemory(create=True, size=n), owned=True)

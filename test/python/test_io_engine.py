@@ -560,3 +560,34 @@ def test_killed_peer_fails_transfers_and_the_engine_stays_usable(child):
         assert target == warm
     finally:
         other.close()
+
+
+def test_no_byte_lands_after_deregister_memory_returns():
+    """A peer inside a WRITE when the target deregisters: deregistration waits for the frame, then (the
+    peer stalls) shuts its connection; the rest of the payload never lands in the memory."""
+    from mori_compiler.runtime.io.tcp_frames import DEFAULT_LIMITS, HelloFrame, Segment, WriteFrame, encode_head
+    from mori_compiler.runtime.io.tcp_socket import recv_frame, send_frame
+
+    target = make_engine("dereg-target")
+    try:
+        n = 1 << 16
+        memory = (ctypes.c_char * n)()
+        desc = target.register_memory(ctypes.addressof(memory), n, -1, CPU)
+        peer = socket.create_connection(("127.0.0.1", target.get_engine_desc().port), timeout=10)
+        send_frame(peer, HelloFrame("raw-peer", "dereg-target"))
+        assert recv_frame(peer).type.name == "HELLO"
+        peer.sendall(encode_head(WriteFrame(1, (Segment(desc.id, 0, n),)), n, DEFAULT_LIMITS) + b"A" * 100)
+        time.sleep(0.2)  # the target holds the region, inside the frame
+        start = time.monotonic()
+        target.deregister_memory(desc)
+        assert 0.5 < time.monotonic() - start < 10  # it waited for the frame, then shut the connection
+        assert bytes(memory[:100]) == b"A" * 100
+        try:
+            peer.sendall(b"B" * (n - 100))
+        except OSError:
+            pass  # the connection is already gone
+        time.sleep(0.2)
+        assert bytes(memory[100:]) == bytes(n - 100)  # nothing landed after deregister_memory returned
+        peer.close()
+    finally:
+        target.close()

@@ -352,6 +352,10 @@ def test_another_process_memory_through_its_ipc_handle(gpu, engines):
         liar = remote._replace(size=remote.size + 100)  # claims more than the owner exported
         status = engine.write(src, 0, liar, 0, size, 3)
         assert status.Code() == StatusCode.ERR_BAD_STATE and "claims" in status.Message()
+        gpu.calls.clear()
+        engine.deregister_remote_engine(remote_engine)  # its mapping is closed: the owner may free the memory
+        assert [c for c in gpu.calls if c[0] == "ipc_close_mem_handle"]
+        assert engine.write(src, 0, remote, 0, 8, 4).Code() == StatusCode.ERR_BAD_STATE  # no route any more
         parent.send("exit")
         proc.join(30)
     finally:

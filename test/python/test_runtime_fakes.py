@@ -191,7 +191,7 @@ class FakeCudaModule(types.ModuleType):
 
     def cuDevicePrimaryCtxRetain(self, dev):
         self.retained.append(int(dev))
-        return self._rec("cuDevicePrimaryCtxRetain", int(dev)), CUcontext(0xC0DE)
+        return self._rec("cuDevicePrimaryCtxRetain", int(dev)), CUcontext(0xC0DE + int(dev))
 
     def cuCtxSynchronize(self):
         return (self._rec("cuCtxSynchronize"),)
@@ -1171,11 +1171,18 @@ def test_cuda_using_device_pushes_and_pops_the_primary_context(fake_cuda, gpu):
         pass
     assert not [c for c in gpu.calls if c[0] in ("cuCtxPushCurrent", "cuCtxPopCurrent")]  # same device: nothing
     with drv.using_device(1):
-        assert fake_cuda.current is not None and int(fake_cuda.current) == 0xC0DE
-        drv.stream_create()
+        assert fake_cuda.current is not None and int(fake_cuda.current) == 0xC0DE + 1
+        drv.stream_create()  # inside: the pushed context stays current
+        assert int(fake_cuda.current) == 0xC0DE + 1
+    assert int(fake_cuda.current) == 0xC0DE
     names = [c[0] for c in gpu.calls]
     assert names.index("cuCtxPushCurrent") < names.index("cuStreamCreate") < names.index("cuCtxPopCurrent")
     assert ("cuDeviceGet", 1) in gpu.calls
+    fake_cuda.current = CUcontext(0xC0DE + 1)  # a thread torch set to GPU 1 asks for GPU 1: nothing moves
+    gpu.calls.clear()
+    with drv.using_device(1):
+        pass
+    assert not [c for c in gpu.calls if c[0] in ("cuCtxPushCurrent", "cuCtxSetCurrent")]
 
 
 def test_hip_using_device_sets_and_restores(fake_hip, gpu):
@@ -1183,6 +1190,10 @@ def test_hip_using_device_sets_and_restores(fake_hip, gpu):
     with drv.using_device(1):
         assert fake_hip.device == 1
     assert fake_hip.device == 0
+    fake_hip.device = 3  # the thread was on another device: that one comes back
+    with drv.using_device(1):
+        assert fake_hip.device == 1
+    assert fake_hip.device == 3
 
 
 @pytest.mark.parametrize("api", ["cuda", "hip"])
@@ -1219,3 +1230,16 @@ def test_current_stream_of_a_device_uses_torchs_raw_stream_query(monkeypatch, fa
 
     fake_torch._C._cuda_getCurrentRawStream = broken
     assert drv.current_stream(0) == 0x1234  # falls back to the public path
+
+
+@pytest.mark.parametrize("api", ["cuda", "hip"])
+def test_peer_access_asks_about_the_named_pair(api, request, gpu):
+    request.getfixturevalue(f"fake_{api}")
+    drv = get_driver("nvvm" if api == "cuda" else "rocdl")
+    gpu.peers.add(1)
+    gpu.calls.clear()
+    assert drv.peer_access(2, 2) is True and not gpu.calls  # the same GPU: no question
+    assert drv.peer_access(3, 1) is True
+    call = "cuDeviceCanAccessPeer" if api == "cuda" else "hipDeviceCanAccessPeer"
+    assert [c[1:] for c in gpu.calls if c[0] == call] == [(3, 1)]  # not the driver's own device 0
+    assert drv.peer_access(3, 2) is False
