@@ -2,9 +2,11 @@
 engines on one node, through the driver's IPC handles (CUDA IPC on NVIDIA, HIP IPC on AMD), as MORI's XGMI
 backend does. No thread and no socket: the copies are queued on the GPU by the initiator.
 
-Driver calls per transfer (each one costs ~20 µs in the sandbox of our H200 machines, measured: a plain
-``copy_`` plus synchronize takes ~40 µs): two to order after the caller's stream (event record, stream
-wait), one per merged run, one event record, and one query or synchronize to see it done.
+Driver calls per transfer: a query of the caller's stream, and when it still has work an event record
+and a stream wait to order after it; one copy per merged run; one event record; one query or synchronize
+to see it done. On the H200 each costs ~0.5 µs of host time and the whole raw path 16-23 µs, as a plain
+``copy_`` plus synchronize (measured, bench/results/session8/xgmi_probe.log); the rest of a transfer's
+time is this module's and the engine's Python.
 
 Registration (``annotate_memory``): for GPU memory, the handle of the driver allocation that contains it
 (``ipc_handle``; torch tensors are sub-allocations of larger segments) and the region's offset in it
