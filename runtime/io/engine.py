@@ -59,6 +59,17 @@ AUTO_XGMI_ENV = "MORI_DISABLE_AUTO_XGMI"  # auto-XGMI is on only when set and st
 RDMA_OVER_TCP_ENV = "MORI_IO_RDMA_OVER_TCP"  # ours: "0" refuses BackendType.RDMA instead of serving it by TCP
 
 
+RDMA_SYSFS = "/sys/class/infiniband"  # where Linux lists RDMA devices (mlx5_0, rdma0, ...)
+
+
+def rdma_devices() -> list[str]:
+    """The RDMA devices this host lists (for the RDMA-over-TCP warning: it names them when there are)."""
+    try:
+        return sorted(os.listdir(RDMA_SYSFS))
+    except OSError:
+        return []
+
+
 def auto_xgmi_enabled() -> bool:
     return os.environ.get(AUTO_XGMI_ENV, "").startswith("0")
 
@@ -193,11 +204,14 @@ class IOEngine:
         if config.qp_per_transfer > TcpBackendConfig.MAX_CONNECTIONS:
             raise ValueError(f"RdmaBackendConfig.qp_per_transfer {config.qp_per_transfer}: the TCP transport opens "
                              f"that many sockets per remote engine, at most {TcpBackendConfig.MAX_CONNECTIONS}")  # fmt: skip
+        devices = rdma_devices()
+        where = (f"this host's RDMA devices ({', '.join(devices)}) are not used (the project has no verbs "
+                 "transport)" if devices else "this host has no RDMA device")  # fmt: skip
         if os.environ.get(RDMA_OVER_TCP_ENV, "1").strip() == "0":
-            raise RuntimeError(f"create_backend(RDMA): no RDMA device is used here and {RDMA_OVER_TCP_ENV}=0 "
-                               "refuses to serve RDMA over TCP; use BackendType.TCP, or unset it")  # fmt: skip
-        LOGGER.warning("IOEngine: no RDMA device here: BackendType.RDMA is served by the TCP transport "
-                       "(%s=0 refuses instead)", RDMA_OVER_TCP_ENV)  # fmt: skip
+            raise RuntimeError(f"create_backend(RDMA): {where}, and {RDMA_OVER_TCP_ENV}=0 refuses to serve RDMA "
+                               "over TCP; use BackendType.TCP, or unset it")  # fmt: skip
+        LOGGER.warning("IOEngine: %s: BackendType.RDMA is served by the TCP transport (%s=0 refuses instead)",
+                       where, RDMA_OVER_TCP_ENV)  # fmt: skip
         return TcpBackendConfig(num_connections=config.qp_per_transfer, enable_notification=config.enable_notification)
 
     def remove_backend(self, backend_type) -> None:

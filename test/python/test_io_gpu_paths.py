@@ -268,11 +268,21 @@ def test_auto_xgmi_follows_moris_reading_of_the_variable(gpu, engines, monkeypat
         assert (desc.ipc_handle != ZERO_HANDLE) is expect
 
 
-def test_rdma_over_tcp_can_be_refused(monkeypatch, engines):
+def test_rdma_over_tcp_can_be_refused(monkeypatch, engines, tmp_path, caplog):
+    from mori_compiler.runtime.io import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "RDMA_SYSFS", str(tmp_path / "none"))
     monkeypatch.setenv("MORI_IO_RDMA_OVER_TCP", "0")
-    with pytest.raises(RuntimeError, match="MORI_IO_RDMA_OVER_TCP=0"):
+    with pytest.raises(RuntimeError, match="no RDMA device, and MORI_IO_RDMA_OVER_TCP=0"):
         engines("refuse", BackendType.RDMA)
     engines("tcp ok", BackendType.TCP)
+    monkeypatch.delenv("MORI_IO_RDMA_OVER_TCP")
+    (tmp_path / "ib").mkdir()
+    (tmp_path / "ib" / "mlx5_0").mkdir()
+    monkeypatch.setattr(engine_mod, "RDMA_SYSFS", str(tmp_path / "ib"))
+    with caplog.at_level(logging.WARNING, logger="mori_compiler.io"):
+        engines("served", BackendType.RDMA)
+    assert "RDMA devices (mlx5_0) are not used" in caplog.text and "served by the TCP transport" in caplog.text
 
 
 def test_eligibility_rules(gpu, engines):
