@@ -24,8 +24,9 @@ first with ``num_tokens`` >= the request wins, else the last one scanned (the la
 every bucket is clamped to it).
 
 **Ours, not MORI's.** MORI skips a bad rule or file with a log warning and runs untuned; here every problem
-(missing file, not JSON, unknown or missing field, wrong type, geometry outside the limits of
-mori_compiler/ops/config.py, a header that does not match the file's name or the request) is an error naming
+(missing file, not JSON, unknown, missing or repeated field, wrong type, geometry outside the limits of
+mori_compiler/ops/config.py, two rules of one key, a header that does not match the file's name or the
+request) is an error naming
 the file, the rule index and the field. Our targets add ``sm_90`` (models such as ``h200``) to MORI's gfx
 arches. ``MORI_EP_TUNING_CONFIG`` names one file as in MORI, or several separated by ``os.pathsep`` (each is
 used for the phase its header names; a phase no file names gets no table). Dtype names: MORI's
@@ -167,8 +168,15 @@ def _load_json(path: Path):
         raise TuningTableError(f"tuning file {path}: not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise TuningTableError(f"tuning file {path}: cannot be read ({exc})") from None
+    def unique(pairs):
+        names = [name for name, _ in pairs]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:  # json would keep the last silently
+            raise TuningTableError(f"tuning file {path}: field {twice[0]!r} appears twice in one object")
+        return dict(pairs)
+
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=unique)
     except json.JSONDecodeError as exc:
         raise TuningTableError(f"tuning file {path}: not JSON ({exc})") from None
 
@@ -209,6 +217,13 @@ def load_tuning_table(path) -> TuningTable:
     wave = TARGETS[data["gpu_arch"]].wave_size
     rules = [_parse_rule(raw, phase, kind, wave, lambda field_, msg, i=i: bad(f"rule {i} field {field_!r}", msg))
              if isinstance(raw, dict) else _not_object(bad, i, raw) for i, raw in enumerate(data["rules"])]  # fmt: skip
+    seen = {}
+    for i, rule in enumerate(rules):
+        key = (rule.dtype, rule.num_tokens, rule.hidden_dim, rule.topk, rule.zero_copy, rule.quant_type)
+        if key in seen:  # the later one could never be found
+            raise bad(f"rule {i}", f"has the key of rule {seen[key]} (dtype, num_tokens, hidden_dim, topk"
+                      f"{', zero_copy, quant_type' if phase == 'combine' else ''}): keep one")  # fmt: skip
+        seen[key] = i
     order = (lambda r: (r.dtype, r.hidden_dim, r.num_tokens)) if phase == "dispatch" else (
         lambda r: (r.dtype, r.hidden_dim, r.zero_copy, r.quant_type, r.num_tokens))  # fmt: skip
     return TuningTable(path, data["gpu_arch"], data["gpu_model"], kind, data["ep_size"], phase,
@@ -291,8 +306,9 @@ def _check_request(target: str, model, kernel_type, ep_size, phase) -> EpDispatc
 def find_tuning_table(target: str, model: str | None, kernel_type, ep_size: int, phase: str,
                       search_dirs=None) -> Path | None:  # fmt: skip
     """The file of a table, or None. ``MORI_EP_TUNING_CONFIG`` (if set) decides alone: the listed file whose
-    header names ``phase``. Otherwise, in each of ``search_dirs`` (default: the shipped directory), the
-    file of ``model``, else the first (by name) of another model of the same arch."""
+    header names ``phase``. Otherwise the file of ``model`` in the first of ``search_dirs`` (default: the
+    shipped directory) that has one, else the first (by directory, then name) of another model of the same
+    arch."""
     kind = _check_request(target, model, kernel_type, ep_size, phase)
     override = os.environ.get(TUNING_CONFIG_VAR)
     if override:
@@ -300,16 +316,18 @@ def find_tuning_table(target: str, model: str | None, kernel_type, ep_size: int,
             if entry and load_tuning_table(entry).phase == phase:
                 return Path(entry)
         return None
-    suffix = f"_{kind.name}_ep{ep_size}_{phase}.json"
-    for directory in map(Path, [SHIPPED_DIR] if search_dirs is None else search_dirs):
-        if model is not None and (directory / file_name(target, model, kind, ep_size, phase)).is_file():
-            return directory / file_name(target, model, kind, ep_size, phase)
-        if directory.is_dir():
-            for path in sorted(directory.iterdir()):
-                other = path.name[len(target) + 1:-len(suffix)]
-                if (path.name.startswith(target + "_") and path.name.endswith(suffix) and _MODEL.fullmatch(other)
-                        and path.is_file()):  # fmt: skip
-                    return path
+    directories = [Path(d) for d in ([SHIPPED_DIR] if search_dirs is None else search_dirs)]
+    if model is not None:
+        for directory in directories:
+            if (directory / file_name(target, model, kind, ep_size, phase)).is_file():
+                return directory / file_name(target, model, kind, ep_size, phase)
+    prefix, suffix = f"{target}_", f"_{kind.name}_ep{ep_size}_{phase}.json"
+    for directory in directories:
+        for path in sorted(directory.iterdir()) if directory.is_dir() else ():
+            name = path.name
+            if (name.startswith(prefix) and name.endswith(suffix) and _MODEL.fullmatch(name[len(prefix):-len(suffix)])
+                    and path.is_file()):  # fmt: skip
+                return path
     return None
 
 

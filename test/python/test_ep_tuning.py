@@ -345,3 +345,30 @@ def test_bad_combine_rule(tmp_path, changes, drop, message):
     rule = {k: v for k, v in _rule(64, zero_copy=True, quant_type="none").items() if k not in drop} | changes
     with pytest.raises(TuningTableError, match=r"t\.json: " + message):
         _table(tmp_path, [rule], phase="combine")
+
+
+def test_repeated_field_and_repeated_rule_key(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text('{"version": "1.0", "version": "1.0"}')
+    with pytest.raises(TuningTableError, match=r"t\.json: field 'version' appears twice in one object"):
+        load_tuning_table(path)
+    with pytest.raises(TuningTableError, match=r"t\.json: rule 2 has the key of rule 0 \(dtype, num_tokens, hidden_dim, topk\)"):
+        _table(tmp_path, [_rule(64, blocks=1), _rule(128), _rule(64, blocks=2)])
+    # A topk rule and a wildcard of the same bucket are two keys; so are two combine modes.
+    assert len(_table(tmp_path, [_rule(64), _rule(64, topk=8)]).rules) == 2
+    combine = [_rule(64, zero_copy=True, quant_type="none"), _rule(64, zero_copy=False, quant_type="none")]
+    assert len(_table(tmp_path, combine, phase="combine").rules) == 2
+    with pytest.raises(TuningTableError, match=r"rule 1 has the key of rule 0 \(dtype, num_tokens, hidden_dim, topk, zero_copy, quant_type\)"):
+        _table(tmp_path, [combine[0], combine[0]], phase="combine")
+
+
+def test_exact_model_in_any_directory_beats_another_model(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    _write(first / "sm_90_h100_IntraNode_ep8_dispatch.json", [_rule(64)], arch="sm_90", model="h100")
+    exact = _write(second / "sm_90_h200_IntraNode_ep8_dispatch.json", [_rule(64)], arch="sm_90", model="h200")
+    assert tuning.find_tuning_table("sm_90", "h200", KT.IntraNode, 8, "dispatch", [first, second]) == exact
+    # Not a model: a file without one, or with an "_" in it, is never a fallback.
+    _write(first / "sm_90_IntraNode_ep8_combine.json", [], arch="sm_90", phase="combine")
+    _write(first / "sm_90_h_1_IntraNode_ep8_combine.json", [], arch="sm_90", phase="combine")
+    assert tuning.find_tuning_table("sm_90", "h200", KT.IntraNode, 8, "combine", [first]) is None
