@@ -23,16 +23,16 @@ MORI's order (sorted by dtype, hidden_dim, [zero_copy, quant_type,] num_tokens; 
 first with ``num_tokens`` >= the request wins, else the last one scanned (the largest bucket: a request above
 every bucket is clamped to it).
 
-**Ours, not MORI's.** MORI skips a bad rule or file with a log warning and runs untuned; here every problem
-(missing file, not JSON, unknown, missing or repeated field, wrong type, geometry outside the limits of
-mori_compiler/ops/config.py, two rules of one key, a header that does not match the file's name or the
-request) is an error naming
-the file, the rule index and the field. Our targets add ``sm_90`` (models such as ``h200``) to MORI's gfx
+**Ours, not MORI's.** MORI skips a bad rule or file with a log warning and runs untuned (and only warns
+about a header of another arch); here every problem (missing file, not JSON, unknown, missing or repeated
+field, wrong type, geometry outside the limits of mori_compiler/ops/config.py, two rules of one key, a header
+that does not match the request) is an error naming the file, the rule index and the field. Our targets add ``sm_90`` (models such as ``h200``) to MORI's gfx
 arches. ``MORI_EP_TUNING_CONFIG`` names one file as in MORI, or several separated by ``os.pathsep`` (each is
 used for the phase its header names; a phase no file names gets no table). Dtype names: MORI's
 ``fp8_e4m3_fnuz`` and ``fp8_e4m3`` are this project's ``fp8_e4m3fnuz`` and ``fp8_e4m3fn``; ``bf16`` is the
 same; ``fp4`` has no counterpart here (such rules load, and are found only when asked for ``fp4``); our
-``f32`` has no MORI name (no rule can hold it: its lookups find nothing).
+``f32`` has no MORI name (no rule can hold it: its lookups find nothing). ``MORI_EP_LAUNCH_CONFIG_MODE`` is
+read case-insensitively; a value other than MANUAL or AUTO is an error.
 """
 
 from __future__ import annotations
