@@ -24,7 +24,13 @@
 | MORI_DISABLE_AUTO_XGMI   | MORI-IO: a value starting with 0 adds the GPU-IPC (XGMI)       | unset (no auto-XGMI, as    |
 |                          | backend after an RDMA/TCP one (MORI's reading of the variable) | MORI)                      |
 | MORI_IO_RDMA_OVER_TCP    | MORI-IO: 0 refuses BackendType.RDMA instead of serving it with | 1 (served by TCP, with a   |
-|                          | the TCP transport (there is no RDMA device here)               | warning)                   |
+|                          | the TCP transport (the project has no verbs transport)         | warning)                   |
+| MORI_EP_LAUNCH_CONFIG_MODE | EP launch geometry: MANUAL, or AUTO (tuning tables,          | MANUAL                     |
+|                          | ops/tuning.py; the op refuses AUTO until it reads them)        |                            |
+| MORI_EP_TUNING_CONFIG    | AUTO mode: tuning file(s) instead of ops/tuning_configs/ (one  | unset                      |
+|                          | path, or several joined by os.pathsep)                         |                            |
+| MORI_FP8_COMBINE_SCALE_DIM | fp8/fp4 blockwise combine: scale blocks per token (the       | 56                         |
+|                          | reference model ops/quant_reference.py; kernels: issue 15)     |                            |
 """
 
 from __future__ import annotations

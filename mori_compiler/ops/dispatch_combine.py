@@ -95,6 +95,12 @@ class EpDispatchCombineOp:
 
     def __init__(self, config: EpDispatchCombineConfig, *, target: str | None = None, validate: bool = True,
                  asyncll=None):  # fmt: skip
+        from .tuning import LAUNCH_MODE_VAR, launch_config_mode
+
+        if launch_config_mode() == "AUTO":  # refused, not ignored, until the op reads the tables
+            raise NotImplementedError(f"{LAUNCH_MODE_VAR}=AUTO: the auto launch configuration is not wired into "
+                                      "EpDispatchCombineOp yet (its tuning tables load: mori_compiler/ops/"
+                                      "tuning.py); unset it or set MANUAL and pass the geometry")  # fmt: skip
         import torch
 
         from mori_compiler.runtime import shmem
