@@ -79,8 +79,8 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass, field, replace
-from typing import ClassVar, Generator, Sequence, Union
+from dataclasses import dataclass, replace
+from typing import ClassVar, Generator, Union
 
 MAGIC = b"MoIO"
 VERSION = 1

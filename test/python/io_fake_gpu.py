@@ -55,6 +55,7 @@ class HostGpuDriver(Driver):
         self.events: dict[int, tuple] = {}
         self.fail: set[str] = set()
         self.calls: list[tuple] = []
+        self.pinned: dict[int, object] = {}  # host_alloc'd "pinned" buffers by address
         self._ids = itertools.count(1)
 
     # ---- helpers ----
@@ -245,12 +246,6 @@ class HostGpuDriver(Driver):
 
     def host_free(self, ptr: int) -> None:
         self.pinned.pop(ptr, None)
-
-    @property
-    def pinned(self) -> dict:
-        if not hasattr(self, "_pinned"):
-            self._pinned = {}
-        return self._pinned
 
     def _host_pinned(self, address: int) -> bool:
         return any(base <= address < base + ctypes.sizeof(buf) for base, buf in self.pinned.items())

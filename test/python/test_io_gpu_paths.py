@@ -17,7 +17,7 @@ import pytest
 
 from io_fake_gpu import HostGpuDriver, install
 from mori_compiler.io import (BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType,
-                              StatusCode, TcpBackendConfig, XgmiBackendConfig)  # fmt: skip
+                              StatusCode, TcpBackendConfig)  # fmt: skip
 from mori_compiler.runtime import driver as driver_mod
 from mori_compiler.runtime.io.descriptors import ZERO_HANDLE
 
