@@ -21,7 +21,7 @@ irdl.dialect @mori_comm {
 
   // Warp-cooperative copy of one local row to up to `max_peers` destinations: lane k < max_peers with
   // `send` set names one destination, row `dest` (symmetric address) on PE `pe`. The row (`bytes`, a
-  // constant multiple of 16) is read once, 16-byte vectors, and stored to every named destination.
+  // multiple of 16 by construction: a constant, or masked by andi) is read once, 16-byte vectors, and stored to every named destination.
   // Called uniformly by a whole warp; plain stores, published by the caller's release fence.
   irdl.operation @row_copy_to_peers {
     %ptr = irdl.is !llvm.ptr

@@ -76,7 +76,8 @@ def row_copy(dest, source, nbytes, pe, *, loc=None, ip=None) -> ir.Operation:
     to PE ``pe`` only after the caller's ``mori_shmem.fence`` (release, system scope), which must come
     before whatever signal tells ``pe`` the row is there.
 
-    Helper: ``__mori_comm_row_copy_vec16`` when ``bytes`` is a constant multiple of 16 (the peer address
+    Helper: ``__mori_comm_row_copy_vec16`` when ``bytes`` is a multiple of 16 by construction (a constant
+    one, or a value masked with ``arith.andi`` by a constant with its low four bits clear; the peer address
     once with ``mori_shmem_ptr``, then rounds of 8 lane-strided 16-byte vector loads in flight before
     their plain stores), else ``__mori_comm_row_copy`` (``mori_shmem_putmem_nbi_warp``).
     """
@@ -89,7 +90,8 @@ def row_copy_to_peers(dest, source, nbytes, pe, send, *, max_peers: int, loc=Non
     address) on PE ``pe``, copied when its ``send`` is set; the operands of lanes >= K are ignored.
 
     Who: a warp (every lane calls it; ``bytes`` and ``source`` identical in all lanes). ``bytes`` must be
-    a constant multiple of 16 (the lowering refuses anything else); K in [1, 32]. Each 16-byte vector of
+    a multiple of 16 by construction (a constant one, or masked with ``arith.andi`` by a constant with its
+    low four bits clear: the lowering refuses anything else); K in [1, 32]. Each 16-byte vector of
     the row is loaded once and stored to every sending destination: the row is read once, not K times.
     Order: plain stores, published like row_copy's by the caller's release fence.
 

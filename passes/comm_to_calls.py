@@ -555,10 +555,35 @@ def accumulate_rows(symbol: str, dtype: str, k: int, wave: int, global_space: bo
 # ---- the lowering of each op --------------------------------------------------------------------------
 
 
-def _constant_multiple_of_16(value: ir.Value) -> bool:
+def _constant(value: ir.Value) -> int | None:
     owner = value.owner
     if not isinstance(owner, ir.Block) and owner.name == "arith.constant":
-        return isinstance(owner.attributes["value"], ir.IntegerAttr) and owner.attributes["value"].value % 16 == 0
+        attr = owner.attributes["value"]
+        return attr.value if isinstance(attr, ir.IntegerAttr) else None
+    return None
+
+
+def _known_multiple_of_16(value: ir.Value, depth: int = 4) -> bool:
+    """Whether ``value`` is a multiple of 16 by construction: a constant one, ``andi`` with a constant whose
+    low four bits are clear (how the EP kernels state a call's row bytes), ``muli``/``shli`` of such a
+    factor or by 16 (a shift of 4 or more), or ``addi`` of two such values. A bounded look through the
+    defining ops; anything else is not known."""
+    const = _constant(value)
+    if const is not None:
+        return const % 16 == 0
+    owner = value.owner
+    if depth == 0 or isinstance(owner, ir.Block):
+        return False
+    ops = list(owner.operands)
+    if owner.name == "arith.andi":
+        return any((c := _constant(v)) is not None and c % 16 == 0 for v in ops)
+    if owner.name == "arith.muli":
+        return any(_known_multiple_of_16(v, depth - 1) for v in ops)
+    if owner.name == "arith.shli":
+        shift = _constant(ops[1])
+        return (shift is not None and shift >= 4) or _known_multiple_of_16(ops[0], depth - 1)
+    if owner.name == "arith.addi":
+        return all(_known_multiple_of_16(v, depth - 1) for v in ops)
     return False
 
 
@@ -567,15 +592,16 @@ def _int_attr(op: ir.Operation, name: str) -> int:
 
 
 def _lower_row_copy(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
-    if _constant_multiple_of_16(op.operands[2]):
+    if _known_multiple_of_16(op.operands[2]):
         return row_copy_vec16(f"{PREFIX}row_copy_vec16", p.wave_size, p.global_address_space)
     return row_copy(f"{PREFIX}row_copy")
 
 
 def _lower_row_copy_to_peers(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
-    if not _constant_multiple_of_16(op.operands[2]):
-        raise MoriCompilerError(f"'{op.name}' operand 'bytes' must be a constant multiple of 16 (the row is "
-                                f"copied in 16-byte vectors)", op.location)  # fmt: skip
+    if not _known_multiple_of_16(op.operands[2]):
+        raise MoriCompilerError(f"'{op.name}' operand 'bytes' must be a multiple of 16 by construction (a constant, "
+                                f"or a value masked with andi -16: the row is copied in 16-byte vectors)",
+                                op.location)  # fmt: skip
     k = _int_attr(op, "max_peers")
     return row_copy_to_peers(f"{PREFIX}row_copy_to_peers_k{k}", p.wave_size, k, p.global_address_space,
                              p.loop_destinations)  # fmt: skip

@@ -475,3 +475,30 @@ module attributes {gpu.container_module} {
     }
   }
 }
+
+// -----
+
+// A runtime row size masked with andi -16 (how the EP kernels state the call's row bytes, hidden * elem)
+// is a multiple of 16 by construction: row_copy takes the 16-byte vector helper and row_copy_to_peers is
+// accepted; the size is passed at run time.
+// CHECK-LABEL: gpu.func @runtime_row(
+// CHECK: %[[ROW:.*]] = arith.andi %{{.*}}, %{{.*}} : i64
+// CHECK: func.call @__mori_comm_row_copy_vec16(%{{.*}}, %{{.*}}, %[[ROW]], %{{.*}})
+// CHECK: func.call @__mori_comm_row_copy_to_peers_k2(%{{.*}}, %{{.*}}, %[[ROW]], %{{.*}}, %{{.*}})
+// ONCE-LABEL: gpu.module @runtime_rows
+// ONCE-DAG: func.func @__mori_comm_row_copy_vec16(
+// ONCE-DAG: func.func @__mori_comm_row_copy_to_peers_k2(
+module attributes {gpu.container_module} {
+  gpu.module @runtime_rows {
+    gpu.func @runtime_row(%d: !llvm.ptr, %s: !llvm.ptr, %pe: i32, %send: i1, %hidden: i32) kernel {
+      %h = arith.extui %hidden : i32 to i64
+      %two = arith.constant 2 : i64
+      %wide = arith.muli %h, %two : i64
+      %mask = arith.constant -16 : i64
+      %row = arith.andi %wide, %mask : i64
+      "mori_comm.row_copy"(%d, %s, %row, %pe) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+      "mori_comm.row_copy_to_peers"(%d, %s, %row, %pe, %send) {max_peers = 2 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
+      gpu.return
+    }
+  }
+}
