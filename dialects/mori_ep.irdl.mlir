@@ -10,6 +10,8 @@
 //   AsyncLL notification mode, resolved once per op (mori_compiler/ops/asyncll.py): early_notify (the send
 //   posts each payload's ready notification right after it) and fused_recv (the receive waits fold into
 //   the copy passes; needs early_notify), each 0 or 1.
+// Every op may also carry any_hidden (0 or 1): 1 builds its kernels' variant for any hidden up to the
+// attribute's (the call's hidden is a kernel argument; the kernel names end in _anyhidden).
 // Config attributes are integers or strings; dialects/mori_ep.py checks their ranges and relations.
 // Semantics of each op: docs/ep-protocols.md.
 // (Each attribute has its own irdl.any: IRDL unifies uses of one constraint value.)

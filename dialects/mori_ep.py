@@ -27,7 +27,9 @@ The inter-node ops also carry ``gpu_per_node`` (G, a power of two dividing world
 PEs one send target serves: G for V1/V1LL's rail proxy, 1 for V0), ``send_all`` (1 for V1LL: every token
 to every remote node) and ``num_qp`` (queue pairs per peer, in [1, MAX_QP]).
 
-The AsyncLL halves carry the notification mode as ``early_notify``/``fused_recv`` (0 or 1, fused needs
+Every op may carry ``any_hidden`` (0 or 1, default 0): 1 builds the variant ``..._anyhidden`` of its kernels,
+whose rows are the call's ``hidden`` (an i32 kernel argument, elements <= ``hidden``) instead of the
+attribute's; the rows stay whole 16-byte vectors (the host checks). The AsyncLL halves carry the notification mode as ``early_notify``/``fused_recv`` (0 or 1, fused needs
 early). ``ep_op`` builds an EP op from Python values (ops/bundle.py builds a config's module with it).
 The dtypes and the limits that size device structures come from the EP schema
 (mori_compiler/ep_schema.py); ``extra_verify`` states the ranges and relations IRDL cannot.
@@ -143,6 +145,8 @@ def extra_verify(op: ir.Operation) -> list[str]:
         _internode_rules(ints, need)
     if "zero_copy" in ints:
         need(ints["zero_copy"] in (0, 1), "attribute 'zero_copy' must be 0 or 1")
+    if "any_hidden" in ints:
+        need(ints["any_hidden"] in (0, 1), f"attribute 'any_hidden' must be 0 or 1, got {ints['any_hidden']}")
     return rules.errors
 
 
@@ -163,5 +167,7 @@ def _internode_rules(ints: dict, need) -> None:
         need(1 <= qp <= MAX_QP, f"attribute 'num_qp' must be in [1, {MAX_QP}], got {qp}")
 
 
-DIALECT = Dialect("mori_ep", "mori_ep.irdl.mlir", extra_verify)
+# Attributes any EP op may carry (default 0 when absent), checked by extra_verify.
+OPTIONAL_ATTRIBUTES = frozenset({"any_hidden"})
+DIALECT = Dialect("mori_ep", "mori_ep.irdl.mlir", extra_verify, OPTIONAL_ATTRIBUTES)
 DIALECT_NAME = DIALECT.name
