@@ -268,7 +268,7 @@ class Result:
                     "copy_GBps": None if not self.t_copy_us else self.nbytes / self.t_copy_us / 1e3}  # fmt: skip
 
 
-COLUMNS = (("case", 30, "case"), ("mechanism", 30, "mechanism"), ("copies", 6, "copies"), ("MiB", 7, "MiB"),
+COLUMNS = (("case", 30, "case"), ("mechanism", 36, "mechanism"), ("copies", 6, "copies"), ("MiB", 7, "MiB"),
            ("copy us", 8, "t_copy_us"), ("GB/s", 6, "copy_GBps"), ("mm us", 7, "t_mm_us"),
            ("both us", 8, "t_both_us"), ("gain", 5, "gain"), ("mm x", 5, "mm_slowdown"),
            ("proj", 5, "projected_gain"), ("enq us", 7, "host_enqueue_us"), ("status", 0, "status"))  # fmt: skip
