@@ -12,8 +12,10 @@ lowering of the AsyncLL send, against a 4096^3 bf16 torch matmul:
 * ``batch[flag,order]``: one ``cuMemcpyBatchAsync`` for the whole list, flags DEFAULT or
   PREFER_OVERLAP_WITH_COMPUTE, srcAccessOrder STREAM or ANY;
 * ``cu_index_copy``: the SM reference: ``index_copy_`` of the gathered rows (what CU stores cost);
-* ``sm_desc_copy[N]``: a small PTX kernel of N CTAs that walks a device-resident (dst, src, bytes) list, the
-  shape of a device-routed lowering that takes only a few SMs (runs last: a fault there cannot spoil the rest).
+* ``sm_lsu_copy[N]`` / ``sm_tma_copy[N]``: small PTX kernels of N CTAs that walk a device-resident (dst, src,
+  bytes) list, with 16-byte loads and stores or with Hopper bulk copies (TMA) staged through shared memory: the
+  shape of a device-routed lowering that takes only a few SMs (they run last: a fault there cannot spoil the
+  rest).
 
 Cases: plain contiguous copies of 128, 1024 and 8192 rows of 14 KiB (1.75, 14 and 112 MiB), and three
 AsyncLL-shaped lists for 8 virtual PEs x 128 tokens, top-8 of 256 experts (~5.25 destination PEs a token):
@@ -179,7 +181,7 @@ def row_indices(copies: Sequence[Copy], row_bytes: int) -> tuple[list[int], list
 
 
 def descriptor_bytes(copies: Sequence[Copy], dst_base: int, src_base: int) -> bytes:
-    """The device descriptor list of ``sm_desc_copy``: per copy three little-endian u64 (dst, src, bytes)."""
+    """The device descriptor list of the copy kernels: per copy three little-endian u64 (dst, src, bytes)."""
     return b"".join(struct.pack("<QQQ", dst_base + c.dst, src_base + c.src, c.nbytes) for c in copies)
 
 
@@ -322,14 +324,14 @@ class Unsupported(Exception):
     """The mechanism cannot run here (driver error, missing API, too many copies): the reason is its text."""
 
 
-DESC_COPY_PTX = r"""
+LSU_COPY_PTX = r"""
 .version 8.0
 .target sm_90
 .address_size 64
 
-// desc_copy(desc, count): desc holds count (dst, src, nbytes) u64 triples; block b copies entries b, b +
+// lsu_copy(desc, count): desc holds count (dst, src, nbytes) u64 triples; block b copies entries b, b +
 // nctaid, ...; its threads stride over an entry in 16-byte vectors, four loads in flight before the stores.
-.visible .entry desc_copy(.param .u64 desc, .param .u32 count)
+.visible .entry lsu_copy(.param .u64 desc, .param .u32 count)
 {
     .reg .pred %p<4>;
     .reg .b32 %r<24>;
@@ -353,6 +355,8 @@ ENTRY:
     ld.global.u64 %rd4, [%rd3];
     ld.global.u64 %rd5, [%rd3+8];
     ld.global.u64 %rd6, [%rd3+16];
+    cvta.to.global.u64 %rd4, %rd4;
+    cvta.to.global.u64 %rd5, %rd5;
     shr.u64 %rd7, %rd6, 4;
     cvt.u64.u32 %rd8, %r4;
 QUAD:
@@ -395,8 +399,119 @@ DONE:
     ret;
 }
 """
-DESC_COPY_THREADS = 512
-DESC_COPY_PIECE = 64 << 10  # big copies are cut into 64 KiB descriptors so that every CTA gets work
+
+TMA_PIECE = 16 << 10  # bytes of one bulk copy and of one of the two shared-memory stages
+
+
+def _tma_piece(j: str) -> str:
+    """PTX: the descriptor of piece ``j``: %rd11 its destination, %rd12 its source (global), %r20 its size."""
+    return f"""    mul.wide.u32 %rd9, {j}, 24;
+    add.u64 %rd10, %rd1, %rd9;
+    ld.global.u64 %rd11, [%rd10];
+    ld.global.u64 %rd12, [%rd10+8];
+    ld.global.u32 %r20, [%rd10+16];
+    cvta.to.global.u64 %rd11, %rd11;
+    cvta.to.global.u64 %rd12, %rd12;
+"""
+
+
+def _tma_load(j: str, stage: str) -> str:
+    """PTX: the bulk load of piece ``j`` into shared stage ``stage``, completing on that stage's mbarrier."""
+    return _tma_piece(j) + f"""    mad.lo.u32 %r21, {stage}, {TMA_PIECE}, %r5;
+    mad.lo.u32 %r22, {stage}, 8, %r6;
+    mbarrier.arrive.expect_tx.shared::cta.b64 %rd13, [%r22], %r20;
+    cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%r21], [%rd12], %r20, [%r22];
+"""
+
+
+# tma_copy(desc, count): thread 0 of block b moves pieces b, b + nctaid, ... (each <= TMA_PIECE bytes) with
+# Hopper bulk copies, global -> shared (completion on the stage's mbarrier, expect_tx) -> global (bulk group),
+# two stages: piece k + 1 loads while piece k is waited for and stored; a stage is reused only once the store
+# that read it has read it (wait_group.read 0). A wait that never completes traps after ~4M polls (no hang).
+TMA_COPY_PTX = f"""
+.version 8.0
+.target sm_90
+.address_size 64
+
+.visible .entry tma_copy(.param .u64 desc, .param .u32 count)
+{{
+    .reg .pred %p<8>;
+    .reg .b32 %r<32>;
+    .reg .b64 %rd<32>;
+    .shared .align 128 .b8 buf[{2 * TMA_PIECE}];
+    .shared .align 8 .b64 bar[2];
+
+    mov.u32 %r1, %tid.x;
+    setp.ne.u32 %p1, %r1, 0;
+    @%p1 bra DONE;
+    ld.param.u64 %rd1, [desc];
+    ld.param.u32 %r2, [count];
+    cvta.to.global.u64 %rd1, %rd1;
+    mov.u32 %r3, %ctaid.x;
+    mov.u32 %r4, %nctaid.x;
+    mov.u32 %r5, buf;
+    mov.u32 %r6, bar;
+    mbarrier.init.shared::cta.b64 [%r6], 1;
+    add.u32 %r7, %r6, 8;
+    mbarrier.init.shared::cta.b64 [%r7], 1;
+    fence.mbarrier_init.release.cluster;
+    fence.proxy.async.shared::cta;
+    setp.ge.u32 %p2, %r3, %r2;
+    @%p2 bra DONE;
+    mov.u32 %r10, 0;
+    mov.u32 %r11, 0;
+    mov.u32 %r16, 0;
+{_tma_load("%r3", "%r16")}
+LOOP:
+    mad.lo.u32 %r12, %r10, %r4, %r3;
+    add.u32 %r13, %r12, %r4;
+    and.b32 %r14, %r10, 1;
+    xor.b32 %r15, %r14, 1;
+    cp.async.bulk.wait_group.read 0;
+    setp.lt.u32 %p3, %r13, %r2;
+    @!%p3 bra WAIT;
+{_tma_load("%r13", "%r15")}
+WAIT:
+    mad.lo.u32 %r22, %r14, 8, %r6;
+    shr.u32 %r23, %r11, %r14;
+    and.b32 %r23, %r23, 1;
+    mov.u32 %r24, 0;
+SPIN:
+    mbarrier.try_wait.parity.shared::cta.b64 %p4, [%r22], %r23;
+    @%p4 bra LOADED;
+    add.u32 %r24, %r24, 1;
+    setp.lt.u32 %p5, %r24, 4194304;
+    @%p5 bra SPIN;
+    trap;
+LOADED:
+    shl.b32 %r25, 1, %r14;
+    xor.b32 %r11, %r11, %r25;
+{_tma_piece("%r12")}    mad.lo.u32 %r21, %r14, {TMA_PIECE}, %r5;
+    cp.async.bulk.global.shared::cta.bulk_group [%rd11], [%r21], %r20;
+    cp.async.bulk.commit_group;
+    add.u32 %r10, %r10, 1;
+    @%p3 bra LOOP;
+    cp.async.bulk.wait_group 0;
+DONE:
+    ret;
+}}
+"""
+
+
+@dataclass(frozen=True)
+class CopyKernel:
+    """A PTX copy kernel over a device descriptor list: its entry, text, threads per CTA, and the largest
+    descriptor it takes (copies are cut to that size so that every CTA gets work)."""
+
+    entry: str
+    ptx: str
+    threads: int
+    piece: int
+
+
+LSU_COPY = CopyKernel("lsu_copy", LSU_COPY_PTX, 512, 64 << 10)
+TMA_COPY = CopyKernel("tma_copy", TMA_COPY_PTX, 32, TMA_PIECE)
+COPY_KERNELS = (LSU_COPY, TMA_COPY)
 
 
 class Gpu:
@@ -423,6 +538,7 @@ class Gpu:
         self.dst = torch.empty_like(self.src)
         self.out = torch.empty(args.buffer_rows * ROW_BYTES, dtype=torch.uint8, device="cuda")
         self.peer_dst = None
+        self.kernels: dict = {}  # loaded copy kernels by entry name
         m = args.matmul
         self.a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
         self.b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
@@ -577,22 +693,24 @@ def build_cu_index_copy(gpu: Gpu, case: Case, dst):
     return enqueue
 
 
-def desc_copy_builder(blocks: int | None):
-    """``blocks`` CTAs (None: one per SM) of the PTX descriptor-walking copy kernel."""
+def kernel_builder(kernel: CopyKernel, blocks: int | None):
+    """``blocks`` CTAs (None: one per SM) of ``kernel`` over the case's copies, cut to its piece size."""
     def build(gpu: Gpu, case: Case, dst):
         from mori_compiler.runtime.driver import default_driver
 
+        pieces = split_copies(case.copies, kernel.piece)
+        if any((dst.data_ptr() + c.dst) % 16 or (gpu.src.data_ptr() + c.src) % 16 or c.nbytes % 16 for c in pieces):
+            raise Unsupported("the copy kernels move 16-byte aligned multiples of 16 bytes")
         drv = default_driver()
-        if not hasattr(gpu, "_desc_copy_fn"):
-            gpu._desc_copy_fn = drv.load_module(DESC_COPY_PTX.encode()).function("desc_copy")
-        pieces = split_copies(case.copies, DESC_COPY_PIECE)
-        desc = descriptor_bytes(pieces, dst.data_ptr(), gpu.src.data_ptr())
-        table = gpu.torch.frombuffer(bytearray(desc), dtype=gpu.torch.uint8).to("cuda:0")
+        if kernel.entry not in gpu.kernels:
+            gpu.kernels[kernel.entry] = drv.load_module(kernel.ptx.encode()).function(kernel.entry)
+        table = gpu.torch.frombuffer(bytearray(descriptor_bytes(pieces, dst.data_ptr(), gpu.src.data_ptr())),
+                                     dtype=gpu.torch.uint8).to("cuda:0")  # fmt: skip
         grid = blocks or gpu.torch.cuda.get_device_properties(0).multi_processor_count
-        fn, params = gpu._desc_copy_fn, [("ptr", table.data_ptr()), ("i32", len(pieces))]
+        fn, params = gpu.kernels[kernel.entry], [("ptr", table.data_ptr()), ("i32", len(pieces))]
 
         def enqueue(stream, _table=table):  # the descriptor table lives as long as the closure
-            drv.launch(fn, (grid, 1, 1), (DESC_COPY_THREADS, 1, 1), params, stream=int(stream.cuda_stream))
+            drv.launch(fn, (grid, 1, 1), (kernel.threads, 1, 1), params, stream=int(stream.cuda_stream))
         return enqueue
     return build
 
@@ -611,11 +729,14 @@ def mechanisms(one_gpu: bool) -> list[Mechanism]:
     return ms
 
 
-def desc_copy_mechanisms() -> list[Mechanism]:
-    return [Mechanism("sm_desc_copy[8 CTAs]", desc_copy_builder(8)),
-            Mechanism("sm_desc_copy[32 CTAs]", desc_copy_builder(32)),
-            Mechanism("sm_desc_copy[8 CTAs]@high/mm", desc_copy_builder(8), "high", "mm"),
-            Mechanism("sm_desc_copy[all SMs]", desc_copy_builder(None))]  # fmt: skip
+def kernel_mechanisms() -> list[Mechanism]:
+    return [Mechanism("sm_lsu_copy[8 CTAs]", kernel_builder(LSU_COPY, 8)),
+            Mechanism("sm_lsu_copy[32 CTAs]", kernel_builder(LSU_COPY, 32)),
+            Mechanism("sm_lsu_copy[8 CTAs]@high/mm", kernel_builder(LSU_COPY, 8), "high", "mm"),
+            Mechanism("sm_lsu_copy[all SMs]", kernel_builder(LSU_COPY, None)),
+            Mechanism("sm_tma_copy[8 CTAs]", kernel_builder(TMA_COPY, 8)),
+            Mechanism("sm_tma_copy[32 CTAs]", kernel_builder(TMA_COPY, 32)),
+            Mechanism("sm_tma_copy[all SMs]", kernel_builder(TMA_COPY, None))]  # fmt: skip
 
 
 class Runner:
@@ -790,7 +911,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=170.0, help="stop starting measurements after this many seconds")
     ap.add_argument("--sizes-rows", default=",".join(map(str, SIZES_ROWS)),
                     help="row counts (14 KiB rows) of the plain contiguous copies")
-    ap.add_argument("--no-sm-kernel", action="store_true", help="leave out the PTX descriptor-copy kernel")
+    ap.add_argument("--no-sm-kernel", action="store_true", help="leave out the PTX copy kernels")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     for name in ("reps", "matmul", "world", "tokens"):
@@ -862,7 +983,7 @@ def main(argv=None) -> int:
         else:
             run_all("peer:", mechanisms(False), gpu.peer_dst)
         if not args.no_sm_kernel:
-            run_all("", desc_copy_mechanisms(), gpu.dst)
+            run_all("", kernel_mechanisms(), gpu.dst)
     finally:
         meta["elapsed_s"] = time.perf_counter() - t_start
         print("\n" + format_table(results))

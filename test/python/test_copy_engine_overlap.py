@@ -9,6 +9,7 @@ import contextlib
 import enum
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -264,7 +265,11 @@ class FakeTensor:
         return self
 
     def to(self, device):
-        return FakeTensor(self.t, self.arr.copy(), FakeDevice(device) if isinstance(device, str) else device)
+        device = FakeDevice(device) if isinstance(device, str) else device
+        moved = FakeTensor.alloc(self.t, self.arr.size, device, self.arr.dtype)
+        moved.arr = moved.arr.reshape(self.arr.shape)
+        moved.arr[...] = self.arr
+        return moved
 
     def __ne__(self, other):
         return FakeTensor(self.t, self.arr != other.arr, self.device)
@@ -412,8 +417,10 @@ def fake_driver(memory, *, drop_last_batch_copy=False, refuse_overlap_flag=False
     return cu
 
 
-def run_pretend(monkeypatch, tmp_path, gpus=1, **driver_faults):
+def run_pretend(monkeypatch, tmp_path, gpus=1, kernels=False, on_memory=None, **driver_faults):
     memory = Memory()
+    if on_memory:
+        on_memory(memory)
     torch, cu = fake_torch(memory, gpus), fake_driver(memory, **driver_faults)
     bindings = types.ModuleType("cuda.bindings")
     bindings.driver, bindings.__version__ = cu, "13.3.0-fake"
@@ -424,7 +431,7 @@ def run_pretend(monkeypatch, tmp_path, gpus=1, **driver_faults):
         monkeypatch.setitem(sys.modules, name, module)
     out = tmp_path / "r.json"
     rc = ceo.main(["--reps", "2", "--world", "4", "--tokens", "6", "--sizes-rows", "2,5", "--matmul", "8",
-                   "--no-sm-kernel", "--json", str(out)])  # fmt: skip
+                   "--json", str(out)] + ([] if kernels else ["--no-sm-kernel"]))  # fmt: skip
     return rc, json.loads(out.read_text()), cu
 
 
@@ -485,11 +492,49 @@ def test_bad_arguments_are_refused(capsys):
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
-def test_desc_copy_ptx_assembles_for_sm90(tmp_path):
-    ptx = tmp_path / "desc_copy.ptx"
-    ptx.write_text(ceo.DESC_COPY_PTX)
-    done = subprocess.run(["ptxas", "-arch=sm_90", str(ptx), "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True)
+@pytest.mark.parametrize("kernel", ceo.COPY_KERNELS, ids=lambda k: k.entry)
+def test_copy_kernels_assemble_for_sm90_within_static_shared_memory(kernel, tmp_path):
+    ptx = tmp_path / f"{kernel.entry}.ptx"
+    ptx.write_text(kernel.ptx)
+    done = subprocess.run(["ptxas", "-arch=sm_90", "-v", str(ptx), "-o", str(tmp_path / "k.cubin")],
+                          capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert f"Compiling entry function '{kernel.entry}'" in done.stdout + done.stderr
+    smem = [int(n) for n in re.findall(r"(\d+) bytes smem", done.stdout + done.stderr)]
+    assert sum(smem) <= 48 << 10  # static shared memory: no opt-in attribute needed at launch
+
+
+class FakeKernelDriver:
+    """The runtime driver as the copy kernels use it: a launch does what the kernel is for (every descriptor
+    of the table in device memory, copied), so the table's address, layout and count are what is tested."""
+
+    def __init__(self, memory):
+        self.memory, self.launches = memory, []
+
+    def load_module(self, image):
+        return types.SimpleNamespace(function=lambda name: name if f".entry {name}(" in image.decode() else None)
+
+    def launch(self, fn, grid, block, params, *, stream=None):
+        assert fn is not None and grid[0] >= 1 and block[0] >= 32 and stream
+        (kind_t, table), (kind_n, count) = params
+        assert (kind_t, kind_n) == ("ptr", "i32")
+        triples = np.frombuffer(self.memory.view(table, 24 * count).tobytes(), dtype="<u8").reshape(-1, 3)
+        for dst, src, n in triples.tolist():
+            self.memory.copy(dst, src, n)
+        self.launches.append((fn, grid[0], count))
+
+
+def test_pretend_gpu_runs_the_copy_kernels_over_their_descriptor_tables(monkeypatch, tmp_path):
+    import mori_compiler.runtime.driver as driver_module
+
+    fake = {}
+    monkeypatch.setattr(driver_module, "default_driver", lambda: fake["driver"])
+    rc, data, _ = run_pretend(monkeypatch, tmp_path, kernels=True, on_memory=lambda m: fake.update(driver=FakeKernelDriver(m)))
+    assert rc == 0
+    rows = [r for r in data["results"] if r["mechanism"].startswith("sm_")]
+    assert len(rows) == 7 * 5 and all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
+    launches = fake["driver"].launches
+    assert {fn for fn, _, _ in launches} == {"lsu_copy", "tma_copy"} and {g for _, g, _ in launches} == {8, 32, 4}
 
 
 @pytest.mark.gpu
