@@ -192,7 +192,7 @@ class Memory:
     """Device memory of the pretend GPUs: allocations at fake addresses, each a numpy byte array."""
 
     def __init__(self):
-        self.next, self.blocks = 1 << 32, []
+        self.next, self.blocks, self.calls_seen = 1 << 32, [], False
 
     def alloc(self, nbytes):
         buf = np.zeros(max(nbytes, 1), dtype=np.uint8)
@@ -375,7 +375,7 @@ def fake_torch(memory, gpus):
     return torch
 
 
-def fake_driver(memory, *, drop_last_batch_copy=False, refuse_overlap_flag=False):
+def fake_driver(memory, *, drop_last_batch_copy=False, refuse_overlap_flag=False, with_attrs_raises=False):
     """A cuda.bindings.driver whose copies move the pretend GPU's bytes and whose batch call checks what
     the real one is documented to check (attribute order, legacy NULL stream, attribute indices)."""
     cu = types.ModuleType("cuda.bindings.driver")
@@ -400,7 +400,13 @@ def fake_driver(memory, *, drop_last_batch_copy=False, refuse_overlap_flag=False
         return ok
 
     cu.cuMemcpyAsync = memcpy_async
-    cu.cuMemcpyWithAttributesAsync = lambda dst, src, n, attr, stream: memcpy_async(dst, src, n, stream)
+    def with_attrs(dst, src, n, attr, stream):
+        if with_attrs_raises and memory.calls_seen:  # the build and first call pass, the timing fails
+            raise TypeError("an integer is required")
+        memory.calls_seen = True
+        return memcpy_async(dst, src, n, stream)
+
+    cu.cuMemcpyWithAttributesAsync = with_attrs
 
     def batch(dsts, srcs, sizes, count, attrs, idxs, n_attrs, stream):
         cu.calls.append(("batch", count, int(stream)))
@@ -469,7 +475,10 @@ def test_pretend_gpu_reports_a_dropped_copy_as_wrong_and_a_refusal_with_the_driv
     rows = _by(data, "asyncll rows", "batch[overlap,stream]")
     assert rows["status"].startswith("WRONG COPY") and rows["gain"] is None
     assert _by(data, "asyncll rows", "memcpy_async")["status"] == "ok"
-    rc, data, _ = run_pretend(monkeypatch, tmp_path, refuse_overlap_flag=True)
+    rc, data, _ = run_pretend(monkeypatch, tmp_path, refuse_overlap_flag=True, with_attrs_raises=True)
+    assert rc == 0
+    assert _by(data, "copy", "with_attrs[overlap]")["status"] == "error: TypeError: an integer is required"
+    assert _by(data, "asyncll block", "memcpy_async")["status"] == "ok"  # the run went on
     refused = _by(data, "copy", "batch[overlap,stream]")
     assert refused["status"].startswith("unsupported: cuMemcpyBatchAsync failed: CUDA_ERROR_INVALID_VALUE")
     assert _by(data, "copy", "batch[default,stream]")["status"] == "ok"
@@ -481,6 +490,13 @@ def test_pretend_two_gpus_measure_peer_copies_into_the_second_gpu(monkeypatch, t
     assert rc == 0 and len(peer) == 8 * 5
     assert all(r["status"] == "ok" for r in peer if not r["status"].startswith("not run: 88 copies")), peer
     assert "peer:cu_index_copy" not in {r["mechanism"] for r in peer}
+
+
+def test_pretend_gpu_flags_runs_whose_gate_ended_before_the_host_had_enqueued(monkeypatch, tmp_path):
+    monkeypatch.setattr(FakeEvent, "query", lambda self: True)
+    rc, data, _ = run_pretend(monkeypatch, tmp_path)
+    row = _by(data, "copy", "torch_copy")
+    assert rc == 0 and row["status"] == "ok (gate late in 2/2)" and row["gate_late"] == 2
 
 
 def test_bad_arguments_are_refused(capsys):
