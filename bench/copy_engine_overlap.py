@@ -18,8 +18,8 @@ lowering of the AsyncLL send, against a 4096^3 bf16 torch matmul:
   rest).
 
 Cases: plain contiguous copies of 128, 1024 and 8192 rows of 14 KiB (1.75, 14 and 112 MiB), and three
-AsyncLL-shaped lists for 8 virtual PEs x 128 tokens, top-8 of 256 experts (~5.25 destination PEs a token):
-``rows`` (one copy per (token, destination): ~5400 copies of 14 KiB into per-source receive regions),
+AsyncLL-shaped lists for 8 virtual PEs x 128 tokens, top-8 of 256 experts (5.33 destination PEs a token):
+``rows`` (one copy per (token, destination): 5456 copies of 14 KiB into per-source receive regions),
 ``runs`` (the same bytes as W*W contiguous per-(source, destination) runs, i.e. packed staging), ``block``
 (each PE's whole [128, H] block to every PE: W*W copies whose addresses the host knows without the routing).
 
@@ -33,6 +33,8 @@ bound of an AsyncLL whose send is that mechanism: (t_copy + t_mm + t_recv) / (t_
 receive phase's second copy of every row (a gather of the received rows into ``out``, measured here). A
 mechanism that fails prints the driver's error and the run goes on. The batch API's invalid-value causes are
 probed first (zero-initialised attributes, the legacy NULL stream, bad attribute indices, unknown flags).
+srcAccessOrder ANY lets the driver read the source before the stream reaches the copy, so the ``batch[...,any]``
+rows may start before the start event: their times are lower bounds.
 
     python bench/copy_engine_overlap.py --json copy_engine_overlap.json
 
@@ -933,8 +935,11 @@ def main(argv=None) -> int:
     try:
         import torch  # noqa: F401
         from cuda.bindings import driver  # noqa: F401
+
+        import mori_compiler.runtime.driver  # noqa: F401 - the driver calls and the PTX loads go through it
     except ImportError as exc:
-        print(f"copy_engine_overlap: needs torch with CUDA and cuda-bindings: {exc}", file=sys.stderr)
+        print(f"copy_engine_overlap: needs torch with CUDA, cuda-bindings and mori_compiler installed: {exc}",
+              file=sys.stderr)
         return 1
     if not torch.cuda.is_available():
         print("copy_engine_overlap: torch sees no CUDA GPU", file=sys.stderr)
