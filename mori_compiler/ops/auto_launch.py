@@ -98,7 +98,7 @@ class AutoLaunch:
         self._max_blocks = None  # bind_coresidency: (leg, warps) -> the largest co-resident grid per PE
         self._cache: dict[tuple, tuple[LaunchGeometry, str]] = {}
         self._forms = {"dispatch": [(None, None)],
-                       "combine": [(z, config.quant_type) for z in self._zero_copy_forms()]}  # fmt: skip
+                       "combine": [(z, config.quant_type) for z in self.combine_forms()]}  # fmt: skip
         self._reachable = {leg: self._reachable_rules(leg) for leg in LEGS}
         for leg in LEGS:
             for rule in self._reachable[leg]:
@@ -107,7 +107,7 @@ class AutoLaunch:
                     raise self._rule_error(leg, rule, problem)
 
     # ---- what the op can reach ------------------------------------------------------------------------
-    def _zero_copy_forms(self) -> tuple[bool, ...]:
+    def combine_forms(self) -> tuple[bool, ...]:
         """The combine forms a call can take (the tables' ``zero_copy`` key): AsyncLL's combine reads the
         caller's tensor (never the registered buffer); the intra-node types offer the push form only when
         built with its staging buffers (``use_external_inp_buf``); the inter-node types accept both."""
@@ -209,7 +209,7 @@ class AutoLaunch:
         """The geometry of a call: ``leg`` dispatch or combine, the token ``dtype`` (ours, e.g. bf16,
         fp8_e4m3fn, or MORI's name), ``tokens`` this PE's tokens of the call (for combine: those its
         dispatch sent), ``hidden`` the call's row width (default the config's), for combine ``zero_copy``
-        (default: the op's form, see _zero_copy_forms) and ``quant_type`` (default the config's)."""
+        (default: the op's form, see combine_forms) and ``quant_type`` (default the config's)."""
         key = (leg, dtype, tokens, hidden, zero_copy, quant_type)
         hit = self._cache.get(key)
         if hit is None:
@@ -241,7 +241,7 @@ class AutoLaunch:
                 raise ValueError("AUTO launch: zero_copy and quant_type key combine geometries only")
             form = (None, None)
         else:
-            forms = self._zero_copy_forms()
+            forms = self.combine_forms()
             zero_copy = forms[0] if zero_copy is None else zero_copy
             if not isinstance(zero_copy, bool) or zero_copy not in forms:
                 raise ValueError(f"AUTO launch: zero_copy {zero_copy!r} is not a combine form of this op; allowed: "
