@@ -135,7 +135,8 @@ def write_tables(rules: dict, directory, model: str, world: int) -> list[Path]:
     """Write (merging) one MORI v1 table per (kind, phase) of ``rules`` (best_rules); returns the paths."""
     from mori_compiler.ops.tuning import write_tuning_table
 
-    return [write_tuning_table(directory, TARGET, model, kind, world, leg, rs) for (kind, leg), rs in sorted(rules.items())]
+    return [write_tuning_table(directory, TARGET, model, kind, world, leg, rs)
+            for (kind, leg), rs in sorted(rules.items())]  # fmt: skip
 
 
 def check_ratios(grid_points, auto_points) -> list[dict]:
@@ -159,7 +160,7 @@ def leg_forms(kind: str, dispatch_dtypes=DISPATCH_DTYPES) -> list[tuple[str, str
     combine in each form the op offers (AutoLaunch.combine_forms, with the push buffers built)."""
     from mori_compiler.ops.auto_launch import AutoLaunch
 
-    forms = AutoLaunch(make_config(kind, 8, 128, 8), TARGET).combine_forms()
+    forms = AutoLaunch(make_config(kind, 8, 128, 8), TARGET, search_dirs=[]).combine_forms()
     return [("dispatch", d, None) for d in dispatch_dtypes] + [("combine", COMBINE_DTYPE, z) for z in forms]
 
 
@@ -219,11 +220,13 @@ class Sweep:
     def __init__(self, kind: str, world: int, max_tokens: int, warps: int, reps: int):
         from mori_compiler.ops import EpDispatchCombineOp
         from mori_compiler.ops.auto_launch import coresident_blocks, leg_kernel_names
+        from mori_compiler.targets import get_target
 
         self.kind, self.world, self.warps, self.reps = kind, world, warps, reps
         self.cfg = make_config(kind, world, max_tokens, warps)
         self.op = EpDispatchCombineOp(self.cfg, target=TARGET, asyncll=asyncll_mode() if kind == "AsyncLL" else None)
-        self.limit = {leg: coresident_blocks(self.op.kernels, leg_kernel_names(self.cfg, leg), warps * 32, world)
+        threads = warps * get_target(TARGET).wave_size
+        self.limit = {leg: coresident_blocks(self.op.kernels, leg_kernel_names(self.cfg, leg), threads, world)
                       for leg in ("dispatch", "combine")}  # fmt: skip
         self.gate_blocks = min(8, self.limit["dispatch"], self.limit["combine"])  # a small grid that always fits
 
@@ -266,11 +269,11 @@ class Sweep:
     def _fill_combine_inputs(self, outs) -> None:
         import torch
 
-        for p in range(self.world):
-            rows = outs[p][0].to(torch.bfloat16)
-            self.push[p].copy_(rows)
+        for p in range(self.world):  # the received rows, as the identity experts' outputs
+            rows = outs[p][0][: self.totals[p]].to(torch.bfloat16)
+            self.push[p][: self.totals[p]].copy_(rows)
             if self.regs is not None:
-                self.regs[p].copy_(rows)
+                self.regs[p][: self.totals[p]].copy_(rows)
 
     def _gate(self, res) -> None:
         """Identity experts: PE 0's combine output must be U x (docs/ep-protocols.md §12)."""
@@ -490,8 +493,8 @@ def main(argv=None) -> int:
     finally:
         shmem.shmem_finalize()
     elapsed = time.monotonic() - start
-    print(f"{name} ({model}): {args.world} virtual PEs, hidden {HIDDEN}, top-{TOPK}, {EXPERTS} experts; {len(grid) + len(autos)} "
-          f"points in {elapsed:.0f} s; graph replay median of {args.reps}")  # fmt: skip
+    print(f"{name} ({model}): {args.world} virtual PEs, hidden {HIDDEN}, top-{TOPK}, {EXPERTS} experts; "
+          f"{len(grid) + len(autos)} points in {elapsed:.0f} s; graph replay median of {args.reps}")  # fmt: skip
     result = {"device": name, "model": model, "world": args.world, "reps": args.reps, "elapsed_s": elapsed,
               "points": [p._asdict() for p in grid], "skipped": sorted(map(list, skipped), key=repr)}  # fmt: skip
     if skipped:
@@ -508,7 +511,10 @@ def main(argv=None) -> int:
             print(f"{r['kind']:<12}{r['leg']:<9}{r['dtype']:<11}{form:<6}{r['tokens']:>7}"
                   f"{'%dx%d' % tuple(r['auto']):>9}{'%dx%d' % tuple(r['best']):>9}{r['ratio']:>10.3f}")
         worst = min((r["ratio"] for r in ratios), default=None)
-        print(f"worst auto/best: {worst:.3f} (goal >= 0.95)" if worst is not None else "no AUTO picks measured")
+        if worst is None:
+            print("no AUTO picks measured")
+        else:
+            print(f"worst auto/best: {worst:.3f} ({'meets' if worst >= 0.95 else 'MISSES'} the goal >= 0.95)")
     else:
         rules = best_rules(grid, args.tolerance)
         paths = write_tables(rules, args.tables, model, args.world)
@@ -516,8 +522,8 @@ def main(argv=None) -> int:
         for (kind, leg), rs in sorted(rules.items()):
             for r in rs:
                 form = "" if r.zero_copy is None else (" zc" if r.zero_copy else " push")
-                print(f"{kind:<12}{leg:<9}{r.dtype:<9}{form:<5}{r.num_tokens:>6}: {r.block_num:>4} x {r.warp_per_block:<3}"
-                      f"{r.info['bandwidth_gbps']:>8.1f} GB/s {r.info['latency_us']:>8.1f} us")  # fmt: skip
+                print(f"{kind:<12}{leg:<9}{r.dtype:<9}{form:<5}{r.num_tokens:>6}: {r.block_num:>4} x "
+                      f"{r.warp_per_block:<3}{r.info['bandwidth_gbps']:>8.1f} GB/s {r.info['latency_us']:>8.1f} us")
         print("wrote", ", ".join(result["tables"]))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -158,7 +158,8 @@ class AutoLaunch:
         owner for the block, warp and inter-node grid rules), or None. A call's rdma_block_num 0 means the
         config's (see dispatch_combine.internode_rdma_blocks)."""
         effective_rdma = rdma if rdma > 0 else self.config.rdma_block_num
-        trial = dataclasses.replace(self.config, block_num=blocks, warp_num_per_block=warps, rdma_block_num=effective_rdma)
+        trial = dataclasses.replace(self.config, block_num=blocks, warp_num_per_block=warps,
+                                    rdma_block_num=effective_rdma)
         problems = config_problems(trial, self.target.wave_size)
         if problems:
             return "; ".join(p.replace("config.", "") for p in problems)
@@ -169,9 +170,9 @@ class AutoLaunch:
         key = f"dtype {rule.dtype}, num_tokens {rule.num_tokens}, hidden_dim {rule.hidden_dim}"
         if rule.zero_copy is not None:
             key += f", zero_copy {str(rule.zero_copy).lower()}, quant_type {rule.quant_type}"
-        return TuningTableError(f"tuning file {table.path}: rule {rule.index} ({key}) cannot run on this {self.kind.name} "
-                                f"op (block_num {rule.block_num}, rdma_block_num {rule.rdma_block_num}, warp_per_block "
-                                f"{rule.warp_per_block}): {problem}")  # fmt: skip
+        return TuningTableError(f"tuning file {table.path}: rule {rule.index} ({key}) cannot run on this "
+                                f"{self.kind.name} op (block_num {rule.block_num}, rdma_block_num "
+                                f"{rule.rdma_block_num}, warp_per_block {rule.warp_per_block}): {problem}")  # fmt: skip
 
     def bind_coresidency(self, max_blocks) -> None:
         """Set the co-residency limit: ``max_blocks(leg, warps)`` is the largest grid per PE whose blocks
@@ -259,7 +260,8 @@ class AutoLaunch:
                                 quant_type=form[1])  # fmt: skip
         if rule is None:
             return self._fallback_for(leg), "fallback"
-        return LaunchGeometry(rule.block_num, rule.rdma_block_num, rule.warp_per_block), f"rule {rule.index} of {table.path}"
+        origin = f"rule {rule.index} of {table.path}"
+        return LaunchGeometry(rule.block_num, rule.rdma_block_num, rule.warp_per_block), origin
 
 
 def leg_kernel_names(config: EpDispatchCombineConfig, leg: str) -> list[str]:
