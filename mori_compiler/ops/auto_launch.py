@@ -15,9 +15,9 @@ Here the warps per block are compiled into the kernels (one bundle per warp coun
 * ``bind_coresidency(max_blocks)``: once the bundles are loaded, the largest grid per PE whose blocks are
   all resident at once (the kernels' grid barriers need that; ``coresident_blocks`` asks the driver).
 
-Every rule the op can reach is checked at construction against the config's limits (``config_problems``
+Every rule of the tables is checked at construction against the config's limits (``config_problems``
 of the config with the rule's geometry: block and warp ranges, IntraNodeLL's two warps, the inter-node
-grid rules) and, once bound, against co-residency: a rule that cannot run is a ``TuningTableError`` naming
+grid rules) and, once bound, every rule the op can reach against co-residency: a rule that cannot run is a ``TuningTableError`` naming
 the file and the rule, never a launch. The fallback is MORI's guess, not a measurement: it is clamped to
 what fits (a grid of at most the co-resident blocks; V0's grid a multiple of world_size; the RDMA share
 scaled with it).
@@ -100,8 +100,8 @@ class AutoLaunch:
         self._forms = {"dispatch": [(None, None)],
                        "combine": [(z, config.quant_type) for z in self.combine_forms()]}  # fmt: skip
         self._reachable = {leg: self._reachable_rules(leg) for leg in LEGS}
-        for leg in LEGS:
-            for rule in self._reachable[leg]:
+        for leg in LEGS:  # every rule, reachable or not: a table is for this kind of op
+            for rule in self.tables[leg].rules if self.tables[leg] else ():
                 problem = self._geometry_problem(rule.block_num, rule.rdma_block_num, rule.warp_per_block)
                 if problem:
                     raise self._rule_error(leg, rule, problem)

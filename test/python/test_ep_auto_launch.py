@@ -193,6 +193,14 @@ def test_rule_the_op_cannot_run_is_named_at_construction(tmp_path):
         _auto(tmp_path, cfg)
 
 
+def test_unreachable_rules_are_checked_too(tmp_path):
+    # An fp4 rule is never looked up by this op, but a table of rules it cannot run is a bad table.
+    path = _write(tmp_path, "dispatch", [_rule(64, blocks=32, rdma=8), _rule(64, dtype="fp4", blocks=36, rdma=8)],
+                  kind="InterNode")  # fmt: skip
+    with pytest.raises(TuningTableError, match=rf"{path}: rule 1 \(dtype fp4, .*multiple of world_size 8"):
+        _auto(tmp_path, _config("InterNode", gpu_per_node=4, use_external_inp_buf=False))
+
+
 def test_rule_beyond_coresidency_is_named(tmp_path):
     _write(tmp_path, "dispatch", [_rule(128, blocks=32, warps=8)])
     path = _write(tmp_path, "combine", [_comb(128, blocks=16), _comb(4096, blocks=64, warps=4)])
