@@ -4,7 +4,7 @@ On one GPU with virtual PEs (as bench/ep_bench.py): for each kernel type (IntraN
 W PEs, hidden 7168, top-8 of 256 experts, random routing, each token count (default 128 ... 4096), each
 dispatch dtype (bf16, fp8_e4m3fn) and the bf16 combine in each form the op offers (zero-copy and push for
 the intra-node types; AsyncLL's reads the caller's tensor), every geometry of the grid is timed as a CUDA
-graph (median of --reps replays). The grid is MORI's "quick" scope adapted to a GPU shared by W virtual PEs:
+graph (median of --reps (30) replays). The grid is MORI's "quick" scope adapted to a GPU shared by W virtual PEs:
 warps {4, 8, 16}; blocks the powers of two from --min-blocks up to the co-residency limit, plus the limit
 itself (MORI: up to the CU count, plus the CU count). The kernels use grid barriers, so every block of all
 PEs must be resident at once: the limit is the driver's occupancy of the leg's kernels x SMs / W
@@ -164,13 +164,15 @@ def leg_forms(kind: str, dispatch_dtypes=DISPATCH_DTYPES) -> list[tuple[str, str
     return [("dispatch", d, None) for d in dispatch_dtypes] + [("combine", COMBINE_DTYPE, z) for z in forms]
 
 
-def estimate(n_points: int, tokens_of_points, reps: int, overhead_s: float = 0.05) -> dict:
+def estimate(n_points: int, tokens_of_points, reps: int, n_ops: int = 0, overhead_s: float = 0.05,
+             op_s: float = 3.0) -> dict:  # fmt: skip
     """Device-time estimate of a sweep: per point one eager call, one capture and reps + 1 replays; a replay
     costs about 30 µs + 0.2 µs per token (the H200 EP legs at 8 virtual PEs: 40-60 µs at 128 tokens, 400-900
-    at 4096), a point's eager call, synchronization and capture ``overhead_s``."""
+    at 4096); a point's eager call, synchronization, capture and gate ``overhead_s``; each of the ``n_ops``
+    ops (one per kernel type and warp count: buffers zeroed, module loaded and JIT-compiled) ``op_s``."""
     replay_s = sum((reps + 1) * (30 + 0.2 * t) * 1e-6 for t in tokens_of_points)
-    return {"points": n_points, "captures": n_points, "replays": n_points * (reps + 1),
-            "seconds": round(n_points * overhead_s + replay_s, 1)}
+    return {"points": n_points, "captures": n_points, "replays": n_points * (reps + 1), "ops": n_ops,
+            "seconds": round(n_points * overhead_s + replay_s + n_ops * op_s, 1)}  # fmt: skip
 
 
 def make_config(kind: str, world: int, tokens: int, warps: int, blocks: int = 8):
@@ -419,7 +421,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="128,256,512,1024,2048,4096")
     ap.add_argument("--warps", default="4,8,16")
     ap.add_argument("--min-blocks", type=int, default=8)
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tolerance", type=float, default=0.03,
                     help="geometries within this fraction of the best count as equal (the smallest grid wins)")
     ap.add_argument("--tables", default=str(SHIPPED_DIR), help="where tables are written (and --check reads them)")
@@ -463,9 +465,11 @@ def main(argv=None) -> int:
             for leg, _, _ in leg_forms(kind):
                 plan += [t for t in token_list for _ in block_candidates(thread_bound_blocks(132, args.world, w),
                                                                          args.min_blocks)]  # fmt: skip
-    est = estimate(len(plan), plan, args.reps)
-    print(f"plan (upper bound, 132 SMs, thread-limited occupancy): {est['points']} graph captures, {est['replays']} "
-          f"replays, about {est['seconds']} s of device time; budget {args.budget_s} s", flush=True)  # fmt: skip
+    n_ops = len(args.kinds) * len(args.warps) * (2 if args.check else 1)  # --check: the grid's, then the picks'
+    est = estimate(len(plan), plan, args.reps, n_ops)
+    print(f"plan (upper bound, 132 SMs, thread-limited occupancy): {est['ops']} ops, {est['points']} graph captures, "
+          f"{est['replays']} replays, about {est['seconds']} s of device time; budget {args.budget_s} s",
+          flush=True)  # fmt: skip
     if args.dry_run:
         return 0
     import torch

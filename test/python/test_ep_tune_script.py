@@ -118,9 +118,9 @@ def test_legs_and_warp_plan():
 
 
 def test_estimate_counts_captures_and_replays():
-    est = ep_tune.estimate(10, [128] * 5 + [4096] * 5, reps=20, overhead_s=0.05)
-    assert (est["points"], est["captures"], est["replays"]) == (10, 10, 210)
-    assert est["seconds"] == pytest.approx(0.5 + 21 * (5 * (30 + 25.6) + 5 * (30 + 819.2)) * 1e-6, abs=0.05)
+    est = ep_tune.estimate(10, [128] * 5 + [4096] * 5, reps=20, n_ops=2, overhead_s=0.05, op_s=3.0)
+    assert (est["points"], est["captures"], est["replays"], est["ops"]) == (10, 10, 210, 2)
+    assert est["seconds"] == pytest.approx(6.5 + 21 * (5 * (30 + 25.6) + 5 * (30 + 819.2)) * 1e-6, abs=0.05)
 
 
 def test_heap_holds_the_largest_op():
@@ -137,10 +137,10 @@ def _cli(*args, env=None):
 
 
 def test_cli_dry_run_prints_the_estimate():
-    r = _cli("--dry-run", "--kinds", "IntraNode", "--tokens", "128,4096", "--warps", "8")
+    r = _cli("--dry-run", "--kinds", "IntraNode", "--tokens", "128,4096", "--warps", "8", "--reps", "20")
     assert r.returncode == 0, r.stderr
     # 8 warps at the thread bound: 132 blocks per PE -> 8, 16, 32, 64, 128, 132; 4 legs x 2 token counts
-    assert "48 graph captures, 1008 replays" in r.stdout
+    assert "1 ops, 48 graph captures, 1008 replays" in r.stdout
 
 
 @pytest.mark.parametrize("args, message", [
