@@ -23,6 +23,7 @@ for token counts <= 512.
 (mori_compiler/ops/auto_launch.py), and prints auto / best per leg, dtype and form (the goal: >= 0.95).
 
     python bench/ep_tune.py --precompile .bundles                  # where the compiler is (CPU)
+    (the same --kinds/--world/--tokens/--warps for all three: the ops are sized for the largest token count)
     MORI_COMPILER_CACHE_DIR=.bundles python bench/ep_tune.py --tables OUT/tables --json OUT/tune.json
     MORI_COMPILER_CACHE_DIR=.bundles python bench/ep_tune.py --check --tables OUT/tables --json OUT/check.json
 
@@ -230,7 +231,7 @@ class Sweep:
         threads = warps * get_target(TARGET).wave_size
         self.limit = {leg: coresident_blocks(self.op.kernels, leg_kernel_names(self.cfg, leg), threads, world)
                       for leg in ("dispatch", "combine")}  # fmt: skip
-        self.gate_blocks = min(8, self.limit["dispatch"], self.limit["combine"])  # a small grid that always fits
+        self.gate_blocks = max(1, min(8, *self.limit.values()))  # a small grid that fits
 
     def close(self) -> None:
         self.op.close()
@@ -348,6 +349,8 @@ def sweep_grid(args, kind: str, token_list, deadline=None):
         print(f"{kind} {w} warps: co-resident limit {s.limit['dispatch']} (dispatch) / {s.limit['combine']} "
               f"(combine) blocks per PE", flush=True)  # fmt: skip
         try:
+            if min(s.limit.values()) < 1:  # no block of this size fits an SM (registers): nothing to measure
+                continue
             for t in token_list:
                 s.prepare(t)
                 for leg, dtype, z in forms:
@@ -401,7 +404,8 @@ def auto_picks(args, kind: str, model: str, token_list, limits: dict) -> dict:
     op's lookup (AutoLaunch), bound to this GPU's co-residency limits."""
     from mori_compiler.ops.auto_launch import AutoLaunch
 
-    auto = AutoLaunch(make_config(kind, args.world, max(args.tokens), 8), TARGET, model, search_dirs=[args.tables])
+    cfg = make_config(kind, args.world, max(args.tokens), args.warps[0])  # as warp_plan's (the bundles built)
+    auto = AutoLaunch(cfg, TARGET, model, search_dirs=[args.tables])
     print(f"{kind}: AUTO tables {[str(t.path) if t else None for t in auto.tables.values()]}", flush=True)
     auto.bind_coresidency(limit_of(args, kind, limits))
     picks = {}
