@@ -157,3 +157,58 @@ def test_cli_refuses_bad_options(args, message):
 def test_cli_refuses_auto_mode():
     r = _cli("--dry-run", env={tuning.LAUNCH_MODE_VAR: "auto"})
     assert r.returncode == 1 and "MORI_EP_LAUNCH_CONFIG_MODE=AUTO would override the swept geometry" in r.stderr
+
+
+class _FakeSweep:
+    """The GPU side of one op replaced by a model: co-residency limits per warp count and a bandwidth that
+    peaks at 256 warps per PE (fewer are slower, more pay for the grid barrier)."""
+
+    LIMITS = {4: 66, 8: 33, 16: 16}
+    built = []
+
+    def __init__(self, kind, world, max_tokens, warps, reps):
+        self.kind, self.warps = kind, warps
+        self.limit = {"dispatch": self.LIMITS[warps], "combine": self.LIMITS[warps] // 2}
+        self.built.append((kind, warps, max_tokens))
+
+    def prepare(self, tokens):
+        self.tokens = tokens
+
+    def measure(self, leg, dtype, zero_copy, blocks, gate):
+        total = blocks * self.warps
+        gbps = 300.0 * min(total, 256) / 256 - 0.1 * max(0, total - 256) - (20 if zero_copy is False else 0)
+        return Point(self.kind, leg, dtype, self.tokens, zero_copy, blocks, self.warps, 1e3 / gbps, gbps)
+
+    def close(self):
+        pass
+
+
+def test_sweep_tables_and_check_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.delenv(tuning.TUNING_CONFIG_VAR, raising=False)
+    monkeypatch.setattr(ep_tune, "Sweep", _FakeSweep)
+    _FakeSweep.built = []
+    args = ep_tune.argparse.Namespace(kinds=["IntraNode"], world=8, tokens=[128, 4096], warps=[4, 8, 16],
+                                      min_blocks=8, reps=3, tables=str(tmp_path))  # fmt: skip
+    grid, limits, skipped = ep_tune.sweep_grid(args, "IntraNode", args.tokens)
+    assert not skipped and limits[("combine", 8)] == 16
+    # dispatch: blocks 8 16 32 64 66 (4 warps), 8 16 32 33 (8), 8 16 (16); combine: 8 16 32 33, 8 16, 8
+    assert len(grid) == 2 * 2 * (5 + 4 + 2) + 2 * 2 * (4 + 2 + 1)
+    ep_tune.write_tables(ep_tune.best_rules(grid), tmp_path, "h200", 8)
+    picks = ep_tune.auto_picks(args, "IntraNode", "h200", [128, 4096], limits)
+    # Dispatch: 64 x 4, 32 x 8 and 16 x 16 reach the peak (256 warps): the fewest blocks win. Combine: 33 x 4
+    # (132 warps, 154.7 GB/s) is the best, and 32 x 4 (150.0) is 3.03 % below it: not within the margin.
+    assert picks[("dispatch", "bf16", 128, None)] == (16, 16)
+    assert picks[("combine", "bf16", 4096, True)] == (33, 4)
+    autos, skipped = ep_tune.measure_picks(args, "IntraNode", picks)
+    ratios = ep_tune.check_ratios(grid, autos)
+    assert len(ratios) == 8 and all(r["ratio"] == pytest.approx(1.0) for r in ratios)
+    assert {k for k, _, _ in _FakeSweep.built} == {"IntraNode"} and {t for _, _, t in _FakeSweep.built} == {4096}
+
+
+def test_budget_leaves_keys_unmeasured(monkeypatch):
+    monkeypatch.setattr(ep_tune, "Sweep", _FakeSweep)
+    args = ep_tune.argparse.Namespace(kinds=["AsyncLL"], world=8, tokens=[128], warps=[8], min_blocks=8, reps=3)
+    grid, _, skipped = ep_tune.sweep_grid(args, "AsyncLL", [128], deadline=0.0)
+    assert grid == [] and skipped == {("AsyncLL", "dispatch", "bf16", 128, None),
+                                      ("AsyncLL", "dispatch", "fp8_e4m3fn", 128, None),
+                                      ("AsyncLL", "combine", "bf16", 128, False)}  # fmt: skip
