@@ -69,6 +69,18 @@ def gpu_model_name(device_name: str) -> str:
     return model
 
 
+def device_gpu_model(device=None) -> str | None:
+    """The model of torch's current (or given) GPU for the tuning file names: ``gpu_model_name`` of its
+    device name, or None when the name holds no model (then any model's table of the arch is used, MORI's
+    fallback)."""
+    import torch
+
+    try:
+        return gpu_model_name(torch.cuda.get_device_name(device))
+    except ValueError:
+        return None
+
+
 def _tuning_dtype(dtype) -> str | None:
     """MORI's name of one of our token dtypes (or a MORI name itself); None for ours without one."""
     if dtype in MORI_DTYPES:

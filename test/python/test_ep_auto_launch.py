@@ -303,3 +303,15 @@ def test_config_of_the_tests_is_the_tuners():
     cfg = _config()
     assert isinstance(cfg, EpDispatchCombineConfig) and cfg.kernel_type == EpDispatchCombineKernelType.IntraNode
     assert (cfg.world_size, cfg.hidden_dim, cfg.num_experts_per_token, cfg.use_external_inp_buf) == (8, 7168, 8, True)
+
+
+def test_device_gpu_model_from_torch(monkeypatch):
+    import types
+
+    from mori_compiler.ops.auto_launch import device_gpu_model
+
+    names = {None: "NVIDIA H200", 1: "NVIDIA"}
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(get_device_name=lambda device=None: names[device]))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert device_gpu_model() == "h200"
+    assert device_gpu_model(1) is None  # no model in the name: any model's table of the arch (MORI's fallback)
