@@ -219,8 +219,8 @@ class AutoLaunch:
     # ---- per call -------------------------------------------------------------------------------------
     def geometry(self, leg: str, dtype: str, tokens: int, *, hidden: int | None = None, zero_copy: bool | None = None,
                  quant_type: str | None = None) -> LaunchGeometry:  # fmt: skip
-        """The geometry of a call: ``leg`` dispatch or combine, the token ``dtype`` (ours, e.g. bf16,
-        fp8_e4m3fn, or MORI's name), ``tokens`` this PE's tokens of the call (for combine: those its
+        """The geometry of a call: ``leg`` dispatch or combine, the token ``dtype`` (this project's name, e.g.
+        bf16, fp8_e4m3fn), ``tokens`` this PE's tokens of the call (for combine: those its
         dispatch sent), ``hidden`` the call's row width (default the config's), for combine ``zero_copy``
         (default: the op's form, see combine_forms) and ``quant_type`` (default the config's)."""
         key = (leg, dtype, tokens, hidden, zero_copy, quant_type)
@@ -241,7 +241,7 @@ class AutoLaunch:
         c = self.config
         if leg not in LEGS:
             raise ValueError(f"AUTO launch: leg {leg!r} is not one of {', '.join(LEGS)}")
-        if dtype not in self._leg_dtypes(leg) and dtype not in MORI_DTYPES:
+        if dtype not in self._leg_dtypes(leg):
             raise ValueError(f"AUTO launch: {leg} dtype {dtype!r} is not one this op's kernels take; allowed: "
                              f"{', '.join(self._leg_dtypes(leg))}")  # fmt: skip
         if not _is_int(tokens) or tokens < 0:
