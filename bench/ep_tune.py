@@ -20,7 +20,8 @@ higher bandwidth kept per key). A correctness gate (identity experts: combine = 
 for token counts <= 512.
 
 --check re-measures, at 128 and 4096 tokens, every grid geometry and the one AUTO picks from the tables
-(mori_compiler/ops/auto_launch.py), and prints auto / best per leg, dtype and form (the goal: >= 0.95).
+(mori_compiler/ops/auto_launch.py), and prints auto / best per leg, dtype and form (the goal: >= 0.95);
+with --via-op the AUTO side is the op itself in AUTO mode over those tables (no geometry passed).
 
     python bench/ep_tune.py --precompile .bundles                  # where the compiler is (CPU)
     (the same --kinds/--world/--tokens/--warps for all three: the ops are sized for the largest token count)
@@ -34,6 +35,7 @@ on the CPU (test/python/test_ep_tune_script.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -217,17 +219,34 @@ def precompile(cache_root, args) -> None:
             print(kind, f"{w} warps", b.path, flush=True)
 
 
+@contextlib.contextmanager
+def _environ(values: dict):
+    """``os.environ`` with ``values`` set, restored afterwards."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class Sweep:
     """Times legs of one op (one kernel type and warp count) at a token count; owns the op."""
 
-    def __init__(self, kind: str, world: int, max_tokens: int, warps: int, reps: int):
+    def __init__(self, kind: str, world: int, max_tokens: int, warps: int, reps: int, environ=None):
         from mori_compiler.ops import EpDispatchCombineOp
         from mori_compiler.ops.auto_launch import coresident_blocks, leg_kernel_names
         from mori_compiler.targets import get_target
 
         self.kind, self.world, self.warps, self.reps = kind, world, warps, reps
         self.cfg = make_config(kind, world, max_tokens, warps)
-        self.op = EpDispatchCombineOp(self.cfg, target=TARGET, asyncll=asyncll_mode() if kind == "AsyncLL" else None)
+        with _environ(environ or {}):  # the op reads its launch mode and tables when it is built
+            self.op = EpDispatchCombineOp(self.cfg, target=TARGET,
+                                          asyncll=asyncll_mode() if kind == "AsyncLL" else None)  # fmt: skip
         threads = warps * get_target(TARGET).wave_size
         self.limit = {leg: coresident_blocks(self.op.kernels, leg_kernel_names(self.cfg, leg), threads, world)
                       for leg in ("dispatch", "combine")}  # fmt: skip
@@ -364,9 +383,12 @@ def sweep_grid(args, kind: str, token_list, deadline=None):
     return points, limits, skipped
 
 
-def measure_picks(args, kind: str, picks: dict, deadline=None):
+def measure_picks(args, kind: str, picks: dict, deadline=None, tables=()):
     """Measure the geometries AUTO picked, ``picks[(leg, dtype, tokens, zero_copy)] = (blocks, warps)``,
-    one op per warp count; returns (points, skipped keys)."""
+    one op per warp count; returns (points, skipped keys). ``args.via_op``: instead, the op itself in AUTO
+    mode over ``tables`` (MORI_EP_TUNING_CONFIG), called without a geometry (the points keep AUTO's pick)."""
+    if getattr(args, "via_op", False):
+        return _measure_via_op(args, kind, picks, deadline, tables)
     points, skipped = [], set()
     for w in sorted({w for _, w in picks.values()}):
         s = Sweep(kind, args.world, max(args.tokens), w, args.reps)
@@ -385,6 +407,29 @@ def measure_picks(args, kind: str, picks: dict, deadline=None):
     return points, skipped
 
 
+def _measure_via_op(args, kind: str, picks: dict, deadline, tables):
+    from mori_compiler.ops.tuning import LAUNCH_MODE_VAR, TUNING_CONFIG_VAR
+
+    if not tables:
+        raise ValueError(f"--via-op: no {kind} table in {args.tables} to give the op")
+    environ = {LAUNCH_MODE_VAR: "AUTO", TUNING_CONFIG_VAR: os.pathsep.join(map(str, tables))}
+    points, skipped = [], set()
+    s = Sweep(kind, args.world, max(args.tokens), args.warps[0], args.reps, environ)
+    try:
+        for t in sorted({key[2] for key in picks}):
+            s.prepare(t)
+            for (leg, dtype, tokens, z), (b, w) in sorted(picks.items(), key=repr):
+                if tokens != t:
+                    continue
+                if deadline is not None and time.monotonic() > deadline:
+                    skipped.add((kind, leg, dtype, t, z))
+                    continue
+                points.append(s.measure(leg, dtype, z, -1, gate=t <= 512)._replace(blocks=b, warps=w))
+    finally:
+        s.close()
+    return points, skipped
+
+
 def limit_of(args, kind: str, limits: dict):
     """``max_blocks(leg, warps)`` for AutoLaunch.bind_coresidency: the limits the grid sweep saw, and for
     another warp count (the fallback's, the config's) the limit of an op built for it."""
@@ -399,9 +444,9 @@ def limit_of(args, kind: str, limits: dict):
     return max_blocks
 
 
-def auto_picks(args, kind: str, model: str, token_list, limits: dict) -> dict:
+def auto_picks(args, kind: str, model: str, token_list, limits: dict) -> tuple[dict, list]:
     """AUTO's geometry (blocks, warps) of every measured key of ``kind``, from the tables in --tables: the
-    op's lookup (AutoLaunch), bound to this GPU's co-residency limits."""
+    op's lookup (AutoLaunch), bound to this GPU's co-residency limits; and the tables' paths."""
     from mori_compiler.ops.auto_launch import AutoLaunch
 
     cfg = make_config(kind, args.world, max(args.tokens), args.warps[0])  # as warp_plan's (the bundles built)
@@ -413,7 +458,7 @@ def auto_picks(args, kind: str, model: str, token_list, limits: dict) -> dict:
         for t in token_list:
             g = auto.geometry(leg, dtype, t, zero_copy=z) if leg == "combine" else auto.geometry(leg, dtype, t)
             picks[(leg, dtype, t, z)] = (g.block_num, g.warp_per_block)
-    return picks
+    return picks, [t.path for t in auto.tables.values() if t is not None]
 
 
 def main(argv=None) -> int:
@@ -433,6 +478,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=240.0,
                     help="stop measuring after this many seconds (what is left is listed, not written)")
     ap.add_argument("--check", action="store_true", help="measure AUTO's picks against the grid at 128 and 4096")
+    ap.add_argument("--via-op", action="store_true",
+                    help="--check: measure AUTO through the op in AUTO mode (one op, no geometry passed), not "
+                         "through its lookup with MANUAL ops")  # fmt: skip
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the device-time estimate only")
     ap.add_argument("--json")
     ap.add_argument("--precompile", metavar="CACHE_DIR")
@@ -448,6 +496,8 @@ def main(argv=None) -> int:
             raise ValueError("--tokens and --warps take positive integers")
         if not 2 <= args.world <= 32 or args.reps < 1 or args.min_blocks < 1 or not 0 <= args.tolerance < 1:
             raise ValueError("--world must be in [2, 32], --reps and --min-blocks >= 1, --tolerance in [0, 1)")
+        if args.via_op and not args.check:
+            raise ValueError("--via-op measures AUTO's picks: it needs --check")
     except ValueError as exc:
         print(f"ep_tune: {exc}", file=sys.stderr)
         return 1
@@ -494,8 +544,8 @@ def main(argv=None) -> int:
             grid += pts
             skipped |= skip
             if args.check:
-                picks = auto_picks(args, kind, model, token_list, limits)
-                pts, skip = measure_picks(args, kind, picks, deadline=start + args.budget_s)
+                picks, tables = auto_picks(args, kind, model, token_list, limits)
+                pts, skip = measure_picks(args, kind, picks, deadline=start + args.budget_s, tables=tables)
                 autos += pts
                 skipped |= skip
     finally:

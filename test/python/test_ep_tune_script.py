@@ -154,6 +154,11 @@ def test_cli_refuses_bad_options(args, message):
     assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr
 
 
+def test_cli_refuses_via_op_without_check():
+    r = _cli("--dry-run", "--via-op")
+    assert r.returncode == 1 and "--via-op measures AUTO's picks: it needs --check" in r.stderr
+
+
 def test_cli_refuses_auto_mode():
     r = _cli("--dry-run", env={tuning.LAUNCH_MODE_VAR: "auto"})
     assert r.returncode == 1 and "MORI_EP_LAUNCH_CONFIG_MODE=AUTO would override the swept geometry" in r.stderr
@@ -166,15 +171,23 @@ class _FakeSweep:
     LIMITS = {4: 66, 8: 33, 16: 16}
     built = []
 
-    def __init__(self, kind, world, max_tokens, warps, reps):
+    environ = []
+
+    def __init__(self, kind, world, max_tokens, warps, reps, environ=None):
         self.kind, self.warps = kind, warps
+        if environ is not None:
+            self.environ.append(environ)
         self.limit = {"dispatch": self.LIMITS[warps], "combine": self.LIMITS[warps] // 2}
         self.built.append((kind, warps, max_tokens))
 
     def prepare(self, tokens):
         self.tokens = tokens
 
+    given = set()
+
     def measure(self, leg, dtype, zero_copy, blocks, gate):
+        self.given.add(blocks)
+        blocks = max(blocks, 1)
         total = blocks * self.warps
         gbps = 300.0 * min(total, 256) / 256 - 0.1 * max(0, total - 256) - (20 if zero_copy is False else 0)
         return Point(self.kind, leg, dtype, self.tokens, zero_copy, blocks, self.warps, 1e3 / gbps, gbps)
@@ -194,7 +207,9 @@ def test_sweep_tables_and_check_end_to_end(tmp_path, monkeypatch):
     # dispatch: blocks 8 16 32 64 66 (4 warps), 8 16 32 33 (8), 8 16 (16); combine: 8 16 32 33, 8 16, 8
     assert len(grid) == 2 * 2 * (5 + 4 + 2) + 2 * 2 * (4 + 2 + 1)
     ep_tune.write_tables(ep_tune.best_rules(grid), tmp_path, "h200", 8)
-    picks = ep_tune.auto_picks(args, "IntraNode", "h200", [128, 4096], limits)
+    picks, tables = ep_tune.auto_picks(args, "IntraNode", "h200", [128, 4096], limits)
+    assert sorted(p.name for p in tables) == ["sm_90_h200_IntraNode_ep8_combine.json",
+                                              "sm_90_h200_IntraNode_ep8_dispatch.json"]  # fmt: skip
     # Dispatch: 64 x 4, 32 x 8 and 16 x 16 reach the peak (256 warps): the fewest blocks win. Combine: 33 x 4
     # (132 warps, 154.7 GB/s) is the best, and 32 x 4 (150.0) is 3.03 % below it: not within the margin.
     assert picks[("dispatch", "bf16", 128, None)] == (16, 16)
@@ -203,6 +218,17 @@ def test_sweep_tables_and_check_end_to_end(tmp_path, monkeypatch):
     ratios = ep_tune.check_ratios(grid, autos)
     assert len(ratios) == 8 and all(r["ratio"] == pytest.approx(1.0) for r in ratios)
     assert {k for k, _, _ in _FakeSweep.built} == {"IntraNode"} and {t for _, _, t in _FakeSweep.built} == {4096}
+    # --via-op: one op, built in AUTO mode over those tables, called without a geometry
+    _FakeSweep.built, _FakeSweep.environ, _FakeSweep.given = [], [], set()
+    args.via_op = True
+    autos, _ = ep_tune.measure_picks(args, "IntraNode", picks, tables=tables)
+    assert len(_FakeSweep.built) == 1 and _FakeSweep.given == {-1}  # the op chose each call's geometry
+    assert {(p.leg, p.dtype, p.tokens, p.zero_copy): (p.blocks, p.warps) for p in autos} == picks
+    (environ,) = _FakeSweep.environ
+    assert environ[tuning.LAUNCH_MODE_VAR] == "AUTO" and sorted(environ[tuning.TUNING_CONFIG_VAR].split(":")) == sorted(
+        str(p) for p in tables)  # fmt: skip
+    with pytest.raises(ValueError, match="--via-op: no IntraNode table in"):
+        ep_tune.measure_picks(args, "IntraNode", picks, tables=[])
 
 
 def test_budget_leaves_keys_unmeasured(monkeypatch):
