@@ -437,3 +437,26 @@ def test_write_refuses_a_table_that_would_not_load(tmp_path):
     assert existing.read_text() == "{not json"  # an unreadable table is reported, never overwritten
     with pytest.raises(TuningTableError, match="gpu_model must name the GPU model"):
         tuning.write_tuning_table(tmp_path, "sm_90", None, "IntraNode", 8, "dispatch", [])
+
+
+def test_shipped_tables_load_and_run():
+    """Every shipped file is the README or a table named after its header whose rules an op of its kind and
+    EP size accepts (mori_compiler/ops/auto_launch.py checks them against the config when an op is built)."""
+    from mori_compiler.ops.auto_launch import AutoLaunch
+    from mori_compiler.ops.config import EpDispatchCombineConfig
+
+    names = sorted(p.name for p in tuning.SHIPPED_DIR.iterdir())
+    assert "README.md" in names
+    for name in names:
+        if name == "README.md":
+            continue
+        table = load_tuning_table(tuning.SHIPPED_DIR / name)
+        assert name == tuning.file_name(table.gpu_arch, table.gpu_model, table.kernel_type, table.ep_size, table.phase)
+        ep = table.ep_size
+        cfg = EpDispatchCombineConfig(data_type="bf16", rank=0, world_size=ep, hidden_dim=7168, scale_dim=0,
+                                      scale_type_size=0, max_token_type_size=2, max_num_inp_token_per_rank=4096,
+                                      num_experts_per_rank=max(1, 256 // ep), num_experts_per_token=8,
+                                      use_external_inp_buf=True, kernel_type=table.kernel_type,
+                                      gpu_per_node=min(8, ep))  # fmt: skip
+        auto = AutoLaunch(cfg, table.gpu_arch, table.gpu_model)
+        assert auto.tables[table.phase].path == tuning.SHIPPED_DIR / name
