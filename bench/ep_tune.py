@@ -38,7 +38,6 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import sys
 import time
 from collections import namedtuple

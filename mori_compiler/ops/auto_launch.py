@@ -15,12 +15,12 @@ Here the warps per block are compiled into the kernels (one bundle per warp coun
 * ``bind_coresidency(max_blocks)``: once the bundles are loaded, the largest grid per PE whose blocks are
   all resident at once (the kernels' grid barriers need that; ``coresident_blocks`` asks the driver).
 
-Every rule of the tables is checked at construction against the config's limits (``config_problems``
-of the config with the rule's geometry: block and warp ranges, IntraNodeLL's two warps, the inter-node
-grid rules) and, once bound, every rule the op can reach against co-residency: a rule that cannot run is a ``TuningTableError`` naming
-the file and the rule, never a launch. The fallback is MORI's guess, not a measurement: it is clamped to
-what fits (a grid of at most the co-resident blocks; V0's grid a multiple of world_size; the RDMA share
-scaled with it).
+Every rule of the tables is checked at construction against the config's limits (``config_problems`` of
+the config with the rule's geometry: block and warp ranges, IntraNodeLL's two warps, the inter-node grid
+rules) and, once bound, every rule the op can reach against co-residency: a rule that cannot run is a
+``TuningTableError`` naming the file and the rule, never a launch. The fallback is MORI's guess, not a
+measurement: it is clamped to what fits (a grid of at most the co-resident blocks; V0's grid a multiple of
+world_size; the RDMA share scaled with it).
 """
 
 from __future__ import annotations
