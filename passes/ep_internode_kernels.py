@@ -348,7 +348,8 @@ def _forward_records(f: KernelFrame, topo: Topology, inputs: TokenInputs, par: i
             fwd_row = b.gep(p.pfwd, b.muli(kept, b.const_i64(cfg.top_k)), b.i32)
             accept = lambda pe: b.cmpi("eq", b.divui(pe, topo.b_hop_size), topo.my_hop)  # noqa: E731
             route = route_token(f, b.index_cast(b.index, q), rinputs, reserve=reserve,
-                                ids=b.gep(record, rec.ids, b.i8), fwd_row=fwd_row, accept=accept)  # fmt: skip
+                                ids=b.gep(record, rec.ids, b.i8), fwd_row=fwd_row, accept=accept,
+                                count_invalid=False)  # (the source counted them)  # fmt: skip
             wv = b.if_else(f.is_k, [b.f32], lambda: [b.load(b.f32, b.gep(b.gep(record, rec.weights, b.i8), f.lane,
                            b.f32))], lambda: [b.const_f32(0.0)])[0]  # fmt: skip
             source = TokenSource(b.const_i64(0), record, wv)

@@ -16,6 +16,12 @@ The protocols (docs/ep-protocols.md, IntraNode), with who writes, who waits, the
   (round r - 1 is complete, and no peer starts round r + 1 before our round-r count reaches it, which is
   after the clear and a release fence). The round counter is incremented on the device at the end, so
   CUDA-graph replay is correct.
+* dispatch replay (a routing handle, ``routing`` not null): every slot comes from the handle's recorded
+  forward map instead of ``reserve_slot`` (no atomics); everything else is the dispatch above (the same
+  stores, ``dest_ctr`` counts and handshake), so the outputs equal the recorded dispatch's. The slot
+  counter of the round is left untouched (it was cleared one round before, and the next round clears
+  it again); a replay is collective: every PE replays a handle of the same recorded round (a PE that
+  reserved while another replays would collide with the replayed slots).
 * combine, pull (zero-copy): the expert outputs are already in the registered symmetric buffer
   (``reg_x``); weights are copied next to them (``reg_w``); ``device_barrier`` (release/acquire across
   PEs); each warp sums, per token, the K source rows read directly from the peers (``accumulate_rows``,
@@ -48,8 +54,9 @@ def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation |
     inputs = token_inputs(f)
     rnd = dispatch_round(f)
     n_x = b.index_cast(b.index, f.params.n)
+    replay = f.present(f.params.routing)
     with b.for_(f.gw, n_x, f.nw) as t_x:
-        route = route_token(f, t_x, inputs, reserve=reserve_on_peer(rnd.slot_ctr))
+        route = route_token(f, t_x, inputs, reserve=_replay_or_reserve(f, t_x, replay, rnd.slot_ctr))
         source = token_source(f, route, inputs)
         dbase = b.const_i32(0)  # IntraNode: a destination's rows start at 0
         send_row_to_peers(f, route, source, inputs, dbase)
@@ -57,6 +64,27 @@ def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation |
     dispatch_completion(f, rnd)
     b.gpu_return()
     return f.func
+
+
+def _replay_or_reserve(f: KernelFrame, t_x: ir.Value, replay: ir.Value, slot_ctr: ir.Value):
+    """The reservation of token ``t_x``'s destination ``pe`` (on the representative lanes): with a routing
+    handle (``routing`` not null), the slot the recorded dispatch got, read from the handle's forward
+    code of (t, lane) -- no atomic; a null code (the recorded send overflowed) or one of another PE (a
+    handle of other indices) gives R, past the capacity, so the send is dropped and counted as then.
+    Without one, ``reserve_on_peer``."""
+    b = f.b
+    reserve = reserve_on_peer(slot_ctr)
+
+    def take(f_: KernelFrame, pe: ir.Value) -> ir.Value:
+        def recorded():
+            t = b.index_cast(b.i32, t_x)
+            code = b.load(b.i32, b.gep(f.params.routing, b.addi(b.muli(t, f.K), f.lane), b.i32))
+            mine = b.cmpi("eq", b.divui(code, f.R), pe)  # (NULL = W * R decodes to W: never a destination)
+            return [b.select(mine, b.remui(code, f.R), f.R)]
+
+        return b.if_else(replay, [b.i32], recorded, lambda: [reserve(f_, pe)])[0]
+
+    return take
 
 
 def _combine_constants(f: KernelFrame) -> tuple[ir.Value, ir.Value]:
