@@ -265,9 +265,11 @@ def test_a_handle_of_another_op_config_or_token_count_is_refused_before_any_laun
     short = [tensor(np.zeros((n, K)), "int32") for n in (3, 5, 0, 3)]
     with pytest.raises(ValueError, match=r"indices\[3\] has 3 tokens but the last dispatch sent 4"):
         op.combine(ys, None, short, routing=handle)
+    _, other_ids = _dispatch(other)
+    before = len(launched(other))
     with pytest.raises(ValueError, match=r"combine: the routing handle was recorded by another EpDispatchCombineOp"):
-        _dispatch(other)
-        other.combine(ys, None, [i for i in _dispatch(other)[1]], routing=handle)
+        other.combine(ys, None, other_ids, routing=handle)
+    assert len(launched(other)) == before and FAKE_TORCH.syncs == []
     with pytest.raises(ValueError, match="routing must be an EpDispatchRoutingHandle .* got str"):
         _dispatch(op, routing="h")
 
