@@ -249,6 +249,7 @@ def test_a_handle_of_another_op_config_or_token_count_is_refused_before_any_laun
     # (two more ops on the same fake heap)
     other = EpDispatchCombineOp(config("IntraNode", gpu_per_node=8), target="gfx942")
     bigger = EpDispatchCombineOp(config("IntraNode", gpu_per_node=8, hidden_dim=2 * H), target="gfx942")
+    FAKE_TORCH.syncs.clear()  # (their construction synchronizes)
     for target, ns, message in (
         (other, NS, r"dispatch: the routing handle was recorded by another EpDispatchCombineOp \(op #\d+, this is op #\d+\)"),
         (bigger, NS, r"dispatch: the routing handle was recorded with config.hidden_dim=32, this op has "
