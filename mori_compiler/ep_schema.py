@@ -469,10 +469,13 @@ _DISPATCH = _TOKENS_IN + (
     _b("grid_ctr", "dispatch_grid"), _b("round_ctr"), _b("fwd"), _b("dest_ctr"), _b("total"), _b("status"),
 )  # fmt: skip
 
-# IntraNode's routing replay (docs/ep-protocols.md, "Routing handle"): a [n, K] i32 forward map recorded by an
+# The routing replay (IntraNode, InterNodeV1; docs/ep-protocols.md §17): a [n, K] i32 forward map recorded by an
 # earlier dispatch (a routing handle's copy of ``fwd``), whose slots this dispatch takes instead of
 # reserving them; 0 (null): reserve as usual.
 _ROUTING = Param("routing")
+# InterNodeV1's replay also takes the slots of the records this PE forwarded as a proxy: a recorded copy of
+# ``i_pfwd`` ([hops][chunk_rows][K] i32); null with ``routing``.
+_ROUTING_PFWD = Param("routing_pfwd")
 
 KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
     KernelSignature("dispatch", _DISPATCH + (_ROUTING,), "IntraNode dispatch: one warp per token", "dispatch", "dispatch",
@@ -514,7 +517,7 @@ KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
         _RDMA_BLOCKS, _b("out_x"), _b("out_w"), _b("out_s"), _b("out_idx"), _b("src_pos"), _b("slot_ctrs"),
         _b("signals"), _b("grid_ctr", "dispatch_grid"), _b("round_ctr"), _b("fwd"), _b("dest_ctr"), _b("total"),
         _b("status"), _b("stage", "i_stage"), _b("land", "i_land"), _b("flag", "i_flag"), _b("smap", "i_smap"),
-        _b("pfwd", "i_pfwd"), _b("traffic"),
+        _b("pfwd", "i_pfwd"), _b("traffic"), _ROUTING, _ROUTING_PFWD,
     ), "inter-node dispatch, step 2: chunked sends to the targets, receive-and-forward, same-node rows",
         "internode_dispatch", "dispatch", _INTER),
     KernelSignature("inter_combine", (

@@ -43,7 +43,7 @@ from mori_compiler._mlir import ir
 from mori_compiler.dialects import mori_comm, mori_shmem
 
 from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, dispatch_completion, dispatch_round,
-                              open_kernel, reduce_tokens, reserve_on_peer, return_rows, route_token,
+                              open_kernel, reduce_tokens, replay_or_reserve, reserve_on_peer, return_rows, route_token,
                               send_row_to_peers, send_to_destinations, token_inputs, token_source)  # fmt: skip
 
 
@@ -56,7 +56,8 @@ def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation |
     n_x = b.index_cast(b.index, f.params.n)
     replay = f.present(f.params.routing)
     with b.for_(f.gw, n_x, f.nw) as t_x:
-        route = route_token(f, t_x, inputs, reserve=_replay_or_reserve(f, t_x, replay, rnd.slot_ctr))
+        recorded = lambda: b.gep(f.params.routing, b.addi(b.muli(b.index_cast(b.i32, t_x), f.K), f.lane), b.i32)  # noqa: E731
+        route = route_token(f, t_x, inputs, reserve=replay_or_reserve(f, replay, recorded, reserve_on_peer(rnd.slot_ctr)))
         source = token_source(f, route, inputs)
         dbase = b.const_i32(0)  # IntraNode: a destination's rows start at 0
         send_row_to_peers(f, route, source, inputs, dbase)
@@ -64,27 +65,6 @@ def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation |
     dispatch_completion(f, rnd)
     b.gpu_return()
     return f.func
-
-
-def _replay_or_reserve(f: KernelFrame, t_x: ir.Value, replay: ir.Value, slot_ctr: ir.Value):
-    """The reservation of token ``t_x``'s destination ``pe`` (on the representative lanes): with a routing
-    handle (``routing`` not null), the slot the recorded dispatch got, read from the handle's forward
-    code of (t, lane) -- no atomic; a null code (the recorded send overflowed) or one of another PE (a
-    handle of other indices) gives R, past the capacity, so the send is dropped and counted as then.
-    Without one, ``reserve_on_peer``."""
-    b = f.b
-    reserve = reserve_on_peer(slot_ctr)
-
-    def take(f_: KernelFrame, pe: ir.Value) -> ir.Value:
-        def recorded():
-            t = b.index_cast(b.i32, t_x)
-            code = b.load(b.i32, b.gep(f.params.routing, b.addi(b.muli(t, f.K), f.lane), b.i32))
-            mine = b.cmpi("eq", b.divui(code, f.R), pe)  # (NULL = W * R decodes to W: never a destination)
-            return [b.select(mine, b.remui(code, f.R), f.R)]
-
-        return b.if_else(replay, [b.i32], recorded, lambda: [reserve(f_, pe)])[0]
-
-    return take
 
 
 def _combine_constants(f: KernelFrame) -> tuple[ir.Value, ir.Value]:

@@ -16,6 +16,8 @@ later code uses, as a small named tuple):
   whether weights / scales are given.
 * ``dispatch_round(f) -> DispatchRound``: the round parity, the slot counter of this round, and the
   clearing of the other one (the IntraNode / IntraNodeLL double buffering).
+* ``replay_or_reserve(f, replay, recorded, reserve)``: a reservation that replays a routing handle's
+  recorded slots (no atomics) when ``replay`` holds.
 * ``route_token(f, token, inputs, reserve=..., capacity=, count_dest=) -> Route``: one token's
   destinations (dedup per PE, slot reservation, overflow and invalid-id counts, forward map); ``reserve(f, pe) -> slot``
   builds the reservation, ``reserve_on_peer(slot_ctr)`` is the remote one.
@@ -329,6 +331,26 @@ class Route(NamedTuple):
 def reserve_on_peer(slot_ctr: ir.Value) -> Callable[[KernelFrame, ir.Value], ir.Value]:
     """The remote reservation: ``mori_comm.reserve_slot`` on PE pe's ``slot_ctr`` (relaxed, system scope)."""
     return lambda f, pe: mori_comm.reserve_slot(slot_ctr, pe, **f.b.at())
+
+
+def replay_or_reserve(f: KernelFrame, replay: ir.Value, recorded: Callable[[], ir.Value],
+                      reserve: Callable[[KernelFrame, ir.Value], ir.Value]) -> Callable[[KernelFrame, ir.Value], ir.Value]:  # fmt: skip
+    """A reservation for ``route_token`` that replays a routing handle when ``replay`` (i1) holds: the slot
+    the recorded dispatch got, decoded from the recorded forward code at ``recorded()`` (this lane's
+    address, built only on that path), with no atomic; a null code (the recorded send overflowed) or one
+    naming another PE gives R, past the capacity, so the send is dropped and counted as then. Otherwise
+    ``reserve``."""
+    b = f.b
+
+    def take(f_: KernelFrame, pe: ir.Value) -> ir.Value:
+        def from_handle():
+            code = b.load(b.i32, recorded())
+            mine = b.cmpi("eq", b.divui(code, f.R), pe)  # (NULL = W * R decodes to W: never a destination)
+            return [b.select(mine, b.remui(code, f.R), f.R)]
+
+        return b.if_else(replay, [b.i32], from_handle, lambda: [reserve(f_, pe)])[0]
+
+    return take
 
 
 def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,

@@ -12,7 +12,7 @@ on them instead (a host synchronization per call: the debugging mode, not the se
 Features (docs/ep-protocols.md): ``call_local_expert_count=True`` fills ``local_expert_count`` (int32
 [Er] per PE, the received (token, k) pairs whose expert is local) on the stream, every kernel type;
 ``return_routing=True`` / ``routing=h`` record and replay a dispatch's slot assignment
-(ops/routing_handle.py; IntraNode).
+(ops/routing_handle.py; IntraNode and InterNodeV1).
 
 Two ways to run, chosen by how shmem was initialized (mori_compiler.runtime.shmem):
 
@@ -287,7 +287,7 @@ class EpDispatchCombineOp:
                  return_routing: bool = False):  # fmt: skip
         """Send every token to the PEs of its experts. Returns (out, out_weights, out_scales, out_indices,
         total_recv) per PE (a tuple, or a list of tuples with virtual PEs); with ``return_routing=True`` a
-        sixth element, the EpDispatchRoutingHandle recording this dispatch's slots (IntraNode), which
+        sixth element, the EpDispatchRoutingHandle recording this dispatch's slots (IntraNode, InterNodeV1), which
         ``routing=`` replays (no slot atomics; collective: every PE replays the same recorded round).
         ``call_local_expert_count=True``: ``local_expert_count`` is refilled after the dispatch, on the
         stream. AsyncLL: send, then receive. Inter-node types: ``rdma_block_num`` blocks (see
@@ -301,15 +301,15 @@ class EpDispatchCombineOp:
         self._routing_refusal(routing, return_routing, "dispatch")
         dtype, tokens, results, (launches, blocks, rdma) = self._dispatch_inputs(
             input, weights, scales, indices, block_num, rdma_block_num, warp_per_block, routing)  # fmt: skip
+        replay = [{"routing": 0}] * self.n_local if routing is None else routing.kernel_arguments()
         if self.is_internode:
             rdma_blocks = internode_rdma_blocks(self.config, blocks, rdma)
             launches.launch("inter_stage", dtype, tokens, blocks)
-            launches.launch("inter_dispatch", dtype, [(pe, {**args, "rdma_blocks": rdma_blocks})
-                                                      for pe, args in tokens], blocks)  # fmt: skip
+            launches.launch("inter_dispatch", dtype, [(pe, {**args, "rdma_blocks": rdma_blocks, "routing_pfwd": 0, **r})
+                                                      for (pe, args), r in zip(tokens, replay)], blocks)  # fmt: skip
         elif self.kernel_type == KernelType.IntraNode:
-            replay = [0] * self.n_local if routing is None else [f.data_ptr() for f in routing.fwd]
-            launches.launch(self._dispatch_family, dtype, [(pe, {**args, "routing": r})
-                                                           for (pe, args), r in zip(tokens, replay)], blocks)  # fmt: skip
+            launches.launch(self._dispatch_family, dtype, [(pe, {**args, **r}) for (pe, args), r in zip(tokens, replay)],
+                            blocks)  # fmt: skip
         else:
             launches.launch(self._dispatch_family, dtype, tokens, blocks)
         self._after_dispatch(call_local_expert_count)
@@ -327,10 +327,7 @@ class EpDispatchCombineOp:
         if not isinstance(return_routing, bool):
             raise ValueError(f"{what}: return_routing must be a bool, got {return_routing!r}")
         field = "routing" if routing is not None else "return_routing"
-        if self.kernel_type == KernelType.InterNodeV1:
-            raise ValueError(f"{what}: {field}= is not implemented for InterNodeV1 by mori_compiler (MORI offers the "
-                             "routing handle for IntraNode and InterNodeV1; here: IntraNode only)")  # fmt: skip
-        if self.kernel_type != KernelType.IntraNode:
+        if self.kernel_type not in (KernelType.IntraNode, KernelType.InterNodeV1):
             raise ValueError(f"{what}: {field}= is not offered for the {self.kernel_type.name} kernel type (MORI's "
                              "routing handle exists for IntraNode and InterNodeV1 only)")  # fmt: skip
         if routing is not None and not isinstance(routing, EpDispatchRoutingHandle):
@@ -345,7 +342,27 @@ class EpDispatchCombineOp:
         K = self.config.num_experts_per_token
         fwd = [self._view("fwd", pe, (n * K,), torch.int32).clone() for pe, n in zip(self._pes(), ns)]
         total = [self._view("total", pe, (1,), torch.int32).clone() for pe in self._pes()]
-        return EpDispatchRoutingHandle(self.op_id, self.config, self._pes(), ns, fwd, total)
+        pfwd = [self._proxy_forward_map(pe).clone() for pe in self._pes()] if self.is_internode else None
+        return EpDispatchRoutingHandle(self.op_id, self.config, self._pes(), ns, fwd, total, pfwd)
+
+    def _proxy_forward_map(self, pe: int):
+        """InterNodeV1: PE pe's forward map of the records it forwarded as a proxy (``i_pfwd``, all of it)."""
+        import torch
+
+        s = self.sizes
+        return self._view("i_pfwd", pe, (s.hops * s.chunk_rows * s.top_k,), torch.int32)
+
+    def _use_routing(self, routing, ns: list[int]) -> None:
+        """combine(routing=h): the handle checked against the call, then its forward maps copied into the
+        op's (``fwd``; InterNodeV1 also ``i_pfwd``) on the stream, before the combine kernels."""
+        import torch
+
+        routing.check(self.op_id, self.config, self._pes(), ns, "combine")
+        K = self.config.num_experts_per_token
+        for i, (pe, fwd, n) in enumerate(zip(self._pes(), routing.fwd, routing.n)):
+            _copy_rows(fwd, self._view("fwd", pe, (n * K,), torch.int32))
+            if routing.pfwd is not None:
+                _copy_rows(routing.pfwd[i], self._proxy_forward_map(pe))
 
     def _after_dispatch(self, call_local_expert_count) -> None:
         """What follows a complete dispatch on the stream: the local expert count when asked, the debug
@@ -528,7 +545,7 @@ class EpDispatchCombineOp:
                 routing=None):  # fmt: skip
         """Sum each token's rows back from its destination PEs. Returns (out [M, H], out_weights [M, K] or
         None) per PE. AsyncLL: send, then receive. Inter-node types: see _internode_combine. ``routing``
-        (IntraNode): a routing handle whose forward map the combine uses (copied into the op's on the
+        (IntraNode, InterNodeV1): a routing handle whose forward maps the combine uses (copied into the op's on the
         stream first); the rows are those the last dispatch laid out, which must be the handle's recorded
         dispatch or a replay of it."""
         self._routing_refusal(routing, False, "combine")
@@ -538,7 +555,7 @@ class EpDispatchCombineOp:
             self.combine_recv(block_num, warp_per_block)
             return results
         if self.is_internode:
-            return self._internode_combine(input, weights, indices, block_num, rdma_block_num, warp_per_block)
+            return self._internode_combine(input, weights, indices, block_num, rdma_block_num, warp_per_block, routing)
         c = self.config
         external = c.use_external_inp_buf if use_external_inp_buf in (-1, None) else bool(use_external_inp_buf)
         if external and not c.use_external_inp_buf:
@@ -547,12 +564,7 @@ class EpDispatchCombineOp:
         dtype, rows, results, (launches, blocks, _) = self._combine_inputs(
             input, weights, indices, block_num, rdma_block_num, warp_per_block, zero_copy=not external)  # fmt: skip
         if routing is not None:
-            import torch
-
-            routing.check(self.op_id, self.config, self._pes(), [n for _, (_, _, n, _, _) in rows], "combine")
-            K = c.num_experts_per_token
-            for pe, fwd, n in zip(self._pes(), routing.fwd, routing.n):
-                _copy_rows(fwd, self._view("fwd", pe, (n * K,), torch.int32))
+            self._use_routing(routing, [n for _, (_, _, n, _, _) in rows])
         calls = []
         for pe, (y, w, n, hidden, out_w) in rows:
             if external:
@@ -563,7 +575,7 @@ class EpDispatchCombineOp:
         launches.launch(combine_family(zero_copy=not external), dtype, calls, blocks)
         return results if self.virtual else results[0]
 
-    def _internode_combine(self, input, weights, indices, block_num, rdma_block_num, warp_per_block):
+    def _internode_combine(self, input, weights, indices, block_num, rdma_block_num, warp_per_block, routing=None):
         """The inter-node combine: the input rows and weights copied into the registered buffers (torch
         copies on the current stream; none where the input already is the registered buffer), then
         ``inter_combine`` and ``inter_combine_all``. Both forms of ``use_external_inp_buf`` are accepted:
@@ -575,6 +587,8 @@ class EpDispatchCombineOp:
                                                                               rdma_block_num, warp_per_block)
         rdma_blocks = internode_rdma_blocks(self.config, blocks, rdma)
         R, K = self.config.max_recv, self.config.num_experts_per_token
+        if routing is not None:
+            self._use_routing(routing, [n for _, (_, _, n, _, _) in rows])
         ws = self._per_pe(weights, "weights")
         combine_calls, sum_calls = [], []
         for i, (pe, (y, _, n, hidden, out_w)) in enumerate(rows):

@@ -2,14 +2,14 @@
 
 ``dispatch(..., return_routing=True)`` returns one as the sixth result: caller-owned copies (torch clones
 on the stream, no host synchronization) of each PE's forward map ``fwd`` (``[n * K]`` int32, the codes
-``pe * R + slot`` or null that the dispatch's reservations produced) and received count, with the token
-count of each PE, the op that recorded it and that op's configuration. ``dispatch(..., routing=h)``
+``pe * R + slot`` or null that the dispatch's reservations produced) and received count (InterNodeV1: also
+its proxy forward map ``i_pfwd``, the slots of the records it forwarded), with the token count of each PE, the op that recorded it and that op's configuration. ``dispatch(..., routing=h)``
 replays it: the kernel takes every destination slot from the handle instead of reserving one (no
 atomics), so with the same inputs its outputs (rows, weights, scales, ids, source positions, counts) are
 those of the recorded dispatch; ``combine(..., routing=h)`` takes its forward map from the handle. A
 handle is refused (a ValueError naming the field, before any launch) by an op of another configuration,
-by another op, or for a call with another token count. Kernel types: IntraNode (MORI also offers it for
-InterNodeV1, which this compiler refuses; docs/ep-protocols.md, "Routing handle").
+by another op, or for a call with another token count. Kernel types: IntraNode and InterNodeV1, as MORI's
+(docs/ep-protocols.md §17).
 """
 
 from __future__ import annotations
@@ -28,13 +28,21 @@ def new_op_id() -> int:
 class EpDispatchRoutingHandle:
     """A recorded dispatch routing (see the module docstring). ``fwd`` and ``total``: per local PE (one
     with a process per PE, W with virtual PEs), the forward map ``[n * K]`` and received count ``[1]``
-    (int32 device tensors owned by the handle); ``n``: each PE's token count; ``pes``: the PEs."""
+    (int32 device tensors owned by the handle); ``n``: each PE's token count; ``pes``: the PEs; ``pfwd``
+    (InterNodeV1, else None): per PE the forward map of the records it forwarded as a proxy (``i_pfwd``)."""
 
-    __slots__ = ("op_id", "config", "pes", "n", "fwd", "total")
+    __slots__ = ("op_id", "config", "pes", "n", "fwd", "total", "pfwd")
 
-    def __init__(self, op_id: int, config, pes: list[int], n: list[int], fwd: list, total: list):
+    def __init__(self, op_id: int, config, pes: list[int], n: list[int], fwd: list, total: list, pfwd=None):
         self.op_id, self.config, self.pes = op_id, config, tuple(pes)
         self.n, self.fwd, self.total = tuple(n), tuple(fwd), tuple(total)
+        self.pfwd = None if pfwd is None else tuple(pfwd)
+
+    def kernel_arguments(self) -> list[dict]:
+        """Per PE, the dispatch kernel's replay arguments: ``routing`` (the recorded forward map) and, for
+        InterNodeV1, ``routing_pfwd`` (the recorded proxy forward map)."""
+        return [{"routing": f.data_ptr(), **({} if self.pfwd is None else {"routing_pfwd": p.data_ptr()})}
+                for f, p in zip(self.fwd, self.pfwd or self.fwd)]  # fmt: skip
 
     def __repr__(self) -> str:
         return f"EpDispatchRoutingHandle(op #{self.op_id}, PEs {list(self.pes)}, n {list(self.n)})"

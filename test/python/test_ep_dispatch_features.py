@@ -281,8 +281,6 @@ def test_a_handle_of_another_op_config_or_token_count_is_refused_before_any_laun
     ("IntraNodeLL", "is not offered for the IntraNodeLL kernel type"),
     ("InterNodeV1LL", "is not offered for the InterNodeV1LL kernel type"),
     ("InterNode", "is not offered for the InterNode kernel type"),
-    ("InterNodeV1", "is not implemented for InterNodeV1 by mori_compiler (MORI offers the routing handle for "
-                    "IntraNode and InterNodeV1; here: IntraNode only)"),
 ])  # fmt: skip
 def test_the_routing_handle_is_refused_clearly_where_it_is_not_offered(fakes, kind, message):
     op, _ = fakes(config(kind, **({} if kind.startswith("InterNode") else {"gpu_per_node": 8})))
@@ -296,3 +294,30 @@ def test_the_routing_handle_is_refused_clearly_where_it_is_not_offered(fakes, ki
     with pytest.raises(ValueError) as info:
         op.combine([tensor(np.ones((2, H)), "bfloat16") for _ in range(W)], None, ids, routing=object())
     assert f"combine: routing= {message}" in str(info.value) and len(launched(op)) == before
+
+
+def test_internode_v1_records_and_replays_both_forward_maps(fakes):
+    """InterNodeV1: the handle also holds each PE's proxy forward map (i_pfwd, the slots of the records it
+    forwarded); a replay passes both to ep_inter_dispatch, and the combine copies both back."""
+    op, _ = fakes(config("InterNodeV1"))
+    FAKE_TORCH.syncs.clear()  # (the construction synchronizes once)
+    s = op.sizes
+    size = s.hops * s.chunk_rows * s.top_k
+    for pe in range(W):
+        op.buffers.view("i_pfwd", pe, (size,), FAKE_TORCH.int32).a[...] = np.arange(size) + 1000 * pe
+    handle, _, ids, codes = _recorded(op)
+    assert handle.pfwd is not None and FAKE_TORCH.syncs == []
+    assert [p.a.tolist() for p in handle.pfwd] == [(np.arange(size) + 1000 * pe).tolist() for pe in range(W)]
+    assert [a["routing"] + a["routing_pfwd"] for a in launched(op)[-1][1]] == [0] * W
+    _dispatch(op, routing=handle)
+    (stage, _), (name, replay) = launched(op)[-2:]
+    assert stage == "ep_inter_stage_bf16" and name == "ep_inter_dispatch_bf16"
+    assert [(a["routing"], a["routing_pfwd"]) for a in replay] == [(f.data_ptr(), p.data_ptr())
+                                                                    for f, p in zip(handle.fwd, handle.pfwd)]
+    for pe in range(W):  # the combine's copies restore both maps
+        op.buffers.view("i_pfwd", pe, (size,), FAKE_TORCH.int32).a[...] = -1
+    op.combine([tensor(np.ones((3, H)), "bfloat16") for _ in range(W)], None, ids, routing=handle)
+    for pe in range(W):
+        assert op.buffers.view("i_pfwd", pe, (size,), FAKE_TORCH.int32).a.tolist() == handle.pfwd[pe].a.tolist()
+        assert op.buffers.view("fwd", pe, (NS[pe] * K,), FAKE_TORCH.int32).a.tolist() == codes[pe].tolist()
+    assert [name for name, _ in launched(op)[-2:]] == ["ep_inter_combine_bf16", "ep_inter_combine_all_bf16"]

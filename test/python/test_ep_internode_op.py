@@ -242,7 +242,8 @@ def test_dispatch_launches_stage_then_dispatch(fakes, kind):
         tokens = {"x": xs[pe].data_ptr(), "w": ws[pe].data_ptr(), "s": 0, "idx": ids[pe].data_ptr(),
                   "n": xs[pe].shape[0], "hidden": H}  # fmt: skip
         assert stage[pe] == tokens | buffer_arguments(op, "inter_stage", pe)
-        assert send[pe] == tokens | {"rdma_blocks": BLOCKS // 2} | buffer_arguments(op, "inter_dispatch", pe)
+        assert send[pe] == (tokens | {"rdma_blocks": BLOCKS // 2, "routing": 0, "routing_pfwd": 0}  # (no routing handle)
+                            | buffer_arguments(op, "inter_dispatch", pe))  # fmt: skip
     # The outputs are IntraNode's: views of the receive buffers, [R, H] rows in the input dtype.
     R = op.config.max_recv
     out_x, out_w, out_s, out_idx, total = results[1]

@@ -18,12 +18,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from test_ep_gpu import _bits, _config, _shape, _to_torch, run_round  # noqa: E402
+from mori_compiler.ops import reference as ref  # noqa: E402  (NumPy only)
+from test_ep_gpu import _bits, _config, _shape, _to_torch  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 PES = (2, 3, 4, 8)
 KINDS = ("IntraNode", "IntraNodeLL", "AsyncLL", "InterNodeV1")
+ROUTING_KINDS = ("IntraNode", "InterNodeV1")  # the kernel types with a routing handle (MORI's)
 HIDDEN, M, ER, K = 2048, 32, 4, 4
 
 
@@ -77,8 +79,6 @@ def _inputs(op, seed: int, routing: str = "sentinel", bad=None):
     """Per PE: tokens (bf16), weights, ids (torch) and their NumPy forms; ``bad``: {pe: [(t, k, id)]} ids
     written over the routing (invalid ones)."""
     import torch
-
-    from mori_compiler.ops import reference as ref
 
     c = op.config
     shape = _shape(c)
@@ -150,12 +150,37 @@ def _assert_same(got, want, what):
             assert np.array_equal(a, b), f"{what}: PE {p} {name} differs from the recorded dispatch"
 
 
-def test_routing_replay_is_bit_exact_and_combines_with_the_handle(pes):
+def _check_combine(op, res, ns, x_f32, idx_np, shape):
+    for p in range(op.config.world_size):
+        got = res[p][0][: ns[p]].float().cpu().numpy()
+        if op.is_internode:  # two roundings (node partials, then their sum)
+            ref.check_hierarchical_combine(got, x_f32[p], idx_np[p], shape, "bf16", rank=p)
+        else:
+            ref.check_combine(got, x_f32[p], idx_np[p], shape, "bf16", rank=p)
+
+
+def _checked_dispatch(op, seed: int):
+    """A normal dispatch of fresh inputs, checked against the dispatch oracle (rows through src_pos)."""
     import torch
 
-    from mori_compiler.ops import reference as ref
+    shape = _shape(op.config)
+    ns, xs, ws, idxs, idx_np, _, w_np = _inputs(op, seed)
+    _poison(op)
+    outs = op.dispatch(xs, ws, None, idxs)
+    torch.cuda.synchronize()
+    src = op.get_dispatch_src_token_pos()
+    expected = ref.expected_recv_rows([_bits(x) for x in xs], w_np, None, idx_np, shape)
+    for p, (out_x, out_w, _, out_idx, total) in enumerate(outs):
+        tot = int(total.item())
+        ref.check_dispatch(p, _bits(out_x[:tot]), out_w[:tot].cpu().numpy(), None, out_idx[:tot].cpu().numpy(),
+                             src[p].cpu().numpy(), tot, expected[p], shape)  # fmt: skip
 
-    op = _op(pes, "IntraNode")
+
+@pytest.mark.parametrize("kind", ROUTING_KINDS)
+def test_routing_replay_is_bit_exact_and_combines_with_the_handle(pes, kind):
+    import torch
+
+    op = _op(pes, kind)
     shape = _shape(op.config)
     try:
         ns, xs, ws, idxs, idx_np, x_f32, _ = _inputs(op, 11)
@@ -165,7 +190,7 @@ def test_routing_replay_is_bit_exact_and_combines_with_the_handle(pes):
         recorded = _snapshot(op, [o[:5] for o in outs])
         fwd = [f.cpu().numpy().copy() for f in handle.fwd]
         # Other dispatches in between (other routing, other counts): the handle is the caller's copy.
-        run_round(op, shape, routing="random", counts="random", dtype="bf16", combine_dtype="bf16", seed=5)
+        _checked_dispatch(op, 5)
         for _ in range(2):  # twice in a row: both round parities replay
             _poison(op)
             replay = op.dispatch(xs, ws, None, idxs, routing=handle)
@@ -173,15 +198,15 @@ def test_routing_replay_is_bit_exact_and_combines_with_the_handle(pes):
             for p in range(pes):
                 now = op.buffers.view("fwd", p, (ns[p] * K,), torch.int32).cpu().numpy()
                 assert np.array_equal(now, fwd[p]), f"PE {p}: the replay's forward map differs from the handle's"
-        # The combine with the handle (identity expert): U * x per token.
+        # Another dispatch, then the combine with the handle (identity expert): U * x per token.
         ys = [replay[p][0][: recorded[p][0]].clone() for p in range(pes)]
+        op.dispatch(xs, ws, None, idxs, routing=handle)
         res = op.combine(ys, None, idxs, routing=handle)
         torch.cuda.synchronize()
-        for p in range(pes):
-            ref.check_combine(res[p][0][: ns[p]].float().cpu().numpy(), x_f32[p], idx_np[p], shape, "bf16", rank=p)
+        _check_combine(op, res, ns, x_f32, idx_np, shape)
         # The counters are ready for normal dispatches after a replay.
         for seed in (6, 7):
-            run_round(op, shape, routing="sentinel", counts="random", dtype="bf16", combine_dtype="bf16", seed=seed)
+            _checked_dispatch(op, seed)
     finally:
         op.close()
 
@@ -189,8 +214,6 @@ def test_routing_replay_is_bit_exact_and_combines_with_the_handle(pes):
 @pytest.mark.parametrize("kind", KINDS)
 def test_invalid_ids_are_counted_and_the_valid_rows_stay_exact(pes, kind):
     import torch
-
-    from mori_compiler.ops import reference as ref
 
     op = _op(pes, kind)
     shape = _shape(op.config)
@@ -215,8 +238,7 @@ def test_invalid_ids_are_counted_and_the_valid_rows_stay_exact(pes, kind):
         ys = [outs[p][0][: int(outs[p][4].item())].clone() for p in range(pes)]
         res = op.combine(ys, None, idxs)
         torch.cuda.synchronize()
-        for p in range(pes):
-            ref.check_combine(res[p][0][: ns[p]].float().cpu().numpy(), x_f32[p], idx_np[p], shape, "bf16", rank=p)
+        _check_combine(op, res, ns, x_f32, idx_np, shape)
         # Cumulative: a clean dispatch adds nothing.
         ns, xs, ws, idxs, *_ = _inputs(op, 22)
         op.dispatch(xs, ws, None, idxs)
@@ -238,10 +260,11 @@ def test_the_debug_mode_raises_naming_the_pe(pes):
         op.close()
 
 
-def test_graph_capture_of_a_counted_dispatch_and_of_a_replay(pes):
+@pytest.mark.parametrize("kind", ROUTING_KINDS)
+def test_graph_capture_of_a_counted_dispatch_and_of_a_replay(pes, kind):
     import torch
 
-    op = _op(pes, "IntraNode")
+    op = _op(pes, kind)
     shape = _shape(op.config)
     try:
         ns, xs, ws, idxs, idx_np, _, _ = _inputs(op, 41)
