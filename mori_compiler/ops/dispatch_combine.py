@@ -104,7 +104,7 @@ class EpDispatchCombineOp:
 
     ``validate``: expert ids are always checked on the device (the kernels count and drop the invalid
     ones: ``dispatch_status()``). ``True`` (default) and ``False``: no host synchronization on any call.
-    ``"debug"``: after each dispatch (AsyncLL: each send) the host synchronizes and raises a ValueError
+    ``"debug"``: after each dispatch (AsyncLL: each receive) the host synchronizes and raises a ValueError
     naming the PE and the count of invalid ids it sent; this costs one host synchronization per dispatch
     (the stream drains, so the launch of the next call no longer overlaps the kernels) and it refuses
     CUDA-graph capture.
@@ -517,8 +517,6 @@ class EpDispatchCombineOp:
             input, weights, scales, indices, block_num, rdma_block_num, warp_per_block)  # fmt: skip
         launches.launch("async_dispatch_send", dtype, tokens, blocks)
         self._phases.after_send("dispatch")
-        if self.validate == "debug":  # (the send kernel counts the invalid ids)
-            self._debug_check()
         # What the receive launch takes from its send: dtype, hidden and, in AUTO mode, the geometry.
         self._pending["dispatch"] = (dtype, tokens[0][1]["hidden"], launches, blocks)
         return results if self.virtual else results[0]
@@ -536,8 +534,7 @@ class EpDispatchCombineOp:
         calls = [(pe, {"hidden": hidden}) for pe in self._pes()]
         launches.launch("async_dispatch_recv", dtype, calls, blocks)
         self._phases.after_recv("dispatch")
-        if call_local_expert_count:
-            self._count_local_experts()
+        self._after_dispatch(call_local_expert_count)  # (the exchange is whole: a debug error leaves none pending)
 
     # ---- combine -----------------------------------------------------------------------------------
     def combine(self, input, weights, indices, block_num: int = -1, rdma_block_num: int = -1,
