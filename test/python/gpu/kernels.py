@@ -261,6 +261,7 @@ def precompile_all(cache_root) -> list:
     """Every bundle the GPU tests load."""
     import test_ep_dispatch_features_gpu
     import test_ep_gpu
+    import test_ep_hidden_gpu
     import test_ep_internode_gpu
     import test_ep_ll_gpu
     import test_ep_multigpu
@@ -270,6 +271,7 @@ def precompile_all(cache_root) -> list:
     return (bundles + ep_bundles(cache_root, list(test_ep_gpu.all_configs()))
             + ep_bundles(cache_root, list(test_ep_ll_gpu.all_configs()))
             + ep_bundles(cache_root, list(test_ep_internode_gpu.all_configs()))
+            + ep_bundles(cache_root, list(test_ep_hidden_gpu.all_configs()))
             + ep_bundles(cache_root, list(test_ep_dispatch_features_gpu.all_configs()))
             + ep_bundles(cache_root, multi, virtual_pes=False))  # fmt: skip
 
