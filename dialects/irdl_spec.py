@@ -149,8 +149,10 @@ def _check_values(what: str, fields: tuple[Field, ...], types: list[str]) -> lis
     return errors
 
 
-def check_op(op: ir.Operation, spec: OpSpec) -> list[str]:
-    """All constraint violations of ``op`` against ``spec``, as messages without location."""
+def check_op(op: ir.Operation, spec: OpSpec, optional: tuple[str, ...] = ()) -> list[str]:
+    """All constraint violations of ``op`` against ``spec``, as messages without location. ``optional``:
+    attributes the op may carry besides its IRDL ones (IRDL has no optional attributes; the dialect's
+    ``extra_verify`` checks their values)."""
     errors = _check_values("operand", spec.operands, [str(v.type) for v in op.operands])
     errors += _check_values("result", spec.results, [str(r.type) for r in op.results])
     present = {n: str(op.attributes[n]) for n in op.attributes}
@@ -160,8 +162,8 @@ def check_op(op: ir.Operation, spec: OpSpec) -> list[str]:
         elif not constraint.accepts(present[name]):
             errors.append(f"attribute '{name}' must be {constraint.describe()}, got {present[name]}")
     for name in present:
-        if name not in spec.attributes:
-            allowed = ", ".join(f"'{n}'" for n in spec.attributes) or "none"
+        if name not in spec.attributes and name not in optional:
+            allowed = ", ".join(f"'{n}'" for n in (*spec.attributes, *optional)) or "none"
             errors.append(f"unknown attribute '{name}' (allowed: {allowed})")
     if op.regions and len(op.regions):
         errors.append("must not have regions")

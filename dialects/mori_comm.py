@@ -19,10 +19,10 @@ count_signal      a warp exchanges counts with every PE, with flow      ``__mori
 grid_barrier      all blocks of this PE's grid meet                     ``__mori_comm_grid_barrier``
 device_barrier    block b of every PE meets block b of every other PE   ``__mori_comm_device_barrier_w{W}``
 accumulate_rows   a warp sums K rows in fp32                            ``__mori_comm_accumulate_rows_{dtype}_k{K}``
-quantize_row      a warp writes a bf16 row to a peer as a wire row      ``__mori_comm_quantize_row_{format}_s{S}``
+quantize_row      a warp writes a bf16 row to a peer as a wire row      ``__mori_comm_quantize_row_{E}_s{S}``
                   (fp8 / fp4, blockwise scales)
 accumulate_       a warp sums K wire rows in fp32 into a bf16 row       ``__mori_comm_accumulate_quantized_rows_``
-quantized_rows                                                          ``{format}_s{S}_k{K}``
+quantized_rows                                                          ``{E}_s{S}_k{K}``
 node_pe           the PE of this node with a given local rank (pure)    ``__mori_comm_node_pe_g{G}``
 node_count_signal count_signal among the G PEs of this PE's node        ``__mori_comm_count_signal_w{W}_g{G}``
 node_device_      device_barrier among the G PEs of this PE's node      ``__mori_comm_device_barrier_w{W}_g{G}``
@@ -214,7 +214,8 @@ def quantize_row(dest, source, elems, pe, *, format: str, scale_blocks: int, loc
     Who: a warp (identical operands); ``elems`` a multiple of 8 (16-byte bf16 vectors). Order: plain
     stores to the peer's mapped memory, published like row_copy's by the caller's release fence.
 
-    Helper: ``__mori_comm_quantize_row_{format}_s{S}`` (``mori_shmem_ptr``); the lowering's ``chip`` option
+    Helper: ``__mori_comm_quantize_row_{E}_s{S}`` (E: the element type, e4m3fn, e4m3fnuz or e2m1;
+    ``mori_shmem_ptr``); the lowering's ``chip`` option
     picks the conversion instructions and must run the format (gfx942: FNUZ; gfx950, gfx1250, sm_90:
     OCP; fp4: gfx950 and sm_90).
     """
@@ -236,7 +237,7 @@ def accumulate_quantized_rows(out, first, count, elems, sources, *, format: str,
     Who: a warp, lane-strided 8-element units. Order: none of its own: the caller has acquired the
     sources (e.g. after a device_barrier). A row of zeros is a valid source of zeros (scale[0] = 0).
 
-    Helper: ``__mori_comm_accumulate_quantized_rows_{format}_s{S}_k{K}`` (no ABI call).
+    Helper: ``__mori_comm_accumulate_quantized_rows_{E}_s{S}_k{K}`` (no ABI call).
     """
     attrs = {"format": ir.StringAttr.get(format), "scale_blocks": _i64(scale_blocks)}
     return _create("accumulate_quantized_rows", [out, first, count, elems, *sources], attrs, loc=loc, ip=ip)

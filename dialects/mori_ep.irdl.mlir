@@ -10,6 +10,9 @@
 //   AsyncLL notification mode, resolved once per op (mori_compiler/ops/asyncll.py): early_notify (the send
 //   posts each payload's ready notification right after it) and fused_recv (the receive waits fold into
 //   the copy passes; needs early_notify), each 0 or 1.
+// The bf16 combines (combine, combine_send, combine_recv) may carry the wire quantization of their rows
+// in two optional attributes (IRDL has none: declared in dialects/mori_ep.py): quant (none,
+// fp8_direct_cast, fp8_blockwise, fp4_blockwise) and scale_blocks (the blockwise scales per row, else 0).
 // Config attributes are integers or strings; dialects/mori_ep.py checks their ranges and relations.
 // Semantics of each op: docs/ep-protocols.md.
 // (Each attribute has its own irdl.any: IRDL unifies uses of one constraint value.)

@@ -27,6 +27,11 @@ The inter-node ops also carry ``gpu_per_node`` (G, a power of two dividing world
 PEs one send target serves: G for V1/V1LL's rail proxy, 1 for V0), ``send_all`` (1 for V1LL: every token
 to every remote node) and ``num_qp`` (queue pairs per peer, in [1, MAX_QP]).
 
+The combines of QUANT_OPS may carry the wire quantization of their bf16 rows, two optional attributes
+(absent: no quantization, so that every other config's text, the bundle key's input, is unchanged):
+``quant`` (wire_quant.QUANT_TYPES) and ``scale_blocks`` (>= 1 exactly when blockwise); a quantizing combine
+is bf16 and not zero-copy.
+
 The AsyncLL halves carry the notification mode as ``early_notify``/``fused_recv`` (0 or 1, fused needs
 early). ``ep_op`` builds an EP op from Python values (ops/bundle.py builds a config's module with it).
 The dtypes and the limits that size device structures come from the EP schema
@@ -35,7 +40,7 @@ The dtypes and the limits that size device structures come from the EP schema
 
 from __future__ import annotations
 
-from mori_compiler import ep_schema
+from mori_compiler import ep_schema, wire_quant
 from mori_compiler.targets import MAX_BLOCK_THREADS
 from mori_compiler._mlir import ir
 
@@ -55,6 +60,8 @@ HALF_OPS = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")  #
 INTERNODE_OPS = ("internode_stage", "internode_dispatch", "internode_combine", "internode_combine_all")
 COMBINE_OPS = ("combine", "combine_send", "combine_recv", "internode_combine", "internode_combine_all")
 EP_OPS = ("dispatch", "combine", "dispatch_ll") + HALF_OPS + INTERNODE_OPS
+QUANT_OPS = ("combine", "combine_send", "combine_recv")  # the combines with a wire quantization
+QUANT_ATTRIBUTES = ("quant", "scale_blocks")  # optional: absent means quant "none" (the text of every other config unchanged)
 MAX_QP = ep_schema.MAX_QP_PER_PE
 
 
@@ -85,9 +92,11 @@ def extra_verify(op: ir.Operation) -> list[str]:
     short = name.split(".", 1)[1]
     ints, strs = int_attributes(op), string_attributes(op)
     rules = OpRules(op)
-    if rules.non_integer(op, ints):
+    if rules.non_integer(op, ints, ("dtype", "quant")):
         return rules.errors
     need = rules.need
+    if short in QUANT_OPS:
+        _quant_rules(short, ints, strs, need)
 
     if "world_size" in ints:
         need(1 <= ints["world_size"] <= MAX_WORLD_SIZE, f"attribute 'world_size' must be in [1, {MAX_WORLD_SIZE}], "
@@ -146,6 +155,32 @@ def extra_verify(op: ir.Operation) -> list[str]:
     return rules.errors
 
 
+def _quant_rules(short: str, ints: dict, strs: dict, need) -> None:
+    """The combine's wire quantization: a known quant type, of the bf16 combine only, not zero-copy, with
+    scale blocks exactly when blockwise."""
+    if "quant" not in strs and "quant" not in ints and "scale_blocks" not in ints:
+        return  # no wire quantization
+    quant = strs.get("quant")
+    if quant not in wire_quant.QUANT_TYPES:
+        need(False, f"attribute 'quant' must be one of {', '.join(map(repr, wire_quant.QUANT_TYPES))}, got {quant!r}")
+        return
+    blocks = ints.get("scale_blocks")
+    if blocks is None:
+        need(False, f"attribute 'quant' {quant!r} needs the attribute 'scale_blocks' (0, or the blockwise scale blocks)")
+        return
+    if quant in wire_quant.BLOCKWISE_QUANT_TYPES:
+        need(1 <= blocks <= ep_schema.MAX_HIDDEN_DIM, f"attribute 'scale_blocks' must be in [1, "
+             f"{ep_schema.MAX_HIDDEN_DIM}] for quant {quant!r}, got {blocks}")  # fmt: skip
+    else:
+        need(blocks == 0, f"attribute 'scale_blocks' must be 0 for quant {quant!r} (no block scales), got {blocks}")
+    if quant == "none":
+        return
+    need(strs.get("dtype") == wire_quant.QUANT_COMBINE_DTYPE, f"attribute 'quant' {quant!r} needs dtype "
+         f"'{wire_quant.QUANT_COMBINE_DTYPE}' (only the bf16 combine is quantized), got {strs.get('dtype')!r}")  # fmt: skip
+    need(ints.get("zero_copy", 0) == 0, f"attribute 'quant' {quant!r} needs zero_copy = 0 (rows are quantized as they "
+         "are pushed; the zero-copy combine reads them in place)")  # fmt: skip
+
+
 def _internode_rules(ints: dict, need) -> None:
     """The topology attributes of an inter-node op: G a power of two dividing world_size, hop_size G or 1,
     send_all 0 or 1 (only with hop_size G: V1LL), num_qp in [1, MAX_QP]."""
@@ -163,5 +198,6 @@ def _internode_rules(ints: dict, need) -> None:
         need(1 <= qp <= MAX_QP, f"attribute 'num_qp' must be in [1, {MAX_QP}], got {qp}")
 
 
-DIALECT = Dialect("mori_ep", "mori_ep.irdl.mlir", extra_verify)
+DIALECT = Dialect("mori_ep", "mori_ep.irdl.mlir", extra_verify,
+                  optional_attributes={op: QUANT_ATTRIBUTES for op in QUANT_OPS})
 DIALECT_NAME = DIALECT.name

@@ -1,6 +1,6 @@
 """The wire-quantization helpers of ``mori-comm-to-calls``: quantize_row and accumulate_quantized_rows.
 
-A wire row (layout: ``ep_schema.wire_*``; formats and reader rules: ops/quant_reference.py, which these
+A wire row (layout: ``mori_compiler.wire_quant``; formats and reader rules: ops/quant_reference.py, which these
 helpers reproduce bit for bit where the hardware allows, see below) is written by one warp from a local
 bf16 row and summed, K rows at a time, by one warp into a bf16 row. Both work in units of 8 elements
 (one 16-byte bf16 vector): a unit is 8 fp8 bytes or 4 fp4 bytes of payload.
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mori_compiler import ep_schema
+from mori_compiler import wire_quant
 from mori_compiler._mlir import ir
 from mori_compiler.dialects import mori_shmem
 from mori_compiler.dialects.builder import Builder
@@ -36,7 +36,7 @@ from .helper_functions import Helper
 
 _CMPF = {"oeq": 1, "ogt": 2, "oge": 3, "olt": 4}
 _FP4_UP = ((0.25, "ogt"), (0.75, "oge"), (1.25, "ogt"), (1.75, "oge"), (2.5, "ogt"), (3.5, "oge"), (5.0, "ogt"))
-UNIT = ep_schema.WIRE_ELEMS_PER_UNIT  # elements per unit (a 16-byte bf16 vector)
+UNIT = wire_quant.WIRE_ELEMS_PER_UNIT  # elements per unit (a 16-byte bf16 vector)
 
 
 # ---- small f32 / vector operations (generic ops: the typed builder has the integer ones) -----------------
@@ -106,6 +106,11 @@ class WireCodec:
     format: str
 
     @property
+    def tag(self) -> str:
+        """The format in helper symbols: its element type (e4m3fn, e4m3fnuz, e2m1)."""
+        return self.format.rpartition("_")[2]
+
+    @property
     def nvptx(self) -> bool:
         return self.chip.startswith("sm_")
 
@@ -115,7 +120,7 @@ class WireCodec:
 
     @property
     def qmax(self) -> float:
-        return ep_schema.FP4_WIRE_MAX if self.is_fp4 else ep_schema.FP8_WIRE_MAX[self.format]
+        return wire_quant.FP4_WIRE_MAX if self.is_fp4 else wire_quant.FP8_WIRE_MAX[self.format]
 
     def unit_bytes(self) -> int:
         return UNIT // 2 if self.is_fp4 else UNIT
@@ -219,7 +224,7 @@ class WireCodec:
         return self.fp8_decode4(b, _extract(b, pair, 0, b.i32)) + self.fp8_decode4(b, _extract(b, pair, 1, b.i32))
 
 
-# ---- row geometry (the runtime twin of ep_schema.wire_*) -------------------------------------------------
+# ---- row geometry (the runtime twin of wire_quant.wire_*) -------------------------------------------------
 
 
 def _scale_offset(b: Builder, codec: WireCodec, elems) -> ir.Value:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mori_compiler import ep_schema
+from mori_compiler import wire_quant
 from mori_compiler._mlir import ir, nested_ops
 from mori_compiler.dialects import mori_shmem
 from mori_compiler.dialects.builder import Builder, generated_location, new_function
@@ -641,29 +641,29 @@ def _wire_codec(op: ir.Operation, p: "MoriCommToCalls") -> tuple[comm_quant.Wire
     if not p.chip:
         raise MoriCompilerError(f"'{op.name}' needs the pass option chip (the target, e.g. chip=sm_90): the wire "
                                 f"conversions are the target's instructions", op.location)  # fmt: skip
-    if p.chip not in ep_schema.WIRE_FP8_OF_TARGET:
+    if p.chip not in wire_quant.WIRE_FP8_OF_TARGET:
         raise MoriCompilerError(f"pass 'mori-comm-to-calls' option chip={p.chip!r} is not a known target (allowed: "
-                                f"{', '.join(ep_schema.WIRE_FP8_OF_TARGET)})", op.location)  # fmt: skip
+                                f"{', '.join(wire_quant.WIRE_FP8_OF_TARGET)})", op.location)  # fmt: skip
     if fmt == "fp4_e2m1":
-        if p.chip not in ep_schema.FP4_TARGETS:
+        if p.chip not in wire_quant.FP4_TARGETS:
             raise MoriCompilerError(f"'{op.name}' attribute 'format' fp4_e2m1 is not supported on {p.chip} (fp4 wire "
-                                    f"rows: {', '.join(ep_schema.FP4_TARGETS)})", op.location)  # fmt: skip
-    elif fmt != ep_schema.WIRE_FP8_OF_TARGET[p.chip]:
+                                    f"rows: {', '.join(wire_quant.FP4_TARGETS)})", op.location)  # fmt: skip
+    elif fmt != wire_quant.WIRE_FP8_OF_TARGET[p.chip]:
         raise MoriCompilerError(f"'{op.name}' attribute 'format' {fmt} is not {p.chip}'s fp8 (its conversion "
-                                f"instructions make {ep_schema.WIRE_FP8_OF_TARGET[p.chip]})", op.location)  # fmt: skip
+                                f"instructions make {wire_quant.WIRE_FP8_OF_TARGET[p.chip]})", op.location)  # fmt: skip
     return comm_quant.WireCodec(p.chip, fmt), blocks
 
 
 def _lower_quantize_row(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
     codec, blocks = _wire_codec(op, p)
-    return comm_quant.quantize_row(f"{PREFIX}quantize_row_{codec.format}_s{blocks}", _function, codec, blocks,
+    return comm_quant.quantize_row(f"{PREFIX}quantize_row_{codec.tag}_s{blocks}", _function, codec, blocks,
                                    p.wave_size, p.global_address_space)  # fmt: skip
 
 
 def _lower_accumulate_quantized_rows(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
     codec, blocks = _wire_codec(op, p)
     k = len(op.operands) - 4
-    return comm_quant.accumulate_quantized_rows(f"{PREFIX}accumulate_quantized_rows_{codec.format}_s{blocks}_k{k}",
+    return comm_quant.accumulate_quantized_rows(f"{PREFIX}accumulate_quantized_rows_{codec.tag}_s{blocks}_k{k}",
                                                 _function, codec, blocks, k, p.wave_size,
                                                 p.global_address_space)  # fmt: skip
 

@@ -44,10 +44,10 @@ another order may differ in the last f32 bit before the bf16 output rounding.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from mori_compiler.wire_quant import DEFAULT_COMBINE_SCALE_DIM, FP8_COMBINE_SCALE_DIM_ENV, QUANT_TYPES
+from mori_compiler.ops.config import combine_scale_blocks
 from mori_compiler.ops.reference import canonical_dtype, combine_tolerance, from_bits, quantize, to_bits
 
 __all__ = [
@@ -58,9 +58,7 @@ __all__ = [
     "quantized_combine_bound", "check_quantized_combine",
 ]  # fmt: skip
 
-FP8_COMBINE_SCALE_DIM_ENV = "MORI_FP8_COMBINE_SCALE_DIM"
-DEFAULT_SCALE_DIM = 56
-QUANT_TYPES = ("none", "fp8_direct_cast", "fp8_blockwise", "fp4_blockwise")
+DEFAULT_SCALE_DIM = DEFAULT_COMBINE_SCALE_DIM
 FP8_NAMES = ("fp8_e4m3fn", "fp8_e4m3fnuz")
 FP8_MAX = {"fp8_e4m3fn": 448.0, "fp8_e4m3fnuz": 240.0}
 FP4_MAX = 6.0
@@ -69,17 +67,9 @@ FP4_E2M1_VALUES.flags.writeable = False
 
 
 def fp8_combine_scale_dim() -> int:
-    """``scale_dim`` of the blockwise combines: ``$MORI_FP8_COMBINE_SCALE_DIM`` (an integer >= 1), default 56."""
-    raw = os.environ.get(FP8_COMBINE_SCALE_DIM_ENV)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_SCALE_DIM
-    try:
-        value = int(raw.strip(), 10)
-    except ValueError:
-        raise ValueError(f"{FP8_COMBINE_SCALE_DIM_ENV}={raw!r} is not an integer (expected an integer >= 1)") from None
-    if value < 1:
-        raise ValueError(f"{FP8_COMBINE_SCALE_DIM_ENV}={raw!r} must be >= 1")
-    return value
+    """``scale_dim`` of the blockwise combines: ``$MORI_FP8_COMBINE_SCALE_DIM`` (an integer in [1, 65536]),
+    default 56 (the op's reader, ops/config.py ``combine_scale_blocks``; a bad value is a ValueError)."""
+    return combine_scale_blocks()
 
 
 def _fp8_name(fp8_name) -> str:

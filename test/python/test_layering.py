@@ -28,7 +28,7 @@ PACKAGE_DIRS = {
 }
 LAYERS = ("base", "lib_bitcode", "dialects", "passes", "runtime", "driver")
 BASE_MODULES = {"mori_compiler", "mori_compiler.errors", "mori_compiler.env", "mori_compiler.targets", "mori_compiler.ep_schema",
-                "mori_compiler._mlir"}  # fmt: skip
+                "mori_compiler._mlir", "mori_compiler.wire_quant"}  # fmt: skip
 BARE_TOP_LEVEL = {"dialects", "passes", "runtime", "lib_bitcode"}
 # Third-party packages the layers below the compiler proper must never import.
 HEAVY = ("mlir", "llvmlite")

@@ -11,7 +11,7 @@
 // (Helpers are placed at the top of the module, the latest first.)
 // accumulate_quantized_rows, fp8 blockwise, K = 2: each source's scale[0] sign decides (a warp-uniform
 // scf.if) whether its scales are loaded; 8 fp32 sums per unit, one bf16 rounding, a 16-byte store.
-// CHECK-LABEL: func.func @__mori_comm_accumulate_quantized_rows_fp8_e4m3fn_s56_k2(
+// CHECK-LABEL: func.func @__mori_comm_accumulate_quantized_rows_e4m3fn_s56_k2(
 // CHECK-SAME: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64, %{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr)
 // CHECK: arith.cmpf olt
 // CHECK: arith.cmpf olt
@@ -25,7 +25,7 @@
 // max (xor butterfly of 5 shuffles), the ballot of "any block scaled", the scales stored after the
 // payload (block 0 negated when any was), then warp-uniform rounds of units reading each element's
 // multiplier from its block's owner lane (idx shuffles).
-// CHECK-LABEL: func.func @__mori_comm_quantize_row_fp4_e2m1_s56(
+// CHECK-LABEL: func.func @__mori_comm_quantize_row_e2m1_s56(
 // CHECK: scf.for {{.*}} iter_args
 // CHECK-COUNT-5: gpu.shuffle  xor
 // CHECK: arith.negf
@@ -38,7 +38,7 @@
 // quantize_row, fp8 direct cast (sm_90): the peer row once, lane-strided units of 8 bf16 elements
 // (one 16-byte load), HIP's saturation (clamp to +-448, inf -> NaN), two NVVM conversions per 4 elements
 // (the pair's second value first: the instruction puts its first operand in the upper byte), 8 bytes stored.
-// CHECK-LABEL: func.func @__mori_comm_quantize_row_fp8_e4m3fn_s0(
+// CHECK-LABEL: func.func @__mori_comm_quantize_row_e4m3fn_s0(
 // CHECK: "mori_shmem.ptr"
 // CHECK: scf.for
 // CHECK: llvm.load {{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
@@ -50,18 +50,18 @@
 // CHECK: return
 
 // CHECK-LABEL: gpu.func @k(
-// CHECK: call @__mori_comm_quantize_row_fp8_e4m3fn_s0(
-// CHECK: call @__mori_comm_quantize_row_fp4_e2m1_s56(
-// CHECK: call @__mori_comm_accumulate_quantized_rows_fp8_e4m3fn_s56_k2(
+// CHECK: call @__mori_comm_quantize_row_e4m3fn_s0(
+// CHECK: call @__mori_comm_quantize_row_e2m1_s56(
+// CHECK: call @__mori_comm_accumulate_quantized_rows_e4m3fn_s56_k2(
 // CHECK-NOT: mori_comm.
 
 // AMDGPU (gfx950): the ROCDL conversions, rows addressed as global memory.
-// AMD-LABEL: func.func @__mori_comm_accumulate_quantized_rows_fp8_e4m3fn_s56_k2(
+// AMD-LABEL: func.func @__mori_comm_accumulate_quantized_rows_e4m3fn_s56_k2(
 // AMD: rocdl.cvt.pk.f32.fp8 {{.*}}[false]
 // AMD: rocdl.cvt.pk.f32.fp8 {{.*}}[true]
-// AMD-LABEL: func.func @__mori_comm_quantize_row_fp4_e2m1_s56(
+// AMD-LABEL: func.func @__mori_comm_quantize_row_e2m1_s56(
 // AMD-COUNT-4: rocdl.cvt.scalef32.pk.fp4.f32
-// AMD-LABEL: func.func @__mori_comm_quantize_row_fp8_e4m3fn_s0(
+// AMD-LABEL: func.func @__mori_comm_quantize_row_e4m3fn_s0(
 // AMD: llvm.addrspacecast {{.*}} : !llvm.ptr to !llvm.ptr<1>
 // AMD: rocdl.cvt.pk.fp8.f32 {{.*}}[false]
 // AMD: rocdl.cvt.pk.fp8.f32 {{.*}}[true]
