@@ -51,6 +51,7 @@ import dataclasses
 import struct
 
 from mori_compiler.ep_schema import INTERNODE, TRAFFIC_COUNTERS, combine_family, families
+from mori_compiler.wire_quant import QUANT_COMBINE_DTYPE
 
 from . import standard_moe
 from .bundle import ep_bundle, kernel_module_source, kernel_names, kernel_plan  # noqa: F401 (re-exported)
@@ -342,6 +343,9 @@ class EpDispatchCombineOp:
         if external and not c.use_external_inp_buf:
             raise ValueError("use_external_inp_buf=1 needs the op built with config.use_external_inp_buf=True "
                              "(the push staging buffer)")  # fmt: skip
+        if not external and c.quant_type != "none":  # refused, not silently unquantized
+            raise ValueError(f"config.quant_type {c.quant_type!r} needs the push combine: use_external_inp_buf=0 "
+                             "(zero-copy) reads the rows unquantized")  # fmt: skip
         dtype, rows, results, blocks = self._combine_inputs(input, weights, indices, block_num, warp_per_block)
         calls = []
         for pe, (y, w, n, out_w) in rows:
@@ -396,6 +400,9 @@ class EpDispatchCombineOp:
         for i, pe in enumerate(self._pes()):
             y, w, idx = ys[i], ws[i], ids[i]
             dtype = self._token_dtype(y, f"input[{pe}]", COMBINE_DTYPES, "combine", dtype)
+            if c.quant_type != "none" and dtype != QUANT_COMBINE_DTYPE:
+                raise ValueError(f"config.quant_type {c.quant_type!r} quantizes bf16 combines; input[{pe}] is {y.dtype} "
+                                 f"(combine bf16 rows, or build an op with quant_type 'none')")  # fmt: skip
             self._check_tensor(idx, f"indices[{pe}]", ndim=2, dtypes=(torch.int32,), dim1=c.num_experts_per_token)
             n = idx.shape[0]
             if n != self._last_n[i]:
