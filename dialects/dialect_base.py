@@ -54,18 +54,14 @@ class Dialect:
     the ``mori_compiler.dialects`` package, or the absolute path of one outside it (a dialect written
     elsewhere, e.g. examples/); ``extra_verify(op)``: messages (naming op and field, no location) for the
     rules across fields or ranges that IRDL cannot express, run on user IR after the IRDL constraints
-    passed; ``optional_attributes``: per op short name, the attributes it may carry besides its IRDL ones
-    (IRDL has no optional attributes; ``extra_verify`` checks them).
+    passed; ``optional_attributes``: names any op of the dialect may carry besides its IRDL attributes
+    (IRDL has none optional; ``extra_verify`` checks their values).
     """
 
     name: str
     irdl_file: str | Path
     extra_verify: Callable[[ir.Operation], list[str]] = no_extra_rules
-    optional_attributes: dict[str, tuple[str, ...]] | None = None
-
-    def optional_of(self, op_name: str) -> tuple[str, ...]:
-        """The optional attributes of the op ``op_name`` (``dialect.op``)."""
-        return (self.optional_attributes or {}).get(op_name.split(".", 1)[1], ())
+    optional_attributes: frozenset = frozenset()
 
     def irdl_source(self) -> str:
         """The dialect's IRDL text (what ``mori-opt --emit-irdl`` prints)."""

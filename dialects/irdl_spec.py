@@ -149,9 +149,9 @@ def _check_values(what: str, fields: tuple[Field, ...], types: list[str]) -> lis
     return errors
 
 
-def check_op(op: ir.Operation, spec: OpSpec, optional: tuple[str, ...] = ()) -> list[str]:
+def check_op(op: ir.Operation, spec: OpSpec, optional: frozenset = frozenset()) -> list[str]:
     """All constraint violations of ``op`` against ``spec``, as messages without location. ``optional``:
-    attributes the op may carry besides its IRDL ones (IRDL has no optional attributes; the dialect's
+    attribute names the op may carry besides the IRDL's (IRDL has no optional attributes; the dialect's
     ``extra_verify`` checks their values)."""
     errors = _check_values("operand", spec.operands, [str(v.type) for v in op.operands])
     errors += _check_values("result", spec.results, [str(r.type) for r in op.results])
@@ -163,7 +163,7 @@ def check_op(op: ir.Operation, spec: OpSpec, optional: tuple[str, ...] = ()) -> 
             errors.append(f"attribute '{name}' must be {constraint.describe()}, got {present[name]}")
     for name in present:
         if name not in spec.attributes and name not in optional:
-            allowed = ", ".join(f"'{n}'" for n in (*spec.attributes, *optional)) or "none"
+            allowed = ", ".join(f"'{n}'" for n in (*spec.attributes, *sorted(optional))) or "none"
             errors.append(f"unknown attribute '{name}' (allowed: {allowed})")
     if op.regions and len(op.regions):
         errors.append("must not have regions")

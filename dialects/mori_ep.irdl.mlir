@@ -10,6 +10,8 @@
 //   AsyncLL notification mode, resolved once per op (mori_compiler/ops/asyncll.py): early_notify (the send
 //   posts each payload's ready notification right after it) and fused_recv (the receive waits fold into
 //   the copy passes; needs early_notify), each 0 or 1.
+// Every op may also carry any_hidden (0 or 1): 1 builds its kernels' variant for any hidden up to the
+// attribute's (the call's hidden is a kernel argument; the kernel names end in _anyhidden).
 // The bf16 combines (combine, combine_send, combine_recv) may carry the wire quantization of their rows
 // in two optional attributes (IRDL has none: declared in dialects/mori_ep.py): quant (none,
 // fp8_direct_cast, fp8_blockwise, fp4_blockwise) and scale_blocks (the blockwise scales per row, else 0).

@@ -30,9 +30,11 @@ to every remote node) and ``num_qp`` (queue pairs per peer, in [1, MAX_QP]).
 The combines of QUANT_OPS may carry the wire quantization of their bf16 rows, two optional attributes
 (absent: no quantization, so that every other config's text, the bundle key's input, is unchanged):
 ``quant`` (wire_quant.QUANT_TYPES) and ``scale_blocks`` (>= 1 exactly when blockwise); a quantizing combine
-is bf16 and not zero-copy.
+is bf16 and not zero-copy; the other ops refuse them.
 
-The AsyncLL halves carry the notification mode as ``early_notify``/``fused_recv`` (0 or 1, fused needs
+Every op may carry ``any_hidden`` (0 or 1, default 0): 1 builds the variant ``..._anyhidden`` of its kernels,
+whose rows are the call's ``hidden`` (an i32 kernel argument, elements <= ``hidden``) instead of the
+attribute's; the rows stay whole 16-byte vectors (the host checks). The AsyncLL halves carry the notification mode as ``early_notify``/``fused_recv`` (0 or 1, fused needs
 early). ``ep_op`` builds an EP op from Python values (ops/bundle.py builds a config's module with it).
 The dtypes and the limits that size device structures come from the EP schema
 (mori_compiler/ep_schema.py); ``extra_verify`` states the ranges and relations IRDL cannot.
@@ -97,6 +99,10 @@ def extra_verify(op: ir.Operation) -> list[str]:
     need = rules.need
     if short in QUANT_OPS:
         _quant_rules(short, ints, strs, need)
+    else:
+        for attr in QUANT_ATTRIBUTES:
+            need(attr not in op.attributes, f"attribute '{attr}' is only for the combines {', '.join(QUANT_OPS)} "
+                 "(the wire quantization of their rows)")  # fmt: skip
 
     if "world_size" in ints:
         need(1 <= ints["world_size"] <= MAX_WORLD_SIZE, f"attribute 'world_size' must be in [1, {MAX_WORLD_SIZE}], "
@@ -152,6 +158,8 @@ def extra_verify(op: ir.Operation) -> list[str]:
         _internode_rules(ints, need)
     if "zero_copy" in ints:
         need(ints["zero_copy"] in (0, 1), "attribute 'zero_copy' must be 0 or 1")
+    if "any_hidden" in ints:
+        need(ints["any_hidden"] in (0, 1), f"attribute 'any_hidden' must be 0 or 1, got {ints['any_hidden']}")
     return rules.errors
 
 
@@ -198,6 +206,8 @@ def _internode_rules(ints: dict, need) -> None:
         need(1 <= qp <= MAX_QP, f"attribute 'num_qp' must be in [1, {MAX_QP}], got {qp}")
 
 
-DIALECT = Dialect("mori_ep", "mori_ep.irdl.mlir", extra_verify,
-                  optional_attributes={op: QUANT_ATTRIBUTES for op in QUANT_OPS})
+# Attributes an EP op may carry besides its IRDL ones, checked by extra_verify: any_hidden (any op, default
+# 0) and the wire quantization (QUANT_ATTRIBUTES, only the QUANT_OPS; absent: none).
+OPTIONAL_ATTRIBUTES = frozenset({"any_hidden", *QUANT_ATTRIBUTES})
+DIALECT = Dialect("mori_ep", "mori_ep.irdl.mlir", extra_verify, OPTIONAL_ATTRIBUTES)
 DIALECT_NAME = DIALECT.name

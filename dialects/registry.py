@@ -62,7 +62,7 @@ def verify_project_ops(module_op: ir.Operation, filename: str = "-") -> list[str
     specs = op_specs()
     prefixes = project_prefixes()
     extra = {d.name: d.extra_verify for d in DIALECTS}
-    by_name = {d.name: d for d in DIALECTS}
+    optional = {d.name: d.optional_attributes for d in DIALECTS}
     errors: list[str] = []
 
     def visit(op):  # called by MLIR's walk: no Python recursion however deep the IR nests
@@ -75,7 +75,7 @@ def verify_project_ops(module_op: ir.Operation, filename: str = "-") -> list[str
                 known = ", ".join(sorted(n.split(".", 1)[1] for n in specs if n.startswith(dialect + ".")))
                 errors.append(f"{where}: unknown op '{op.name}'; the {dialect} dialect has: {known}")
             else:
-                problems = irdl_spec.check_op(op, spec, by_name[op.name.split(".", 1)[0]].optional_of(op.name))
+                problems = irdl_spec.check_op(op, spec, optional[op.name.split(".", 1)[0]])
                 if not problems:
                     problems = extra[op.name.split(".", 1)[0]](op)
                 errors.extend(f"{where}: {p}" for p in problems)

@@ -34,6 +34,11 @@ from collections import namedtuple
 TOKEN_BYTES = {"bf16": 2, "f32": 4, "fp8_e4m3fn": 1, "fp8_e4m3fnuz": 1}
 DISPATCH_DTYPES = ("bf16", "f32", "fp8_e4m3fn", "fp8_e4m3fnuz")
 COMBINE_DTYPES = ("bf16", "f32")
+# Dispatch is a byte mover: a payload dtype without kernels of its own moves with the kernels of a dtype of
+# its element size. fp4 x2 (torch.float4_e2m1fn_x2): one byte holds two E2M1 values, a row of hidden / 2
+# such elements (MORI's convention), moved by the 1-byte kernels.
+DISPATCH_PAYLOAD_KERNELS = {"fp4_e2m1fn_x2": "fp8_e4m3fn"}
+DISPATCH_INPUT_DTYPES = DISPATCH_DTYPES + tuple(DISPATCH_PAYLOAD_KERNELS)
 MAX_BLOCKS = 1024  # device-barrier epoch slots per PE: the largest grid a combine may use
 MAX_WORLD_SIZE = 32  # the count handshake gives each peer one lane of a wave: targets.MIN_WAVE_SIZE (a test)
 # Upper bounds of the config, and why (ops/config.py checks the config against them, dialects/mori_ep.py
@@ -385,11 +390,18 @@ def _b(name: str, buffer: str | None = None) -> Param:
 
 
 _N = Param("n", "i32")  # tokens of this PE's call
+# The call's hidden size, in elements of the kernel's dtype (<= the config's; docs/ep-protocols.md, "runtime
+# hidden"): every user-visible row ([R, h] outputs, the registered combine input, the combine output) is
+# packed at h * elem bytes; the internal layouts (inter-node records and partials) keep the config's row size.
+_HIDDEN = Param("hidden", "i32")
 _RDMA_BLOCKS = Param("rdma_blocks", "i32")  # the inter-node kernels: blocks [0, rdma_blocks) do the inter-node work
 _OUT_CW = Param("out_w", "ptr", "out_cw", optional=True)  # the combine's output weights; null without weights
 
 
 LEGS = ("dispatch", "combine")
+# Every kernel exists twice in a bundle: for the config's hidden (rows of constant size) and, named with
+# this suffix, for any hidden up to it (the call's ``hidden``; the fp4 leg of an op, or a smaller model).
+ANY_HIDDEN_SUFFIX = "_anyhidden"
 
 
 class KernelSignature:
@@ -421,8 +433,10 @@ class KernelSignature:
     def __repr__(self) -> str:
         return f"KernelSignature({self.family!r}, {', '.join(self.names)})"
 
-    def kernel_name(self, dtype: str) -> str:
-        return f"ep_{self.family}_{dtype}"
+    def kernel_name(self, dtype: str, any_hidden: bool = False) -> str:
+        """``ep_<family>_<dtype>``, the kernel of the config's hidden, or with ``any_hidden`` the variant that
+        takes any hidden up to it (``..._anyhidden``)."""
+        return f"ep_{self.family}_{dtype}" + (ANY_HIDDEN_SUFFIX if any_hidden else "")
 
     def arguments(self, buffer_address: Callable[[str], int], values: dict) -> tuple:
         """The launch arguments in parameter order: each buffer's address (``buffer_address(name)``) and
@@ -444,7 +458,7 @@ class KernelSignature:
             + ([f"{', '.join(not_null)} may only be given as 0 (null)"] if not_null else [])))  # fmt: skip
 
 
-_TOKENS_IN = (Param("x"), Param("w"), Param("s"), Param("idx"), _N)  # rows, weights, scales, expert ids, count
+_TOKENS_IN = (Param("x"), Param("w"), Param("s"), Param("idx"), _N, _HIDDEN)  # rows, weights, scales, ids, count, hidden
 _DISPATCH = _TOKENS_IN + (
     _b("out_x"), _b("out_w"), _b("out_s"), _b("out_idx"), _b("src_pos"), _b("slot_ctrs"), _b("signals"),
     _b("grid_ctr", "dispatch_grid"), _b("round_ctr"), _b("fwd"), _b("dest_ctr"), _b("total"), _b("status"),
@@ -456,11 +470,11 @@ KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
     KernelSignature("dispatch_ll", _DISPATCH, "IntraNodeLL dispatch: one block per token", "dispatch_ll", "dispatch",
                     frozenset({KernelType.IntraNodeLL})),
     KernelSignature("combine_pull", (
-        Param("inp_w"), _b("reg_x"), _b("reg_w"), _b("fwd"), _N, _b("total"), _b("out", "out_c"), _OUT_CW,
+        Param("inp_w"), _b("reg_x"), _b("reg_w"), _b("fwd"), _N, _HIDDEN, _b("total"), _b("out", "out_c"), _OUT_CW,
         _b("zero_row"), _b("bar_slots"), _b("bar_epochs"),
     ), "zero-copy combine: sums rows read from the peers' registered buffers", "combine", "combine", _SYNC, 1),
     KernelSignature("combine_push", (
-        Param("inp"), Param("inp_w"), _b("stage_x"), _b("stage_w"), _b("src_pos"), _b("fwd"), _N, _b("total"),
+        Param("inp"), Param("inp_w"), _b("stage_x"), _b("stage_w"), _b("src_pos"), _b("fwd"), _N, _HIDDEN, _b("total"),
         _b("out", "out_c"), _OUT_CW, _b("zero_row"), _b("grid_ctr", "combine_grid"), _b("bar_slots"),
         _b("bar_epochs"),
     ), "push combine: rows written to their owners' staging rows, then summed locally", "combine", "combine", _SYNC, 0),
@@ -470,16 +484,16 @@ KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
         _b("status"), _b("grid_ctr", "a_grid"),
     ), "AsyncLL dispatch send phase", "dispatch_send", "dispatch", _ASYNC),
     KernelSignature("async_dispatch_recv", (
-        _b("rx", "a_rx"), _b("rw", "a_rw"), _b("rs", "a_rs"), _b("ridx", "a_ridx"), _b("rpos", "a_rpos"),
+        _HIDDEN, _b("rx", "a_rx"), _b("rw", "a_rw"), _b("rs", "a_rs"), _b("ridx", "a_ridx"), _b("rpos", "a_rpos"),
         _b("cnt", "a_cnt"), _b("sig", "a_sig"), _b("rounds", "a_rounds"), _b("grid_ctr", "a_grid"), _b("out_x"),
         _b("out_w"), _b("out_s"), _b("out_idx"), _b("src_pos"), _b("rmap"), _b("total"),
     ), "AsyncLL dispatch receive phase", "dispatch_recv", "dispatch", _ASYNC),
     KernelSignature("async_combine_send", (
-        Param("inp"), Param("inp_w"), _b("cx", "a_cx"), _b("cw", "a_cw"), _b("rmap"), _b("total"),
+        Param("inp"), Param("inp_w"), _HIDDEN, _b("cx", "a_cx"), _b("cw", "a_cw"), _b("rmap"), _b("total"),
         _b("csig", "a_csig"), _b("rounds", "a_rounds"), _b("grid_ctr", "a_grid"),
     ), "AsyncLL combine send phase", "combine_send", "combine", _ASYNC),
     KernelSignature("async_combine_recv", (
-        _b("cx", "a_cx"), _b("cw", "a_cw"), _b("fwd"), _N, _b("csig", "a_csig"), _b("rounds", "a_rounds"),
+        _b("cx", "a_cx"), _b("cw", "a_cw"), _b("fwd"), _N, _HIDDEN, _b("csig", "a_csig"), _b("rounds", "a_rounds"),
         _b("grid_ctr", "a_grid"), _b("out", "out_c"), _OUT_CW, _b("zero_row"),
     ), "AsyncLL combine receive phase", "combine_recv", "combine", _ASYNC),
     # The inter-node types (docs/ep-protocols.md §16): each leg is several kernels, launched in this order.
@@ -494,14 +508,14 @@ KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
     ), "inter-node dispatch, step 2: chunked sends to the targets, receive-and-forward, same-node rows",
         "internode_dispatch", "dispatch", _INTER),
     KernelSignature("inter_combine", (
-        _N, _RDMA_BLOCKS, Param("has_w", "i32"), _b("reg_x"), _b("reg_w"), _b("fwd"), _b("round_ctr"),
+        _N, _HIDDEN, _RDMA_BLOCKS, Param("has_w", "i32"), _b("reg_x"), _b("reg_w"), _b("fwd"), _b("round_ctr"),
         _b("flag", "i_flag"), _b("pfwd", "i_pfwd"), _b("part", "i_part"), _b("fpart", "i_fpart"),
         _b("crecv", "i_crecv"), _b("cflag", "i_cflag"), _b("done", "i_done"), _b("rounds", "i_rounds"),
         _b("bar_slots"), _b("bar_epochs"), _b("zero_row"), _b("traffic"),
     ), "inter-node combine, step 1: per-node partials, the forwarded records' partials back to their sources",
         "internode_combine", "combine", _INTER),
     KernelSignature("inter_combine_all", (
-        _N, _b("smap", "i_smap"), _b("part", "i_part"), _b("crecv", "i_crecv"), _b("cflag", "i_cflag"),
+        _N, _HIDDEN, _b("smap", "i_smap"), _b("part", "i_part"), _b("crecv", "i_crecv"), _b("cflag", "i_cflag"),
         _b("rounds", "i_rounds"), _b("bar_slots"), _b("bar_epochs"), _b("out", "out_c"), _OUT_CW, _b("zero_row"),
     ), "inter-node combine, step 2: each token's node partials summed in fp32", "internode_combine_all",
         "combine", _INTER),
@@ -526,7 +540,9 @@ def leg_dtypes(leg: str, max_token_bytes: int) -> list[str]:
 
 
 def kernel_signature(kernel_name: str) -> tuple[KernelSignature, str]:
-    """(signature, dtype) of an EP kernel name ``ep_<family>_<dtype>``; KeyError when it is none."""
+    """(signature, dtype) of an EP kernel name ``ep_<family>_<dtype>`` (or its ``_anyhidden`` variant);
+    KeyError when it is none."""
+    kernel_name = kernel_name.removesuffix(ANY_HIDDEN_SUFFIX)
     for dtype in sorted(TOKEN_BYTES, key=len, reverse=True):
         suffix = "_" + dtype
         if kernel_name.startswith("ep_") and kernel_name.endswith(suffix):

@@ -166,12 +166,13 @@ def _count(f: KernelFrame, counter: str, nbytes: ir.Value) -> None:
     b.atomicrmw("add", b.gep(f.params.traffic, TRAFFIC[counter], b.i64), nbytes, "monotonic")
 
 
-def _count_lanes(f: KernelFrame, counter: str, lanes: ir.Value, nbytes: int) -> None:
-    """Adds ``nbytes`` per lane of the warp whose ``lanes`` is set (a warp-uniform call): one atomic, by lane 0."""
+def _count_lanes(f: KernelFrame, counter: str, lanes: ir.Value, nbytes: ir.Value) -> None:
+    """Adds ``nbytes`` (i64) per lane of the warp whose ``lanes`` is set (a warp-uniform call): one atomic, by
+    lane 0."""
     b = f.b
     n = b.ctpop(b.ballot(lanes, f.cfg.wave_size))
     with b.if_(f.lane0):
-        _count(f, counter, b.muli(n, b.const_i64(nbytes)))
+        _count(f, counter, b.muli(n, nbytes))
 
 
 def _rdma_blocks(f: KernelFrame, topo: Topology) -> ir.Value:
@@ -316,10 +317,11 @@ def _record_inputs(f: KernelFrame, inputs: TokenInputs) -> TokenInputs:
     return inputs._replace(has_w=f.true, has_s=f.true)
 
 
-def _row_meta_bytes(f: KernelFrame) -> int:
-    """Bytes of one row written to a destination: row, K ids, K weights, source position, scales."""
+def _row_meta_bytes(f: KernelFrame) -> ir.Value:
+    """Bytes of one row written to a destination (i64): the call's row, K ids, K weights, source position,
+    scales."""
     cfg = f.cfg
-    return cfg.row_bytes + 8 * cfg.top_k + 4 + cfg.scale_bytes
+    return f.b.addi(f.row, f.b.const_i64(8 * cfg.top_k + 4 + cfg.scale_bytes))
 
 
 def _forward_records(f: KernelFrame, topo: Topology, inputs: TokenInputs, par: ir.Value, base: ir.Value,
@@ -420,7 +422,7 @@ def _count_gathered(f: KernelFrame, lanes: ir.Value, has_w: ir.Value) -> None:
     each the row and, with weights, its K weights (one atomic, by lane 0)."""
     b, cfg = f.b, f.cfg
     n = b.ctpop(b.ballot(lanes, cfg.wave_size))
-    per_row = b.select(has_w, b.const_i64(cfg.row_bytes + 4 * cfg.top_k), b.const_i64(cfg.row_bytes))
+    per_row = b.select(has_w, b.addi(f.row, b.const_i64(4 * cfg.top_k)), f.row)
     with b.if_(f.lane0):
         _count(f, "combine_xgmi", b.muli(n, per_row))
 
@@ -430,8 +432,8 @@ def _return_partials(f: KernelFrame, topo: Topology, dpar: ir.Value, cpar: ir.Va
     b, p, cfg = f.b, f.params, f.cfg
     s = cfg.sizes
     wave = cfg.wave_size
-    rowc, kb = b.const_i64(cfg.row_bytes), b.const_i64(4 * cfg.top_k)
-    prec = b.const_i64(s.partial_bytes)
+    rowc, kb = f.row, b.const_i64(4 * cfg.top_k)  # the registered rows are packed at the call's row
+    prec = b.const_i64(s.partial_bytes)  # a partial keeps the config's layout (its weights after the widest row)
     peer = _peer(f, topo)
     with _chunk_shares(f, topo, first, count) as (j, c, share):
         hop = _remote_hop(f, topo, j)
@@ -493,7 +495,7 @@ def _sum_forwarded(f: KernelFrame, topo: Topology, fwd_row: ir.Value, part: ir.V
         wrow = mori_shmem.ptr(b.gep(p.reg_w, b.muli(slot64, kb), b.i8), pe, **b.at())
         wrows.append(b.select(valid, wrow, p.zero_row))
         valids.append(valid)
-    mori_comm.accumulate_rows(part, b.const_i64(cfg.hidden), rows, dtype=cfg.dtype, **b.at())
+    mori_comm.accumulate_rows(part, _call_elements(f), rows, dtype=cfg.dtype, **b.at())
     with b.if_(b.andi(has_w, f.is_k)):
         cur = b.const_f32(0.0)
         for wrow in wrows:
@@ -506,7 +508,7 @@ def _node_partials(f: KernelFrame, topo: Topology, has_w: ir.Value, first: ir.Va
     """Each own token's rows on this node's PEs (the forward map: NULL for the other nodes) summed into
     ``i_part`` (rows [M, H], then weights [M, K])."""
     b, p, cfg = f.b, f.params, f.cfg
-    rowc, kb = b.const_i64(cfg.row_bytes), b.const_i64(4 * cfg.top_k)
+    rowc, kb = f.row, b.const_i64(4 * cfg.top_k)
     peer = _peer(f, topo)
     part_w = _part_weights(f)
 
@@ -515,11 +517,19 @@ def _node_partials(f: KernelFrame, topo: Topology, has_w: ir.Value, first: ir.Va
         row = mori_shmem.ptr(b.gep(p.reg_x, b.muli(s.slot64, rowc), b.i8), pe, **b.at())
         return row, mori_shmem.ptr(b.gep(p.reg_w, b.muli(s.slot64, kb), b.i8), pe, **b.at())
 
-    reduce_tokens(f, rowc, source_row, out=p.part, out_w=b.select(has_w, part_w, f.null_ptr), warps=(first, count))
+    part_row = b.const_i64(cfg.row_bytes)  # i_part's rows keep the config's stride
+    reduce_tokens(f, part_row, source_row, out=p.part, out_w=b.select(has_w, part_w, f.null_ptr), warps=(first, count))
     with b.for_(first, b.index_cast(b.index, p.n), count) as t_x:  # the rows gathered from this node
         code = b.if_else(f.is_k, [b.i32], lambda: [b.load(b.i32, b.gep(p.fwd, b.addi(b.muli(
             b.index_cast(b.i32, t_x), f.K), f.lane), b.i32))], lambda: [f.NULL])[0]  # fmt: skip
         _count_gathered(f, b.cmpi("ne", code, f.NULL), has_w)
+
+
+def _call_elements(f: KernelFrame) -> ir.Value:
+    """Elements of the call's row (i64), for ``accumulate_rows``: a constant in the config-hidden variant."""
+    if not f.cfg.any_hidden:
+        return f.b.const_i64(f.cfg.hidden)
+    return f.b.divui(f.row, f.b.const_i64(f.cfg.elem_bytes))
 
 
 def _part_weights(f: KernelFrame) -> ir.Value:
@@ -543,7 +553,7 @@ def combine_all_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operatio
     cround = b.load(b.i64, p.rounds)
     cpar = b.trunci(b.i32, b.andi(cround, one64))
     base = _round_base(f, cround)
-    rowc = b.const_i64(cfg.row_bytes)
+    rowc = b.const_i64(cfg.row_bytes)  # the node partials' row stride (the config's)
     prec = b.const_i64(s.partial_bytes)
     part_w = _part_weights(f)
     want_w = f.present(p.out_w)
@@ -573,7 +583,7 @@ def combine_all_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operatio
             prow = b.gep(p.crecv, b.muli(at, prec), b.i8)
             rows.append(b.select(ok, prow, p.zero_row))
             wrows.append(b.select(ok, b.gep(prow, cfg.row_bytes, b.i8), p.zero_row))
-        mori_comm.accumulate_rows(b.gep(p.out, b.muli(t64, rowc), b.i8), b.const_i64(cfg.hidden), rows, dtype=cfg.dtype,
+        mori_comm.accumulate_rows(b.gep(p.out, b.muli(t64, f.row), b.i8), _call_elements(f), rows, dtype=cfg.dtype,
                                   **b.at())  # fmt: skip
         with b.if_(b.andi(want_w, f.is_k)):
             cur = b.const_f32(0.0)

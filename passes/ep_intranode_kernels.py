@@ -60,8 +60,8 @@ def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation |
 
 
 def _combine_constants(f: KernelFrame) -> tuple[ir.Value, ir.Value]:
-    """(row bytes, weight-row bytes 4 * K), both i64."""
-    return f.b.const_i64(f.cfg.row_bytes), f.b.const_i64(4 * f.cfg.top_k)
+    """(the call's row bytes, weight-row bytes 4 * K), both i64."""
+    return f.row, f.b.const_i64(4 * f.cfg.top_k)
 
 
 def _peer_bases(f: KernelFrame, buffers: tuple[ir.Value, ...]) -> tuple[ir.Value, list[tuple[ir.Value, ir.Value]]]:

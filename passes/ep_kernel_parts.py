@@ -86,6 +86,9 @@ class EpKernelConfig(NamedTuple):
     hop_size: int = 0
     send_all: int = 0
     num_qp: int = 1
+    # 1: the kernel takes any hidden <= the config's (its rows at the call's ``hidden``, a runtime value);
+    # 0: the config's hidden only (rows of constant size: the code measured and pinned by the ISA tests).
+    any_hidden: int = 0
 
     @property
     def elem_bytes(self) -> int:
@@ -180,6 +183,7 @@ class KernelFrame(NamedTuple):
     null_ptr: ir.Value
     is_k: ir.Value  # lane < K: this lane holds one of the token's K expert slots
     lane0: ir.Value
+    row: ir.Value  # the call's row bytes (i64): hidden * elem_bytes, a multiple of 16 (a constant unless any_hidden)
 
     def present(self, ptr: ir.Value) -> ir.Value:
         """``ptr != null`` (an optional input such as the weights)."""
@@ -195,7 +199,7 @@ def open_kernel(cfg: EpKernelConfig, family: str, *, generator: str, block: ir.B
     loc = generated_location(generator, block.owner.context)
     with loc.context:
         types = {"ptr": ir.Type.parse("!llvm.ptr"), "i32": ir.IntegerType.get_signless(32)}
-    op, entry = new_kernel(block, sig.kernel_name(cfg.dtype), [types[t] for t in sig.types],
+    op, entry = new_kernel(block, sig.kernel_name(cfg.dtype, cfg.any_hidden), [types[t] for t in sig.types],
                            block_size=cfg.block_size, param_names=sig.names, before=before, loc=loc)  # fmt: skip
     b = Builder(entry, loc=loc)
     v: dict[str, ir.Value] = {}
@@ -226,8 +230,28 @@ def open_kernel(cfg: EpKernelConfig, family: str, *, generator: str, block: ir.B
     v["null_ptr"] = b.null()
     v["is_k"] = b.cmpi("ult", v["lane"], v["K"])
     v["lane0"] = b.cmpi("eq", v["lane"], v["c0i"])
+    if cfg.any_hidden:
+        v["row"] = call_row_bytes(b, dict(zip(sig.names, entry.arguments))["hidden"], cfg.elem_bytes)
+    else:  # the host launches this variant only with the config's hidden
+        v["row"] = b.const_i64(cfg.row_bytes)
     return KernelFrame(b=b, cfg=cfg, family=family, generator=generator, func=op,
                        params=Params(sig.names, entry.arguments), **v)  # fmt: skip
+
+
+def row_vectors(f: KernelFrame) -> ir.Value:
+    """The 16-byte vectors of the call's row (index): a constant in the config-hidden variant."""
+    b = f.b
+    if not f.cfg.any_hidden:
+        return b.const_index(f.cfg.row_bytes // 16)
+    return b.index_cast(b.index, b.shrui(f.row, b.const_i64(4)))
+
+
+def call_row_bytes(b: Builder, hidden: ir.Value, elem_bytes: int) -> ir.Value:
+    """The row bytes of a call (i64) from its ``hidden`` (i32 elements): ``hidden * elem_bytes`` with the low
+    four bits cleared. The host only launches a hidden whose rows are whole 16-byte vectors, so the mask
+    changes no value; it states the alignment in the IR, where mori-comm-to-calls' 16-byte row copies see it."""
+    wide = b.muli(b.extui(b.i64, hidden), b.const_i64(elem_bytes))
+    return b.andi(wide, b.const_i64(-16))
 
 
 # ---- dispatch ---------------------------------------------------------------------------------------
@@ -249,8 +273,7 @@ def token_inputs(f: KernelFrame) -> TokenInputs:
     b, cfg = f.b, f.cfg
     er = b.const_i32(cfg.experts_per_rank)
     s = b.const_i32(cfg.send_stride)
-    row = b.const_i64(cfg.row_bytes)
-    return TokenInputs(er, s, row, f.present(f.params.w), f.present(f.params.s))
+    return TokenInputs(er, s, f.row, f.present(f.params.w), f.present(f.params.s))
 
 
 class DispatchRound(NamedTuple):
@@ -474,7 +497,8 @@ def reduce_tokens(f: KernelFrame, rowc: ir.Value,
                   warps: tuple[ir.Value, ir.Value] | None = None) -> None:  # fmt: skip
     """Per token t < ``n``: the K source rows (``source_row(entry)`` gives source k's row and weight-row
     addresses; invalid sources read ``zero_row``) summed in fp32 into row t of ``out``
-    (``mori_comm.accumulate_rows``), and the K weight vectors summed into ``out_w`` when given.
+    (``mori_comm.accumulate_rows``), and the K weight vectors summed into ``out_w`` when given. Rows of
+    ``out`` are ``rowc`` bytes apart; each sums the call's row (``f.row`` bytes).
 
     Work items are (token, slice of the row): with few tokens several warps share a token, so that every
     warp of the grid has loads in flight (a row's latency is split, not serialized). ``uniform``: lane
@@ -488,9 +512,8 @@ def reduce_tokens(f: KernelFrame, rowc: ir.Value,
     out = p.out if out is None else out
     out_w = p.out_w if out_w is None else out_w
     gw, nw = (f.gw, f.nw) if warps is None else warps
-    nvec = cfg.row_bytes // 16
     per_vec = 16 // cfg.elem_bytes
-    narrow = narrow and cfg.max_tokens_per_rank * nvec < 2**31
+    narrow = narrow and cfg.max_tokens_per_rank * (cfg.row_bytes // 16) < 2**31  # the config's row bounds the call's
 
     def div(op: str, a: ir.Value, c: ir.Value) -> ir.Value:
         fn = getattr(b, op)
@@ -500,7 +523,7 @@ def reduce_tokens(f: KernelFrame, rowc: ir.Value,
         return b.index_castui(b.index, fn(a32, c32))
 
     n_x = b.index_cast(b.index, p.n)
-    nvec_x = b.const_index(nvec)
+    nvec_x = row_vectors(f)
     n1 = b.maxui(n_x, f.c1x)
     spt0 = div("divui", nw, n1)
     spt = b.minui(b.maxui(spt0, f.c1x), nvec_x)  # row slices per token

@@ -62,7 +62,7 @@ from mori_compiler.ep_schema import KERNELS, OP_FAMILIES
 
 from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, TokenInputs, dispatch_completion,
                               dispatch_round, open_kernel, reduce_tokens, reserve_on_peer, return_rows,
-                              route_token, send_to_destinations, token_inputs, token_source)  # fmt: skip
+                              route_token, row_vectors, send_to_destinations, token_inputs, token_source)  # fmt: skip
 
 LL_UNROLL = 4  # 16-byte vectors each data lane loads before storing them to every destination
 
@@ -200,7 +200,7 @@ def dispatch_ll_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operatio
     completion's release fences like the generic ones)."""
     generator = "ep_ll_kernels.dispatch_ll_kernel"
     half = _route_slots(cfg)
-    symbol = KERNELS["dispatch_ll"].kernel_name(cfg.dtype) + "_route"
+    symbol = KERNELS["dispatch_ll"].kernel_name(cfg.dtype, cfg.any_hidden) + "_route"
     loc = generated_location(generator)
     with loc.context:
         buffers = ir.Type.parse(f"!llvm.array<{2 * half} x i32>")
@@ -210,7 +210,7 @@ def dispatch_ll_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operatio
     inputs = token_inputs(f)
     route = LdsRoute(b.address_of(symbol, b.ptr_lds), b.const_i32(half), b.const_i32(2))
     data_threads = (cfg.warps_per_block - 1) * cfg.wave_size
-    nvec = b.const_index(cfg.row_bytes // 16)
+    nvec = row_vectors(f)
     dstride = b.const_index(data_threads * LL_UNROLL)
     offsets = tuple(b.const_index(u * data_threads) for u in range(LL_UNROLL))
     rnd = dispatch_round(f)
@@ -376,7 +376,7 @@ def async_dispatch_recv_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.
                     block=block, before=before)  # fmt: skip
     b, p = f.b, f.params
     r = _async_round(f, 0)
-    row = b.const_i64(cfg.row_bytes)
+    row = f.row
     below = b.subi(b.shli(r.tag, b.const_i64(32)), r.one64)  # a signal above it carries tag r + 1
     if not early_notify:
         _post(f, r, p.sig, lambda: _dispatch_count_value(f, r))
@@ -438,7 +438,7 @@ def async_combine_send_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.O
                     block=block, before=before)  # fmt: skip
     b, p = f.b, f.params
     r = _async_round(f, 1)
-    rowc = b.const_i64(cfg.row_bytes)
+    rowc = f.row
     value = b.addi(r.round, r.one64)
     has_iw = f.present(p.inp_w)
     # Row i returns to its source s into s's combine region [r % 2][me][slot].
@@ -467,7 +467,7 @@ def async_combine_recv_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.O
                     block=block, before=before)  # fmt: skip
     b, p = f.b, f.params
     r = _async_round(f, 1)
-    rowc = b.const_i64(cfg.row_bytes)
+    rowc = f.row
     kb = b.const_i64(4 * cfg.top_k)
     value = b.addi(r.round, r.one64)
     if not early_notify:

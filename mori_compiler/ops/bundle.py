@@ -28,21 +28,23 @@ from .config import EpDispatchCombineConfig, EpDispatchCombineKernelType, quant_
 _QUANT_OPS = ("combine", "combine_send", "combine_recv")
 
 
-class PlannedKernel(namedtuple("PlannedKernel", ("signature", "dtype"))):
-    """One kernel of a config's bundle: its family's signature (ep_schema.KERNELS) and its token dtype."""
+class PlannedKernel(namedtuple("PlannedKernel", ("signature", "dtype", "any_hidden"), defaults=(0,))):
+    """One kernel of a config's bundle: its family's signature (ep_schema.KERNELS), its token dtype, and
+    whether it is the variant for any hidden (1) or for the config's (0)."""
 
     __slots__ = ()
 
     @property
     def name(self) -> str:
-        return self.signature.kernel_name(self.dtype)
+        return self.signature.kernel_name(self.dtype, self.any_hidden)
 
 
 def kernel_plan(cfg: EpDispatchCombineConfig) -> list[PlannedKernel]:
-    """Every kernel ``cfg`` can launch, in the bundle's order: per leg, per dtype, the kernel type's families."""
+    """Every kernel ``cfg`` can launch, in the bundle's order: per variant (the config's hidden, then any
+    hidden), per leg, per dtype, the kernel type's families."""
     kind = EpDispatchCombineKernelType(cfg.kernel_type)
-    return [PlannedKernel(sig, dtype) for leg in LEGS for dtype in leg_dtypes(leg, cfg.max_token_type_size)
-            for sig in families(kind, leg)]  # fmt: skip
+    return [PlannedKernel(sig, dtype, any_hidden) for any_hidden in (0, 1) for leg in LEGS
+            for dtype in leg_dtypes(leg, cfg.max_token_type_size) for sig in families(kind, leg)]  # fmt: skip
 
 
 class EpOpPlan(namedtuple("EpOpPlan", ("kernel", "attributes"))):
@@ -98,6 +100,8 @@ def _op_attributes(kernel: PlannedKernel, sizes: EpSizes, cfg: EpDispatchCombine
     sig = kernel.signature
     attrs = [(name, getattr(sizes, name)) for name in SIZE_ATTRIBUTES]
     attrs += [("warps_per_block", cfg.warp_num_per_block), ("wave_size", wave_size), ("dtype", kernel.dtype)]
+    if kernel.any_hidden:
+        attrs.append(("any_hidden", 1))
     if sig.leg == "dispatch":
         attrs.append(("scale_bytes", sizes.scale_bytes))
     if sig.zero_copy is not None:

@@ -18,7 +18,8 @@ import numbers
 import sys
 from dataclasses import dataclass
 
-from mori_compiler.ep_schema import (COMBINE_DTYPES, DISPATCH_DTYPES, MAX_BLOCKS, MAX_EXPERTS_PER_RANK,  # noqa: F401
+from mori_compiler.ep_schema import (COMBINE_DTYPES, DISPATCH_DTYPES, DISPATCH_INPUT_DTYPES, DISPATCH_PAYLOAD_KERNELS,
+                                     MAX_BLOCKS, MAX_EXPERTS_PER_RANK,  # noqa: F401
                                      MAX_QP_PER_PE, MAX_HIDDEN_DIM, MAX_SCALE_DIM, MAX_TOKENS_PER_RANK, MAX_WORLD_SIZE, TOKEN_BYTES,
                                      INTERNODE, EpDispatchCombineKernelType, EpSizes, families, recv_per_rank,
                                      topology_problems)
@@ -27,7 +28,7 @@ from mori_compiler.wire_quant import (BLOCKWISE_QUANT_TYPES, DEFAULT_COMBINE_SCA
 from mori_compiler.targets import MAX_BLOCK_THREADS
 
 _TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "fp8_e4m3fn",
-                      "float8_e4m3fnuz": "fp8_e4m3fnuz"}  # fmt: skip
+                      "float8_e4m3fnuz": "fp8_e4m3fnuz", "float4_e2m1fn_x2": "fp4_e2m1fn_x2"}  # fmt: skip
 
 
 @dataclass
@@ -80,8 +81,23 @@ def _dtype_name(dtype) -> str:
     name = str(dtype).removeprefix("torch.")
     if name not in _TORCH_DTYPE_NAMES:
         raise ValueError(f"unsupported dtype {dtype}; dispatch takes bfloat16, float32, float8_e4m3fn, "
-                         f"float8_e4m3fnuz and combine bfloat16, float32")  # fmt: skip
+                         f"float8_e4m3fnuz, float4_e2m1fn_x2 and combine bfloat16, float32")  # fmt: skip
     return _TORCH_DTYPE_NAMES[name]
+
+
+def payload_kernel_dtype(name: str) -> str:
+    """The dtype of the kernels that move a row of dtype ``name`` (itself, or the byte mover of its size)."""
+    return DISPATCH_PAYLOAD_KERNELS.get(name, name)
+
+
+def check_call_hidden(hidden, elem_bytes: int, config_hidden: int, what: str) -> None:
+    """A call's hidden size (elements of its dtype): an int in [1, config.hidden_dim] whose rows are whole
+    16-byte vectors (the kernels copy 16-byte vectors; rows are packed at the call's hidden)."""
+    if not _is_int(hidden) or not 1 <= hidden <= config_hidden:
+        raise ValueError(f"{what}: hidden size {hidden!r} must be an int in [1, config.hidden_dim={config_hidden}]")
+    if hidden * elem_bytes % 16:
+        raise ValueError(f"{what}: hidden size {hidden} x {elem_bytes} bytes is not a multiple of 16 bytes (rows "
+                         f"are copied as 16-byte vectors: hidden must be a multiple of {16 // elem_bytes})")  # fmt: skip
 
 
 class ConfigError(ValueError, TypeError):
@@ -183,9 +199,10 @@ def _field_problem(name: str, value, rule: _Rule, wave_size: int) -> str | None:
     elif rule.kind == "dtype":
         name = str(value).removeprefix("torch.") if isinstance(value, str) or type(value).__name__ == "dtype" else None
         name = _TORCH_DTYPE_NAMES.get(name, name)
-        if name not in DISPATCH_DTYPES:
+        if name not in DISPATCH_INPUT_DTYPES:
             return (f"{shown} is not a supported dtype; allowed: torch.bfloat16, torch.float32, torch.float8_e4m3fn, "
-                    f"torch.float8_e4m3fnuz (or 'bf16', 'f32', 'fp8_e4m3fn', 'fp8_e4m3fnuz'){why}")  # fmt: skip
+                    f"torch.float8_e4m3fnuz, torch.float4_e2m1fn_x2 (or 'bf16', 'f32', 'fp8_e4m3fn', 'fp8_e4m3fnuz', "
+                    f"'fp4_e2m1fn_x2'){why}")  # fmt: skip
     return None
 
 

@@ -55,8 +55,9 @@ from mori_compiler.wire_quant import QUANT_COMBINE_DTYPE
 
 from . import standard_moe
 from .bundle import ep_bundle, kernel_module_source, kernel_names, kernel_plan  # noqa: F401 (re-exported)
-from .config import (COMBINE_DTYPES, DISPATCH_DTYPES, IMPLEMENTED, MAX_BLOCKS,  # noqa: F401 (re-exported)
-                     EpDispatchCombineConfig, EpDispatchCombineKernelType, _dtype_name, _is_int, validate_config)
+from .config import (COMBINE_DTYPES, DISPATCH_DTYPES, DISPATCH_INPUT_DTYPES, IMPLEMENTED,  # noqa: F401 (re-exported)
+                     MAX_BLOCKS, EpDispatchCombineConfig, EpDispatchCombineKernelType, _dtype_name, _is_int,
+                     check_call_hidden, payload_kernel_dtype, validate_config)
 
 
 def internode_rdma_blocks(config: EpDispatchCombineConfig, blocks: int, rdma_block_num) -> int:
@@ -134,7 +135,8 @@ class EpDispatchCombineOp:
         self.buffers = EpBuffers(self.kernel_type, self.sizes, self._pes(), virtual=self.virtual)
         threads = config.warp_num_per_block * self.target.wave_size
         try:  # the bundle is checked against the EP schema before it is loaded
-            self.launches = EpLaunches(self.bundle, plan, self.buffers, block_threads=threads, virtual=self.virtual)
+            self.launches = EpLaunches(self.bundle, plan, self.buffers, block_threads=threads, virtual=self.virtual,
+                                       hidden=config.hidden_dim)  # fmt: skip
         except BaseException:
             self.close()
             raise
@@ -205,17 +207,22 @@ class EpDispatchCombineOp:
             raise ValueError(f"block_num must be in [1, {MAX_BLOCKS}], got {blocks}")
         return blocks
 
-    def _token_dtype(self, t, what: str, allowed, leg: str, previous: str | None) -> str:
-        """The dtype name of token tensor ``t`` ([n, hidden]), checked against the leg and the other PEs."""
+    def _token_dtype(self, t, what: str, allowed, leg: str, previous: tuple | None) -> tuple[str, str, int]:
+        """(dtype name, the kernels' dtype, hidden) of token tensor ``t`` ([n, hidden]), checked against the
+        leg and the other PEs: ``hidden`` <= config.hidden_dim with rows of whole 16-byte vectors (the call's
+        rows are packed at its hidden), and the same dtype and hidden on every PE of the launch."""
         c = self.config
-        self._check_tensor(t, what, ndim=2, dim1=c.hidden_dim)
+        self._check_tensor(t, what, ndim=2)
         name = _dtype_name(t.dtype)
         if name not in allowed or t.element_size() > c.max_token_type_size:
             raise ValueError(f"{leg} {what} dtype {t.dtype} is not supported: {leg} takes "
                              f"{', '.join(allowed)} within max_token_type_size {c.max_token_type_size}")  # fmt: skip
-        if previous not in (None, name):
-            raise ValueError(f"all PEs must {leg} the same dtype ({previous} vs {name})")
-        return name
+        hidden = t.shape[1]
+        check_call_hidden(hidden, t.element_size(), c.hidden_dim, f"{leg} {what}")
+        if previous not in (None, (name, hidden)):
+            raise ValueError(f"all PEs must {leg} the same dtype and hidden size ({previous[0]} x {previous[1]} vs "
+                             f"{name} x {hidden})")  # fmt: skip
+        return name, payload_kernel_dtype(name), hidden
 
     def _check_indices(self, idx, what: str) -> None:
         import torch
@@ -264,11 +271,12 @@ class EpDispatchCombineOp:
         blocks = self._grid(block_num)
         xs, ws, ss, ids = (self._per_pe(a, n) for a, n in ((input, "input"), (weights, "weights"),
                                                             (scales, "scales"), (indices, "indices")))  # fmt: skip
-        dtype = None
+        seen = None
         tokens, results = [], []
         for i, pe in enumerate(self._pes()):
             x, w, s, idx = xs[i], ws[i], ss[i], ids[i]
-            dtype = self._token_dtype(x, f"input[{pe}]", DISPATCH_DTYPES, "dispatch", dtype)
+            name, dtype, hidden = self._token_dtype(x, f"input[{pe}]", DISPATCH_INPUT_DTYPES, "dispatch", seen)
+            seen = (name, hidden)
             n = x.shape[0]
             if n > c.max_num_inp_token_per_rank:
                 raise ValueError(f"input[{pe}] has {n} tokens, more than max_num_inp_token_per_rank "
@@ -289,10 +297,11 @@ class EpDispatchCombineOp:
                 raise ValueError(f"input[{pe}] is on {x.device}, the op runs on cuda:{torch.cuda.current_device()}")
             self._last_n[i] = n
             tokens.append((pe, {"x": x.data_ptr(), "w": 0 if w is None else w.data_ptr(),
-                                "s": 0 if s is None else s.data_ptr(), "idx": idx.data_ptr(), "n": n}))  # fmt: skip
+                                "s": 0 if s is None else s.data_ptr(), "idx": idx.data_ptr(), "n": n,
+                                "hidden": hidden}))  # fmt: skip
             R, K = c.max_recv, c.num_experts_per_token
             results.append((
-                self._view("out_x", pe, (R * c.hidden_dim * x.element_size(),), torch.uint8).view(x.dtype).view(R, c.hidden_dim),
+                self._view("out_x", pe, (R * hidden * x.element_size(),), torch.uint8).view(x.dtype).view(R, hidden),
                 self._view("out_w", pe, (R, K), torch.float32),
                 self._view("out_s", pe, (R, c.scale_dim), s.dtype) if s is not None else None,
                 self._view("out_idx", pe, (R, K), torch.int32),
@@ -312,7 +321,7 @@ class EpDispatchCombineOp:
                                                                warp_per_block)  # fmt: skip
         self.launches.launch("async_dispatch_send", dtype, tokens, blocks)
         self._phases.after_send("dispatch")
-        self._pending["dispatch"] = dtype
+        self._pending["dispatch"] = (dtype, tokens[0][1]["hidden"])
         return results if self.virtual else results[0]
 
     def dispatch_recv(self, block_num: int = -1, warp_per_block: int = -1, call_local_expert_count: bool = False):
@@ -322,8 +331,9 @@ class EpDispatchCombineOp:
                                "dispatch_send (= dispatch) completes the whole exchange")  # fmt: skip
         self._phases.before_recv("dispatch")
         blocks = self._grid(block_num)
-        calls = [(pe, {}) for pe in self._pes()]  # buffers only
-        self.launches.launch("async_dispatch_recv", self._pending["dispatch"], calls, blocks)
+        dtype, hidden = self._pending["dispatch"]
+        calls = [(pe, {"hidden": hidden}) for pe in self._pes()]
+        self.launches.launch("async_dispatch_recv", dtype, calls, blocks)
         self._phases.after_recv("dispatch")
 
     # ---- combine -----------------------------------------------------------------------------------
@@ -348,14 +358,12 @@ class EpDispatchCombineOp:
                              "(zero-copy) reads the rows unquantized")  # fmt: skip
         dtype, rows, results, blocks = self._combine_inputs(input, weights, indices, block_num, warp_per_block)
         calls = []
-        for pe, (y, w, n, out_w) in rows:
+        for pe, (y, w, n, hidden, out_w) in rows:
             if external:
-                calls.append((pe, {"inp": y.data_ptr(), "inp_w": w, "n": n, **out_w}))
+                calls.append((pe, {"inp": y.data_ptr(), "inp_w": w, "n": n, "hidden": hidden, **out_w}))
             else:
-                reg = self.get_registered_combine_input_buffer(y.dtype, pe=pe)
-                if y.data_ptr() != reg.data_ptr():  # not written in place: copy into the registered buffer
-                    reg[: y.shape[0]].copy_(y)
-                calls.append((pe, {"inp_w": w, "n": n, **out_w}))
+                _copy_rows(y, self.get_registered_combine_input_buffer(y.dtype, hidden, pe=pe))
+                calls.append((pe, {"inp_w": w, "n": n, "hidden": hidden, **out_w}))
         self.launches.launch(combine_family(zero_copy=not external), dtype, calls, blocks)
         return results if self.virtual else results[0]
 
@@ -372,23 +380,24 @@ class EpDispatchCombineOp:
         R, K = self.config.max_recv, self.config.num_experts_per_token
         ws = self._per_pe(weights, "weights")
         combine_calls, sum_calls = [], []
-        for i, (pe, (y, _, n, out_w)) in enumerate(rows):
+        for i, (pe, (y, _, n, hidden, out_w)) in enumerate(rows):
             w = ws[i]
             if w is not None and w.shape[0] > R:
                 raise ValueError(f"weights[{pe}] has {w.shape[0]} rows, more than the receive capacity {R}")
-            _copy_rows(y, self.get_registered_combine_input_buffer(y.dtype, pe=pe))
+            _copy_rows(y, self.get_registered_combine_input_buffer(y.dtype, hidden, pe=pe))
             if w is not None:
                 _copy_rows(w, self._view("reg_w", pe, (R, K), torch.float32))
-            combine_calls.append((pe, {"n": n, "rdma_blocks": rdma_blocks, "has_w": int(w is not None)}))
-            sum_calls.append((pe, {"n": n, **out_w}))
+            combine_calls.append((pe, {"n": n, "hidden": hidden, "rdma_blocks": rdma_blocks,
+                                       "has_w": int(w is not None)}))  # fmt: skip
+            sum_calls.append((pe, {"n": n, "hidden": hidden, **out_w}))
         self.launches.launch("inter_combine", dtype, combine_calls, blocks)
         self.launches.launch("inter_combine_all", dtype, sum_calls, blocks)
         return results if self.virtual else results[0]
 
     def _combine_inputs(self, input, weights, indices, block_num, warp_per_block):
-        """Checks every PE's combine arguments; returns (dtype, [(pe, (input, weights address, n, the
-        output-weights argument: {} for the buffer, {"out_w": 0} for none))], the per-PE result views, grid
-        blocks)."""
+        """Checks every PE's combine arguments; returns (dtype, [(pe, (input, weights address, n, hidden, the
+        output-weights argument: {} for the buffer, {"out_w": 0} for none))], the per-PE result views ([M,
+        hidden] rows), grid blocks)."""
         import torch
 
         c = self.config
@@ -396,11 +405,12 @@ class EpDispatchCombineOp:
             raise ValueError(f"warp_per_block {warp_per_block}: the kernels were compiled for {c.warp_num_per_block}")
         blocks = self._grid(block_num)
         ys, ws, ids = (self._per_pe(a, n) for a, n in ((input, "input"), (weights, "weights"), (indices, "indices")))
-        dtype, rows, results = None, [], []
+        seen, rows, results = None, [], []
         for i, pe in enumerate(self._pes()):
             y, w, idx = ys[i], ws[i], ids[i]
-            dtype = self._token_dtype(y, f"input[{pe}]", COMBINE_DTYPES, "combine", dtype)
-            if c.quant_type != "none" and dtype != QUANT_COMBINE_DTYPE:
+            name, dtype, hidden = self._token_dtype(y, f"input[{pe}]", COMBINE_DTYPES, "combine", seen)
+            seen = (name, hidden)
+            if c.quant_type != "none" and name != QUANT_COMBINE_DTYPE:
                 raise ValueError(f"config.quant_type {c.quant_type!r} quantizes bf16 combines; input[{pe}] is {y.dtype} "
                                  f"(combine bf16 rows, or build an op with quant_type 'none')")  # fmt: skip
             self._check_tensor(idx, f"indices[{pe}]", ndim=2, dtypes=(torch.int32,), dim1=c.num_experts_per_token)
@@ -413,10 +423,10 @@ class EpDispatchCombineOp:
             if w is not None:
                 self._check_tensor(w, f"weights[{pe}]", ndim=2, dtypes=(torch.float32,), dim1=c.num_experts_per_token)
             out_w = {} if w is not None else {"out_w": 0}  # the output weights buffer, or null
-            rows.append((pe, (y, 0 if w is None else w.data_ptr(), n, out_w)))
+            rows.append((pe, (y, 0 if w is None else w.data_ptr(), n, hidden, out_w)))
             M, K = c.max_num_inp_token_per_rank, c.num_experts_per_token
-            out = self._view("out_c", pe, (M * c.hidden_dim * y.element_size(),), torch.uint8).view(y.dtype)
-            results.append((out.view(M, c.hidden_dim), self._view("out_cw", pe, (M, K), torch.float32) if w is not None
+            out = self._view("out_c", pe, (M * hidden * y.element_size(),), torch.uint8).view(y.dtype)
+            results.append((out.view(M, hidden), self._view("out_cw", pe, (M, K), torch.float32) if w is not None
                             else None))  # fmt: skip
         return dtype, rows, results, blocks
 
@@ -429,10 +439,10 @@ class EpDispatchCombineOp:
                                 use_external_inp_buf, call_reset)  # fmt: skip
         self._phases.before_send("combine")
         dtype, rows, results, blocks = self._combine_inputs(input, weights, indices, block_num, warp_per_block)
-        calls = [(pe, {"inp": y.data_ptr(), "inp_w": w}) for pe, (y, w, n, out_w) in rows]
+        calls = [(pe, {"inp": y.data_ptr(), "inp_w": w, "hidden": h}) for pe, (y, w, n, h, out_w) in rows]
         self.launches.launch("async_combine_send", dtype, calls, blocks)
         self._phases.after_send("combine")
-        self._pending["combine"] = (dtype, [(pe, n, out_w) for pe, (y, w, n, out_w) in rows])
+        self._pending["combine"] = (dtype, [(pe, {"n": n, "hidden": h, **out_w}) for pe, (y, w, n, h, out_w) in rows])
         return results if self.virtual else results[0]
 
     def combine_recv(self, block_num: int = -1, warp_per_block: int = -1):
@@ -442,8 +452,7 @@ class EpDispatchCombineOp:
                                "combine_send (= combine) completes the whole exchange")  # fmt: skip
         self._phases.before_recv("combine")
         blocks = self._grid(block_num)
-        dtype, rows = self._pending["combine"]
-        calls = [(pe, {"n": n, **out_w}) for pe, n, out_w in rows]
+        dtype, calls = self._pending["combine"]
         self.launches.launch("async_combine_recv", dtype, calls, blocks)
         self._phases.after_recv("combine")
 
@@ -468,7 +477,7 @@ class EpDispatchCombineOp:
         out_idx = self._view("out_idx", rank, (R, K), torch.int32)
         out_w = self._view("out_w", rank, (R, K), torch.float32)
         total = self._view("total", rank, (1,), torch.int32)
-        reg = self.get_registered_combine_input_buffer(packed_recv_x.dtype, pe=rank)
+        reg = self.get_registered_combine_input_buffer(packed_recv_x.dtype, packed_recv_x.shape[-1], pe=rank)
         return standard_moe.standard_to_combine_input(self.sizes, packed_recv_x, out_idx, out_w, total, rank, reg)
 
     def dispatch_standard_moe(self, input, weights, scales, indices, **kwargs):
@@ -501,16 +510,17 @@ class EpDispatchCombineOp:
                 raise RuntimeError(f"reset() with {pending[0]}_send pending: call {pending[0]}_recv() first")
 
     def get_registered_combine_input_buffer(self, dtype, hidden_dim: int = -1, *, pe: int | None = None):
-        """The [R, hidden] view of the symmetric buffer the zero-copy combine reads (per PE with virtual PEs)."""
+        """The [R, hidden] view of the symmetric buffer the zero-copy combine reads (per PE with virtual PEs);
+        ``hidden_dim`` <= config.hidden_dim (-1: the config's), the rows packed at it as a combine of that
+        hidden reads them."""
         import torch
 
         c = self.config
-        hidden = c.hidden_dim if hidden_dim in (-1, None) else int(hidden_dim)
-        if hidden != c.hidden_dim:
-            raise ValueError(f"hidden_dim {hidden} != config.hidden_dim {c.hidden_dim} (compiled in)")
+        hidden = c.hidden_dim if hidden_dim in (-1, None) else hidden_dim
         size = torch.empty((), dtype=dtype).element_size()
         if size > c.max_token_type_size:
             raise ValueError(f"dtype {dtype} is wider than max_token_type_size {c.max_token_type_size}")
+        check_call_hidden(hidden, size, c.hidden_dim, "get_registered_combine_input_buffer hidden_dim")
         if pe is None and self.virtual:
             return [self.get_registered_combine_input_buffer(dtype, hidden, pe=p) for p in self._pes()]
         pe = self._pes()[0] if pe is None else pe

@@ -49,16 +49,19 @@ def check_bundle(bundle, planned: list[PlannedKernel]) -> None:
 
 class EpLaunches:
     """Launches the kernels of ``bundle`` (checked against the schema here) with ``buffers``' addresses;
-    ``block_threads`` threads per block; one launch for all PEs with virtual PEs, else cooperative."""
+    ``block_threads`` threads per block; one launch for all PEs with virtual PEs, else cooperative. A call
+    whose ``hidden`` is the config's (``hidden``) runs the kernel of constant rows, any other its
+    ``_anyhidden`` variant."""
 
     def __init__(self, bundle, planned: list[PlannedKernel], buffers: EpBuffers, *, block_threads: int,
-                 virtual: bool):  # fmt: skip
+                 virtual: bool, hidden: int):  # fmt: skip
         from mori_compiler.runtime.launcher import KernelSet
 
         check_bundle(bundle, planned)
         self.buffers = buffers
         self.block_threads = block_threads
         self.virtual = virtual
+        self.hidden = hidden
         self._addresses: dict[int, dict[str, int]] = {}  # per PE: buffer name -> address (fixed for the op)
         self.kernels = KernelSet(bundle)
 
@@ -73,12 +76,14 @@ class EpLaunches:
         return address
 
     def launch(self, family: str, dtype: str, calls: list[tuple[int, dict]], blocks: int) -> None:
-        """Launch ``ep_<family>_<dtype>``: ``calls`` holds, per local PE, (pe, its call arguments by name)."""
+        """Launch ``ep_<family>_<dtype>``, or its any-hidden variant when the calls' ``hidden`` (the same on
+        every PE: the op checks) is not the config's: ``calls`` holds, per local PE, (pe, its call arguments
+        by name)."""
         if self.buffers.freed:  # the cached addresses would point into freed heap memory
             raise RuntimeError("the op's buffers were freed (close() was called)")
         sig = KERNELS[family]
         args = [sig.arguments(self._address_of(pe), values) for pe, values in calls]
-        name = sig.kernel_name(dtype)
+        name = sig.kernel_name(dtype, calls[0][1].get("hidden", self.hidden) != self.hidden)
         block = (self.block_threads, 1, 1)
         if self.virtual:
             self.kernels.launch_virtual(name, args, grid=(blocks, 1), block=block)

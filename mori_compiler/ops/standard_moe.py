@@ -35,7 +35,7 @@ def dispatch_output_to_standard(sizes: EpSizes, out_x, out_idx, total, rank: int
     import torch
 
     valid, expert, pos, counts, rows = local_pairs(sizes, out_idx, total, rank)
-    cap, H, Er = sizes.send_stride, sizes.hidden, sizes.experts_per_rank
+    cap, H, Er = sizes.send_stride, out_x.shape[1], sizes.experts_per_rank  # the call's hidden
     dev = out_x.device
     packed = torch.zeros((Er + 1, cap, H), dtype=out_x.dtype, device=dev)  # row Er: the pairs of other PEs
     src_info = torch.full((Er + 1, cap), -1, dtype=torch.int32, device=dev)
@@ -56,7 +56,7 @@ def standard_to_combine_input(sizes: EpSizes, packed_recv_x, out_idx, out_w, tot
     slot = torch.where(valid, pos, torch.zeros_like(pos)).clamp_(max=cap - 1)
     e = torch.where(valid, expert, torch.zeros_like(expert))
     contrib = packed_recv_x[e, slot].float() * (out_w.reshape(-1) * valid).unsqueeze(1)
-    acc = torch.zeros((sizes.recv_capacity, sizes.hidden), dtype=torch.float32, device=packed_recv_x.device)
+    acc = torch.zeros((sizes.recv_capacity, packed_recv_x.shape[-1]), dtype=torch.float32, device=packed_recv_x.device)
     acc.index_add_(0, rows, contrib)
     registered.copy_(acc.to(packed_recv_x.dtype))
     return registered

@@ -1,7 +1,8 @@
-"""Launch-geometry tuning tables of the EP op (MORI's v1 JSON tuning files): format, loading, lookup.
+"""Launch-geometry tuning tables of the EP op (MORI's v1 JSON tuning files): format, loading, lookup, writing.
 
-Not yet read by the op: the op's AUTO mode (issue 15) will ask ``tuning_table_for`` for a table per phase and
-``TuningTable.lookup`` for a rule, and use ``auto_fallback`` where there is none.
+The op's AUTO mode reads them through mori_compiler/ops/auto_launch.py (``tuning_table_for`` per phase,
+``TuningTable.lookup`` per call, ``auto_fallback`` where no rule applies); bench/ep_tune.py measures and
+writes them (``write_tuning_table``, ``merge_rules``).
 
 **Format** (MORI's, read unchanged). One file per (arch, model, kernel type, EP size, phase), named
 ``{arch}_{model}_{KernelType}_ep{W}_{phase}.json``::
@@ -88,6 +89,7 @@ class TuningRule:
     zero_copy: bool | None = None
     quant_type: str | None = None
     info: dict = field(default_factory=dict, compare=False)
+    index: int = field(default=-1, compare=False)  # its position in the file's "rules" (for messages)
 
 
 @dataclass(frozen=True)
@@ -215,7 +217,7 @@ def load_tuning_table(path) -> TuningTable:
     kind = EpDispatchCombineKernelType[data["kernel_type"]]
     phase = data["phase"]
     wave = TARGETS[data["gpu_arch"]].wave_size
-    rules = [_parse_rule(raw, phase, kind, wave, lambda field_, msg, i=i: bad(f"rule {i} field {field_!r}", msg))
+    rules = [_parse_rule(raw, i, phase, kind, wave, lambda field_, msg, i=i: bad(f"rule {i} field {field_!r}", msg))
              if isinstance(raw, dict) else _not_object(bad, i, raw) for i, raw in enumerate(data["rules"])]  # fmt: skip
     seen = {}
     for i, rule in enumerate(rules):
@@ -224,17 +226,22 @@ def load_tuning_table(path) -> TuningTable:
             raise bad(f"rule {i}", f"has the key of rule {seen[key]} (dtype, num_tokens, hidden_dim, topk"
                       f"{', zero_copy, quant_type' if phase == 'combine' else ''}): keep one")  # fmt: skip
         seen[key] = i
-    order = (lambda r: (r.dtype, r.hidden_dim, r.num_tokens)) if phase == "dispatch" else (
-        lambda r: (r.dtype, r.hidden_dim, r.zero_copy, r.quant_type, r.num_tokens))  # fmt: skip
     return TuningTable(path, data["gpu_arch"], data["gpu_model"], kind, data["ep_size"], phase,
-                       tuple(sorted(rules, key=order)))  # fmt: skip
+                       tuple(sorted(rules, key=_scan_order(phase))))  # fmt: skip
+
+
+def _scan_order(phase: str):
+    """MORI's scan order of a phase's rules (a sort key; sorted() keeps file order among ties)."""
+    if phase == "dispatch":
+        return lambda r: (r.dtype, r.hidden_dim, r.num_tokens)
+    return lambda r: (r.dtype, r.hidden_dim, r.zero_copy, r.quant_type, r.num_tokens)
 
 
 def _not_object(bad, index: int, raw):
     raise bad(f"rule {index}", f"must be a JSON object, not {type(raw).__name__}")
 
 
-def _parse_rule(raw: dict, phase: str, kind: EpDispatchCombineKernelType, wave: int, bad) -> TuningRule:
+def _parse_rule(raw: dict, index: int, phase: str, kind: EpDispatchCombineKernelType, wave: int, bad) -> TuningRule:
     """One rule, validated against the limits of mori_compiler/ops/config.py (``bad(field, message)``)."""
     required = _KEY_FIELDS[phase] + _GEOMETRY
     allowed = required + ("topk",) + INFO_FIELDS
@@ -283,7 +290,7 @@ def _parse_rule(raw: dict, phase: str, kind: EpDispatchCombineKernelType, wave: 
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise bad(name, f"{value!r} must be a number >= 0 (informational)")
             info[name] = value
-    return TuningRule(**rule, info=info)
+    return TuningRule(**rule, info=info, index=index)
 
 
 def file_name(arch: str, model: str, kernel_type, ep_size: int, phase: str) -> str:
@@ -366,3 +373,67 @@ def auto_fallback(kernel_type) -> tuple[int, int, int]:
     if kind == EpDispatchCombineKernelType.InterNodeV1LL:
         return (256, 128, 8)
     return (128, 0, 16)
+
+
+# ---- writing (bench/ep_tune.py) -----------------------------------------------------------------------------
+
+def rule_json(rule: TuningRule) -> dict:
+    """A rule as MORI writes it: the key, the geometry, then the informational measurements."""
+    out = {"dtype": rule.dtype, "num_tokens": rule.num_tokens, "hidden_dim": rule.hidden_dim}
+    if rule.topk is not None:
+        out["topk"] = rule.topk
+    if rule.zero_copy is not None:
+        out.update(zero_copy=rule.zero_copy, quant_type=rule.quant_type)
+    out.update(block_num=rule.block_num, rdma_block_num=rule.rdma_block_num, warp_per_block=rule.warp_per_block)
+    out.update({name: rule.info[name] for name in INFO_FIELDS if name in rule.info})
+    return out
+
+
+def table_json(table: TuningTable) -> dict:
+    """The file's JSON object (MORI's v1 header and the rules in scan order)."""
+    return {"version": VERSION, "gpu_arch": table.gpu_arch, "gpu_model": table.gpu_model,
+            "kernel_type": table.kernel_type.name, "ep_size": table.ep_size, "phase": table.phase,
+            "rules": [rule_json(r) for r in table.rules]}  # fmt: skip
+
+
+def _rule_key(rule: TuningRule) -> tuple:
+    return (rule.dtype, rule.num_tokens, rule.hidden_dim, rule.topk, rule.zero_copy, rule.quant_type)
+
+
+def merge_rules(old, new) -> list[TuningRule]:
+    """The rules of ``old`` and ``new`` (iterables of TuningRule), one per key: where both have a key, the
+    one with the higher ``bandwidth_gbps`` (MORI's merge on save; a rule without it counts as 0; a tie keeps
+    the new one, the later measurement)."""
+    merged = {_rule_key(r): r for r in old}
+    for rule in new:
+        kept = merged.get(_rule_key(rule))
+        if kept is None or rule.info.get("bandwidth_gbps", 0) >= kept.info.get("bandwidth_gbps", 0):
+            merged[_rule_key(rule)] = rule
+    return list(merged.values())
+
+
+def write_tuning_table(directory, gpu_arch: str, gpu_model: str, kernel_type, ep_size: int, phase: str,
+                       rules, *, merge: bool = True) -> Path:  # fmt: skip
+    """Write (merging with an existing file of the same name when ``merge``: ``merge_rules``) the table
+    ``{arch}_{model}_{KernelType}_ep{W}_{phase}.json`` in ``directory``; returns its path. The result is
+    read back with ``load_tuning_table`` before it replaces the file, so a table that would not load is
+    never written (and an existing file that does not load is an error, not overwritten)."""
+    kind = _check_request(gpu_arch, gpu_model, kernel_type, ep_size, phase)
+    if gpu_model is None:
+        raise TuningTableError("write_tuning_table: gpu_model must name the GPU model (e.g. h200)")
+    path = Path(directory) / file_name(gpu_arch, gpu_model, kind, ep_size, phase)
+    rules = list(rules)
+    if merge and path.exists():
+        rules = merge_rules(load_tuning_table(path).rules, rules)
+    table = TuningTable(path, gpu_arch, gpu_model, kind, ep_size, phase, tuple(sorted(rules, key=_scan_order(phase))))
+    text = json.dumps(table_json(table), indent=2) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        load_tuning_table(tmp)  # validated as any reader will validate it
+    except TuningTableError:
+        tmp.unlink()
+        raise
+    os.replace(tmp, path)
+    return path

@@ -132,12 +132,14 @@ def test_resolved_mode_verifies_on_every_half(env):
     options = resolve(env)
     module = parse_source(kernel_module_source(cfg, 64, options), ir.Context())
     printed = str(module)
-    # Within 2-byte tokens: dispatch bf16 and both fp8 kinds, combine bf16.
+    # Within 2-byte tokens: dispatch bf16 and both fp8 kinds, combine bf16; each for the config's hidden
+    # and for any hidden.
     counts = {half: printed.count(f'"mori_ep.{half}"') for half in ("dispatch_send", "dispatch_recv", "combine_send",
                                                                     "combine_recv")}  # fmt: skip
-    assert counts == {"dispatch_send": 3, "dispatch_recv": 3, "combine_send": 1, "combine_recv": 1}
+    assert counts == {"dispatch_send": 6, "dispatch_recv": 6, "combine_send": 2, "combine_recv": 2}
+    assert printed.count("any_hidden = 1 : i64") == 8
     for key, value in options.ir_attributes().items():
-        assert printed.count(f"{key} = {value} : i64") == 8
+        assert printed.count(f"{key} = {value} : i64") == 16
 
 
 # ---- phase order -----------------------------------------------------------------------------------------

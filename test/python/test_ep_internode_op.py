@@ -107,7 +107,7 @@ def _fake_torch() -> types.ModuleType:
     torch = types.ModuleType("torch")
     torch.Tensor = FakeTensor
     for name, storage in (("bfloat16", "u2"), ("float32", "f4"), ("int32", "i4"), ("uint8", "u1"),
-                          ("float8_e4m3fn", "u1"), ("float8_e4m3fnuz", "u1")):  # fmt: skip
+                          ("float8_e4m3fn", "u1"), ("float8_e4m3fnuz", "u1"), ("float4_e2m1fn_x2", "u1")):  # fmt: skip
         setattr(torch, name, FakeDtype(name, storage))
     torch.empty = lambda shape, dtype: FakeTensor(np.empty(shape, dtype.np), dtype)
     torch.copies, torch.syncs = [], []
@@ -240,7 +240,7 @@ def test_dispatch_launches_stage_then_dispatch(fakes, kind):
     (_, stage), (_, send) = launched(op)
     for pe in range(W):
         tokens = {"x": xs[pe].data_ptr(), "w": ws[pe].data_ptr(), "s": 0, "idx": ids[pe].data_ptr(),
-                  "n": xs[pe].shape[0]}  # fmt: skip
+                  "n": xs[pe].shape[0], "hidden": H}  # fmt: skip
         assert stage[pe] == tokens | buffer_arguments(op, "inter_stage", pe)
         assert send[pe] == tokens | {"rdma_blocks": BLOCKS // 2} | buffer_arguments(op, "inter_dispatch", pe)
     # The outputs are IntraNode's: views of the receive buffers, [R, H] rows in the input dtype.
@@ -365,8 +365,9 @@ def test_combine_copies_into_the_registered_buffers_then_launches_both_steps(fak
     assert (first, second) == ("ep_inter_combine_bf16", "ep_inter_combine_all_bf16")
     for pe in range(W):
         n = ids[pe].shape[0]
-        assert combine[pe] == {"n": n, "rdma_blocks": 2, "has_w": 1} | buffer_arguments(op, "inter_combine", pe)
-        assert total[pe] == {"n": n} | buffer_arguments(op, "inter_combine_all", pe)  # out_w: out_cw
+        assert combine[pe] == {"n": n, "hidden": H, "rdma_blocks": 2, "has_w": 1} | buffer_arguments(op, "inter_combine",
+                                                                                                    pe)  # fmt: skip
+        assert total[pe] == {"n": n, "hidden": H} | buffer_arguments(op, "inter_combine_all", pe)  # out_w: out_cw
     out, out_w = results[3]
     assert out.shape == (M, H) and out_w.shape == (M, K)
     assert out.data_ptr() == op.buffers.view("out_c", 3, (1,), FAKE_TORCH.uint8).data_ptr()
@@ -472,7 +473,7 @@ def test_intra_node_launches_are_unchanged(fakes, kind, family, external):
     push = "combine_push" if external else "combine_pull"
     assert (d, c) == (f"ep_{family}_bf16", f"ep_{push}_bf16")
     assert dispatch[0] == {"x": xs[0].data_ptr(), "w": ws[0].data_ptr(), "s": 0, "idx": ids[0].data_ptr(),
-                           "n": 3} | buffer_arguments(op, family, 0)  # fmt: skip
+                           "n": 3, "hidden": H} | buffer_arguments(op, family, 0)  # fmt: skip
     inputs = {"inp": ys[1].data_ptr()} if external else {}
-    assert combine[1] == inputs | {"inp_w": cws[1].data_ptr(), "n": 5} | buffer_arguments(op, push, 1)
+    assert combine[1] == inputs | {"inp_w": cws[1].data_ptr(), "n": 5, "hidden": H} | buffer_arguments(op, push, 1)
     assert len(FAKE_TORCH.copies) == (0 if external else W)  # the pull combine copies rows into reg_x only

@@ -29,9 +29,17 @@ from mori_compiler.options import CompileOptions  # noqa: E402
 from mori_compiler.pipeline import compile_source  # noqa: E402
 from mori_compiler.targets import get_target  # noqa: E402
 
-# The five kernels of a bf16-wide bundle (max_token_type_size 2): fp8 dispatch rides along, f32 does not.
-KERNELS = ("ep_dispatch_bf16", "ep_dispatch_fp8_e4m3fn", "ep_dispatch_fp8_e4m3fnuz", "ep_combine_pull_bf16",
-           "ep_combine_push_bf16")  # fmt: skip
+
+
+def with_variants(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The kernels ``names`` (for the config's hidden) and their variants for any hidden."""
+    return names + tuple(name + "_anyhidden" for name in names)
+
+
+# The five kernels of a bf16-wide bundle (max_token_type_size 2): fp8 dispatch rides along, f32 does not;
+# each for the config's hidden and for any hidden.
+KERNELS = with_variants(("ep_dispatch_bf16", "ep_dispatch_fp8_e4m3fn", "ep_dispatch_fp8_e4m3fnuz",
+                         "ep_combine_pull_bf16", "ep_combine_push_bf16"))  # fmt: skip
 AMDGPU_TARGETS = ("gfx942", "gfx950", "gfx1250")
 
 
@@ -187,12 +195,12 @@ def test_validate_config_accepts_the_limits():
 LL_VARIANTS = {
     # name: (kernel type, AsyncLL options or None, kernels of a bf16-wide bundle)
     "intranode-ll": (EpDispatchCombineKernelType.IntraNodeLL, None,
-                     ("ep_dispatch_ll_bf16", "ep_dispatch_ll_fp8_e4m3fn", "ep_dispatch_ll_fp8_e4m3fnuz",
-                      "ep_combine_pull_bf16", "ep_combine_push_bf16")),
+                     with_variants(("ep_dispatch_ll_bf16", "ep_dispatch_ll_fp8_e4m3fn", "ep_dispatch_ll_fp8_e4m3fnuz",
+                                    "ep_combine_pull_bf16", "ep_combine_push_bf16"))),
     **{f"asyncll-{mode}": (EpDispatchCombineKernelType.AsyncLL, mode,
-                           tuple(f"ep_async_{half}_{dt}" for half in ("dispatch_send", "dispatch_recv")
-                                 for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz"))
-                           + ("ep_async_combine_send_bf16", "ep_async_combine_recv_bf16"))
+                           with_variants(tuple(f"ep_async_{half}_{dt}" for half in ("dispatch_send", "dispatch_recv")
+                                               for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz"))
+                                         + ("ep_async_combine_send_bf16", "ep_async_combine_recv_bf16")))
        for mode in ("count_after_quiet", "early_notify", "early_notify_fused_recv")},
 }  # fmt: skip
 _MODE_FLAGS = {"count_after_quiet": {}, "early_notify": {"early_notify": 1},
@@ -236,9 +244,15 @@ def test_low_latency_kernels_compile_for_every_target(target, variant):
 
 INTERNODE_KINDS = {"v1": EpDispatchCombineKernelType.InterNodeV1, "v1ll": EpDispatchCombineKernelType.InterNodeV1LL,
                    "v0": EpDispatchCombineKernelType.InterNode}  # fmt: skip
-# A bf16-wide bundle: per dispatch dtype the stage and dispatch kernels, then the two combine kernels.
-INTERNODE_KERNELS = tuple(f"ep_inter_{k}_{dt}" for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz")
-                          for k in ("stage", "dispatch")) + ("ep_inter_combine_bf16", "ep_inter_combine_all_bf16")
+# A bf16-wide bundle: per dispatch dtype the stage and dispatch kernels, then the two combine kernels; all
+# of them for the config's hidden, then their variants for any hidden.
+INTERNODE_KERNELS = with_variants(tuple(f"ep_inter_{k}_{dt}" for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz")
+                                        for k in ("stage", "dispatch"))
+                                  + ("ep_inter_combine_bf16", "ep_inter_combine_all_bf16"))
+# The any-hidden variant of the V1LL dispatch spills 36 bytes to scratch on gfx942/gfx950 (its SGPRs are at
+# the limit with one more live uniform, the call's row size); the config-hidden kernels the benchmarks
+# measure have none. A bound, so that a growth shows.
+ANY_HIDDEN_SCRATCH_LIMIT = 64
 
 
 @pytest.mark.parametrize("kind", list(INTERNODE_KINDS))
@@ -269,5 +283,6 @@ def test_internode_kernels_compile_for_every_target(target, kind):
     assert sorted(k.name for k in info.kernels) == sorted(INTERNODE_KERNELS), report
     for k in info.kernels:
         assert k.wavefront_size == wave, f"{k.name}: wave {k.wavefront_size}, expected {wave}\n{report}"
-        assert k.scratch_bytes == 0, f"{k.name} uses {k.scratch_bytes} bytes of scratch\n{report}"
+        limit = ANY_HIDDEN_SCRATCH_LIMIT if k.name.endswith("_anyhidden") else 0
+        assert k.scratch_bytes <= limit, f"{k.name} uses {k.scratch_bytes} bytes of scratch\n{report}"
         assert k.vgpr_spill_count == 0, f"{k.name} spills {k.vgpr_spill_count} VGPRs\n{report}"

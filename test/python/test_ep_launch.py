@@ -20,7 +20,7 @@ from mori_compiler.options import CompileOptions
 from mori_compiler.runtime import launcher
 
 FAMILIES = ("async_combine_send", "async_combine_recv")
-PLAN = [PlannedKernel(KERNELS[f], "bf16") for f in FAMILIES]
+PLAN = [PlannedKernel(KERNELS[f], "bf16", variant) for variant in (0, 1) for f in FAMILIES]
 
 
 def _module(kernels: dict[str, tuple[list[str], list[str] | None]]) -> str:
@@ -82,7 +82,7 @@ def test_swapped_parameters_are_refused(tmp_path):
     assert [p.split(": ", 1)[1] for p in problems] == [
         "parameter 0 is 'inp_w' (ptr); the EP schema's async_combine_send kernels expect 'inp' (ptr) there",
         "parameter 1 is 'inp' (ptr); the EP schema's async_combine_send kernels expect 'inp_w' (ptr) there",
-    ]
+    ] * 2  # the kernel of the config's hidden and its any-hidden variant
 
 
 def test_unnamed_parameters_are_refused(tmp_path):
@@ -97,7 +97,7 @@ def test_unnamed_parameters_are_refused(tmp_path):
             "async_combine_recv kernels expect 'n' (i32) there") in problems  # fmt: skip
     short = dict(unnamed, **{recv: (unnamed[recv][0][:-1], None)})
     problems = ep_launch.bundle_problems(_bundle(tmp_path / "c", short), PLAN)
-    assert any("has 9 parameters" in p and "take 10 (cx, cw, fwd, n," in p for p in problems)
+    assert any("has 10 parameters" in p and "take 11 (cx, cw, fwd, n, hidden," in p for p in problems)
 
 
 def test_a_missing_kernel_is_refused(tmp_path):
@@ -130,7 +130,7 @@ def test_a_mismatching_bundle_is_never_loaded_or_launched(tmp_path, monkeypatch)
     _RecordingKernelSet.made = []
     bundle = _bundle(tmp_path, _schema_kernels(async_combine_recv=_renamed))
     with pytest.raises(ValueError, match="does not match the EP schema"):
-        ep_launch.EpLaunches(bundle, PLAN, _Buffers(), block_threads=256, virtual=True)
+        ep_launch.EpLaunches(bundle, PLAN, _Buffers(), block_threads=256, virtual=True, hidden=32)
     assert _RecordingKernelSet.made == []  # refused before the code object was loaded
 
 
@@ -138,19 +138,24 @@ def test_launch_arguments_by_name(tmp_path, monkeypatch):
     monkeypatch.setattr(launcher, "KernelSet", _RecordingKernelSet)
     bundle = _bundle(tmp_path, _schema_kernels())
     buffers = _Buffers()
-    launches = ep_launch.EpLaunches(bundle, PLAN, buffers, block_threads=256, virtual=True)
-    launches.launch("async_combine_recv", "bf16", [(0, {"n": 3}), (1, {"n": 4, "out_w": 0})], blocks=5)
+    launches = ep_launch.EpLaunches(bundle, PLAN, buffers, block_threads=256, virtual=True, hidden=32)
+    launches.launch("async_combine_recv", "bf16", [(0, {"n": 3, "hidden": 32}), (1, {"n": 4, "hidden": 32, "out_w": 0})],
+                    blocks=5)  # fmt: skip
     ((name, args, grid, block),) = launches.kernels.launches
     assert (name, grid, block) == ("ep_async_combine_recv_bf16", (5, 1), (256, 1, 1))
     a = buffers.address
     assert args == [
-        (a("a_cx", 0), a("a_cw", 0), a("fwd", 0), 3, a("a_csig", 0), a("a_rounds", 0), a("a_grid", 0), a("out_c", 0),
-         a("out_cw", 0), a("zero_row", 0)),
-        (a("a_cx", 1), a("a_cw", 1), a("fwd", 1), 4, a("a_csig", 1), a("a_rounds", 1), a("a_grid", 1), a("out_c", 1),
-         0, a("zero_row", 1)),
+        (a("a_cx", 0), a("a_cw", 0), a("fwd", 0), 3, 32, a("a_csig", 0), a("a_rounds", 0), a("a_grid", 0),
+         a("out_c", 0), a("out_cw", 0), a("zero_row", 0)),
+        (a("a_cx", 1), a("a_cw", 1), a("fwd", 1), 4, 32, a("a_csig", 1), a("a_rounds", 1), a("a_grid", 1),
+         a("out_c", 1), 0, a("zero_row", 1)),
     ]  # fmt: skip
-    with pytest.raises(ValueError, match="missing call arguments inp, inp_w"):
+    with pytest.raises(ValueError, match="missing call arguments inp, inp_w, hidden"):
         launches.launch("async_combine_send", "bf16", [(0, {})], blocks=1)
+    # A smaller hidden than the config's runs the any-hidden variant, with the call's hidden.
+    launches.launch("async_combine_recv", "bf16", [(0, {"n": 3, "hidden": 16})], blocks=2)
+    name, args, _, _ = launches.kernels.launches[-1]
+    assert name == "ep_async_combine_recv_bf16_anyhidden" and args[0][4] == 16
 
 
 def test_no_launch_after_the_buffers_are_freed(tmp_path, monkeypatch):
@@ -159,9 +164,9 @@ def test_no_launch_after_the_buffers_are_freed(tmp_path, monkeypatch):
     monkeypatch.setattr(launcher, "KernelSet", _RecordingKernelSet)
     buffers = _Buffers()
     launches = ep_launch.EpLaunches(_bundle(tmp_path, _schema_kernels()), PLAN, buffers, block_threads=256,
-                                    virtual=True)  # fmt: skip
-    launches.launch("async_combine_recv", "bf16", [(0, {"n": 3})], blocks=1)
+                                    virtual=True, hidden=32)  # fmt: skip
+    launches.launch("async_combine_recv", "bf16", [(0, {"n": 3, "hidden": 32})], blocks=1)
     buffers.freed = True
     with pytest.raises(RuntimeError, match=r"freed \(close\(\) was called\)"):
-        launches.launch("async_combine_recv", "bf16", [(0, {"n": 3})], blocks=1)
+        launches.launch("async_combine_recv", "bf16", [(0, {"n": 3, "hidden": 32})], blocks=1)
     assert len(launches.kernels.launches) == 1

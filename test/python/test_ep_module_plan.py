@@ -7,6 +7,8 @@ same IR, and no compile may parse the text.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mori_compiler import cache
@@ -89,8 +91,16 @@ _PINNED_OPS = (("dispatch", 'dtype = "bf16", scale_bytes = 0 : i64'),
                ("combine", 'dtype = "bf16", zero_copy = 0 : i64, max_blocks = 1024 : i64'))  # fmt: skip
 
 
+def _any_hidden(rest: str) -> str:
+    """The attributes after the sizes of an op's any-hidden variant: ``any_hidden = 1`` right after its dtype."""
+    dtype, _, more = rest.partition(", ")
+    return f"{dtype}, any_hidden = 1 : i64, {more}"
+
+
 def test_source_text_is_unchanged():
-    ops = "".join(f'    "mori_ep.{op}"() {{{_PINNED_COMMON}, {rest}}} : () -> ()\n' for op, rest in _PINNED_OPS)
+    # The kernels of the config's hidden as before, then their variants for any hidden.
+    pinned = list(_PINNED_OPS) + [(op, _any_hidden(rest)) for op, rest in _PINNED_OPS]
+    ops = "".join(f'    "mori_ep.{op}"() {{{_PINNED_COMMON}, {rest}}} : () -> ()\n' for op, rest in pinned)
     expected = f"module attributes {{gpu.container_module}} {{\n  gpu.module @mori_ep_intranode {{\n{ops}  }}\n}}\n"
     assert kernel_module_source(_config(max_token_type_size=2), 64) == expected
 
@@ -187,14 +197,14 @@ def test_internode_module_plan(kind, hop, send_all):
     assert plan.gpu_module == "mori_ep_internode"
     dispatch = [(op, dt) for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz")
                 for op in ("internode_stage", "internode_dispatch")]  # fmt: skip
-    assert [(op.op, dict(op.attributes)["dtype"]) for op in plan.ops] == dispatch + [
-        ("internode_combine", "bf16"), ("internode_combine_all", "bf16")]
+    one_variant = dispatch + [("internode_combine", "bf16"), ("internode_combine_all", "bf16")]
+    assert [(op.op, dict(op.attributes)["dtype"]) for op in plan.ops] == one_variant * 2  # config's hidden, any
     topology = [("gpu_per_node", 2), ("hop_size", hop), ("send_all", send_all), ("num_qp", 3)]
     sizes = [("world_size", 4), ("hidden", 1024), ("top_k", 2), ("experts_per_rank", 4), ("max_tokens_per_rank", 16),
              ("max_recv_per_rank", 16), ("warps_per_block", 8), ("wave_size", 64)]  # fmt: skip
     assert [n for n, _ in sizes[:6]] == list(SIZE_ATTRIBUTES)
-    for op in plan.ops:
-        dtype = [("dtype", dict(op.attributes)["dtype"])]
+    for i, op in enumerate(plan.ops):
+        dtype = [("dtype", dict(op.attributes)["dtype"])] + ([("any_hidden", 1)] if i >= len(one_variant) else [])
         tail = {"internode_stage": [("scale_bytes", 16)] + topology, "internode_dispatch": [("scale_bytes", 16)] + topology,
                 "internode_combine": topology + [("max_blocks", 1024)],
                 "internode_combine_all": topology + [("max_blocks", 1024)]}[op.op]
@@ -212,7 +222,10 @@ def test_internode_source_text():
     source = kernel_module_source(_internode_config("InterNodeV1LL", max_token_type_size=2), 64)
     assert source.startswith("module attributes {gpu.container_module} {\n  gpu.module @mori_ep_internode {\n")
     body = source.splitlines()[2:-2]
-    assert [body[0], body[1], body[-2], body[-1]] == lines and len(body) == 8
+    assert [body[0], body[1], body[6], body[7]] == lines and len(body) == 16
+    # The any-hidden variants: the same ops, ``any_hidden = 1`` right after the dtype.
+    assert body[8:] == [re.sub(r'(dtype = "\w+", )', r"\1any_hidden = 1 : i64, ", line) for line in body[:8]]
+    assert not any("any_hidden" in line for line in body[:8])
 
 
 def test_internode_queue_pairs_and_topology_follow_the_config():
@@ -229,8 +242,9 @@ def test_ep_bundle_keys_an_internode_config_by_its_text(asked, kind):
     ep_bundle(cfg, "gfx942", virtual_pes=True)
     ((source, options, kw),) = asked
     assert source == kernel_module_source(cfg, 64) and options.virtual_pes
-    assert kw["kernels"] == [f"ep_inter_{f}_{dt}" for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz")
-                             for f in ("stage", "dispatch")] + ["ep_inter_combine_bf16", "ep_inter_combine_all_bf16"]
+    names = [f"ep_inter_{f}_{dt}" for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz")
+             for f in ("stage", "dispatch")] + ["ep_inter_combine_bf16", "ep_inter_combine_all_bf16"]  # fmt: skip
+    assert kw["kernels"] == names + [name + "_anyhidden" for name in names]
 
 
 def test_a_built_module_is_checked_as_text_is():

@@ -126,13 +126,16 @@ def test_kernel_names_round_trip():
 
 def test_arguments_by_name():
     sig = S.KERNELS["async_combine_recv"]
-    args = sig.arguments(lambda buffer: f"&{buffer}", {"n": 5})
-    assert args == ("&a_cx", "&a_cw", "&fwd", 5, "&a_csig", "&a_rounds", "&a_grid", "&out_c", "&out_cw", "&zero_row")
-    assert sig.arguments(lambda buffer: f"&{buffer}", {"n": 5, "out_w": 0})[8] == 0  # optional: null
+    args = sig.arguments(lambda buffer: f"&{buffer}", {"n": 5, "hidden": 64})
+    assert args == ("&a_cx", "&a_cw", "&fwd", 5, 64, "&a_csig", "&a_rounds", "&a_grid", "&out_c", "&out_cw",
+                    "&zero_row")  # fmt: skip
+    assert sig.arguments(lambda buffer: f"&{buffer}", {"n": 5, "hidden": 64, "out_w": 0})[9] == 0  # optional: null
     with pytest.raises(ValueError, match="missing call arguments n; unknown arguments nn"):
-        sig.arguments(lambda buffer: 0, {"nn": 1})
+        sig.arguments(lambda buffer: 0, {"nn": 1, "hidden": 64})
+    with pytest.raises(ValueError, match="missing call arguments hidden"):
+        sig.arguments(lambda buffer: 0, {"n": 1})
     with pytest.raises(ValueError, match="out_w may only be given as 0"):
-        sig.arguments(lambda buffer: 0, {"n": 1, "out_w": 1234})
+        sig.arguments(lambda buffer: 0, {"n": 1, "hidden": 64, "out_w": 1234})
 
 
 def test_leg_dtypes_follow_the_token_size():

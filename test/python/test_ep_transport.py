@@ -88,7 +88,7 @@ def test_every_off_node_access_is_a_put(kind, W, G):
     ctx, module = _expanded(_config(kind, W, G))
     with ctx:
         kernels = _kernels(module)
-        assert len(kernels) == 8  # two legs x (bf16, fp8 ocp, fp8 fnuz dispatch; bf16 combine) + ...
+        assert len(kernels) == 16  # (two legs x (bf16, fp8 ocp, fp8 fnuz dispatch; bf16 combine) + ...) x 2 variants
         sends = {}
         for name, fn in kernels.items():
             problems, remote = transport_problems(fn)

@@ -178,18 +178,6 @@ def test_shipped_directory_is_the_default(monkeypatch, tmp_path):
     assert tuning.find_tuning_table("gfx950", "mi300x", KT.IntraNode, 8, "dispatch").parent == tmp_path
 
 
-def test_shipped_tables_load():
-    # Every table shipped with the package is a valid file of its own name.
-    from pathlib import Path
-
-    shipped = Path(tuning.__file__).parent / "tuning_configs"
-    assert (shipped / "README.md").is_file()
-    for path in sorted(shipped.glob("*.json")):
-        table = load_tuning_table(path)
-        assert path.name == tuning.file_name(table.gpu_arch, table.gpu_model, table.kernel_type, table.ep_size,
-                                             table.phase)  # fmt: skip
-
-
 def test_env_override(monkeypatch, tmp_path):
     _write(tmp_path / "gfx950_mi355x_IntraNode_ep8_dispatch.json", [_rule(64, blocks=1)])
     mine = _write(tmp_path / "mine.json", [_rule(64, blocks=9)])
@@ -383,3 +371,80 @@ def test_the_op_refuses_auto_mode_until_it_reads_the_tables(monkeypatch):
     monkeypatch.setenv("MORI_EP_LAUNCH_CONFIG_MODE", "sometimes")
     with pytest.raises(ValueError, match="MORI_EP_LAUNCH_CONFIG_MODE='sometimes' is not allowed"):
         EpDispatchCombineOp(None)
+
+
+# Writing (bench/ep_tune.py's tables)
+
+
+def _rules_of(path):
+    return {(r.dtype, r.num_tokens): (r.block_num, r.warp_per_block, r.info.get("bandwidth_gbps"))
+            for r in load_tuning_table(path).rules}  # fmt: skip
+
+
+def test_written_table_loads_back_in_mori_format(tmp_path):
+    rules = [tuning.TuningRule("bf16", 4096, 7168, 32, 0, 8, topk=8, zero_copy=True, quant_type="none",
+                               info={"bandwidth_gbps": 350.5, "latency_us": 700.25}),
+             tuning.TuningRule("bf16", 128, 7168, 16, 0, 4, zero_copy=False, quant_type="none")]  # fmt: skip
+    path = tuning.write_tuning_table(tmp_path, "sm_90", "h200", "IntraNode", 8, "combine", rules)
+    assert path.name == "sm_90_h200_IntraNode_ep8_combine.json"
+    data = json.loads(path.read_text())
+    assert [data[k] for k in ("version", "gpu_arch", "gpu_model", "kernel_type", "ep_size", "phase")] == [
+        "1.0", "sm_90", "h200", "IntraNode", 8, "combine"]  # fmt: skip
+    assert list(data["rules"][1]) == ["dtype", "num_tokens", "hidden_dim", "topk", "zero_copy", "quant_type",
+                                      "block_num", "rdma_block_num", "warp_per_block", "bandwidth_gbps", "latency_us"]
+    table = load_tuning_table(path)
+    assert sorted(table.rules, key=lambda r: r.num_tokens) == sorted(rules, key=lambda r: r.num_tokens)
+    assert table.lookup("bf16", 2000, 7168, zero_copy=True).info == {"bandwidth_gbps": 350.5, "latency_us": 700.25}
+
+
+def test_write_merges_keeping_the_higher_bandwidth(tmp_path):
+    def rule(tokens, blocks, bw):
+        return tuning.TuningRule("bf16", tokens, 7168, blocks, 0, 8, info={"bandwidth_gbps": bw})
+
+    tuning.write_tuning_table(tmp_path, "sm_90", "h200", "IntraNode", 8, "dispatch", [rule(128, 16, 100.0),
+                                                                                        rule(4096, 32, 300.0)])
+    path = tuning.write_tuning_table(tmp_path, "sm_90", "h200", "IntraNode", 8, "dispatch",
+                                     [rule(128, 24, 120.0), rule(4096, 8, 250.0), rule(512, 8, 200.0)])  # fmt: skip
+    assert _rules_of(path) == {("bf16", 128): (24, 8, 120.0), ("bf16", 4096): (32, 8, 300.0),
+                               ("bf16", 512): (8, 8, 200.0)}  # fmt: skip
+    path = tuning.write_tuning_table(tmp_path, "sm_90", "h200", "IntraNode", 8, "dispatch", [rule(128, 4, 1.0)],
+                                     merge=False)  # fmt: skip
+    assert _rules_of(path) == {("bf16", 128): (4, 8, 1.0)}
+
+
+def test_write_refuses_a_table_that_would_not_load(tmp_path):
+    bad = tuning.TuningRule("bf16", 128, 7168, 2048, 0, 8)  # more blocks than the epoch slots
+    with pytest.raises(TuningTableError, match=r"rule 0 field 'block_num' 2048 is outside \[1, 1024\]"):
+        tuning.write_tuning_table(tmp_path, "sm_90", "h200", "IntraNode", 8, "dispatch", [bad])
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temporary left
+    existing = tmp_path / "sm_90_h200_IntraNode_ep8_dispatch.json"
+    existing.write_text("{not json")
+    with pytest.raises(TuningTableError, match="not JSON"):
+        tuning.write_tuning_table(tmp_path, "sm_90", "h200", "IntraNode", 8, "dispatch",
+                                  [tuning.TuningRule("bf16", 128, 7168, 16, 0, 8)])  # fmt: skip
+    assert existing.read_text() == "{not json"  # an unreadable table is reported, never overwritten
+    with pytest.raises(TuningTableError, match="gpu_model must name the GPU model"):
+        tuning.write_tuning_table(tmp_path, "sm_90", None, "IntraNode", 8, "dispatch", [])
+
+
+def test_shipped_tables_load():
+    """Every shipped file is the README or a table named after its header whose rules an op of its kind and
+    EP size accepts (mori_compiler/ops/auto_launch.py checks them against the config when an op is built)."""
+    from mori_compiler.ops.auto_launch import AutoLaunch
+    from mori_compiler.ops.config import EpDispatchCombineConfig
+
+    names = sorted(p.name for p in tuning.SHIPPED_DIR.iterdir())
+    assert "README.md" in names
+    for name in names:
+        if name == "README.md":
+            continue
+        table = load_tuning_table(tuning.SHIPPED_DIR / name)
+        assert name == tuning.file_name(table.gpu_arch, table.gpu_model, table.kernel_type, table.ep_size, table.phase)
+        ep = table.ep_size
+        cfg = EpDispatchCombineConfig(data_type="bf16", rank=0, world_size=ep, hidden_dim=7168, scale_dim=0,
+                                      scale_type_size=0, max_token_type_size=2, max_num_inp_token_per_rank=4096,
+                                      num_experts_per_rank=max(1, 256 // ep), num_experts_per_token=8,
+                                      use_external_inp_buf=True, kernel_type=table.kernel_type,
+                                      gpu_per_node=min(8, ep))  # fmt: skip
+        auto = AutoLaunch(cfg, table.gpu_arch, table.gpu_model)
+        assert auto.tables[table.phase].path == tuning.SHIPPED_DIR / name

@@ -64,8 +64,10 @@ INTERNODE_FAMILIES = ("InterNodeV1", "InterNodeV1LL", "InterNode")
 FAMILIES = (*example_names(), "IntraNode", "IntraNodeLL", *(f"AsyncLL-{mode}" for mode in EP_MODES),
             *INTERNODE_FAMILIES)
 # The inter-node bundle (bf16-wide): per dispatch dtype the stage and dispatch kernels, then the two combines.
-INTERNODE_KERNELS = {f"ep_inter_{k}_{dt}" for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz") for k in ("stage", "dispatch")
-                     } | {"ep_inter_combine_bf16", "ep_inter_combine_all_bf16"}  # fmt: skip
+_INTERNODE_FIXED = {f"ep_inter_{k}_{dt}" for dt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz") for k in ("stage", "dispatch")
+                    } | {"ep_inter_combine_bf16", "ep_inter_combine_all_bf16"}  # fmt: skip
+# Each kernel for the config's hidden and its variant for any hidden.
+INTERNODE_KERNELS = _INTERNODE_FIXED | {name + "_anyhidden" for name in _INTERNODE_FIXED}
 
 
 def _ep_config(kind):
@@ -216,8 +218,8 @@ def test_family_links_with_mori_bitcode(compiled, state_size, family, cov):
 
 @pytest.mark.parametrize("cov", VERSIONS)
 @pytest.mark.parametrize("family", INTERNODE_FAMILIES)
-def test_internode_bundle_has_its_8_kernels_and_calls_mori_transport(compiled, family, cov):
-    """The inter-node code object linked with MORI's bitcode holds exactly the 8 kernels of the bundle, and
+def test_internode_bundle_has_its_16_kernels_and_calls_mori_transport(compiled, family, cov):
+    """The inter-node code object linked with MORI's bitcode holds exactly the 16 kernels of the bundle (8, and their any-hidden variants), and
     chunk_send's puts reach MORI's transport-switching functions (RDMA or P2P by the peer), called, not
     inlined."""
     binary, kernels, _ = compiled(family, cov)

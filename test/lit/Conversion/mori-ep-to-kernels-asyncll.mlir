@@ -15,12 +15,12 @@
 // CHECK-NOT: c_type = "uint64"
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_async_dispatch_recv_bf16(
-// CHECK-SAME: %arg6: !llvm.ptr {mori.name = "sig"}, %arg7: !llvm.ptr {mori.name = "rounds"}, %arg8: !llvm.ptr {mori.name = "grid_ctr"}
+// CHECK-SAME: %arg7: !llvm.ptr {mori.name = "sig"}, %arg8: !llvm.ptr {mori.name = "rounds"}, %arg9: !llvm.ptr {mori.name = "grid_ctr"}
 // CHECK: "mori_shmem.fence"() : () -> ()
 // CHECK-NEXT: "mori_shmem.p"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) {c_type = "uint64"}
 // CHECK: "mori_shmem.wait_until"(%{{.*}}, %{{.*}}) {cmp = "greater_than", elem = "uint64"}
 // CHECK-NEXT: "mori_shmem.fence"() : () -> ()
-// CHECK: "mori_comm.grid_barrier"(%arg8)
+// CHECK: "mori_comm.grid_barrier"(%arg9)
 // CHECK: scf.for
 // CHECK: "mori_comm.row_copy"
 // The last block to finish advances the round (fence, arrival fetch-add, then the store).
@@ -31,12 +31,12 @@
 // CHECK-NOT: c_type = "uint64"
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_async_combine_recv_bf16(
-// CHECK-SAME: %arg4: !llvm.ptr {mori.name = "csig"}, %arg5: !llvm.ptr {mori.name = "rounds"}, %arg6: !llvm.ptr {mori.name = "grid_ctr"}
+// CHECK-SAME: %arg5: !llvm.ptr {mori.name = "csig"}, %arg6: !llvm.ptr {mori.name = "rounds"}, %arg7: !llvm.ptr {mori.name = "grid_ctr"}
 // CHECK: "mori_shmem.fence"() : () -> ()
 // CHECK-NEXT: "mori_shmem.p"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) {c_type = "uint64"}
 // CHECK: "mori_shmem.wait_until"
 // CHECK-NEXT: "mori_shmem.fence"() : () -> ()
-// CHECK: "mori_comm.grid_barrier"(%arg6)
+// CHECK: "mori_comm.grid_barrier"(%arg7)
 // CHECK: "mori_comm.accumulate_rows"
 // CHECK: gpu.return
 module attributes {gpu.container_module} {
@@ -52,9 +52,9 @@ module attributes {gpu.container_module} {
 
 // early_notify: the send phase ends with a grid barrier and the posts; the receive phase only waits.
 // CHECK-LABEL: gpu.func @ep_async_dispatch_send_bf16(
-// CHECK-SAME: %arg15: !llvm.ptr {mori.name = "grid_ctr"})
+// CHECK-SAME: %arg16: !llvm.ptr {mori.name = "grid_ctr"})
 // CHECK: "mori_comm.row_copy"
-// CHECK: "mori_comm.grid_barrier"(%arg15)
+// CHECK: "mori_comm.grid_barrier"(%arg16)
 // CHECK: "mori_shmem.fence"() : () -> ()
 // CHECK-NEXT: "mori_shmem.p"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) {c_type = "uint64"}
 // CHECK: gpu.return
@@ -62,20 +62,20 @@ module attributes {gpu.container_module} {
 // CHECK-NOT: c_type = "uint64"
 // CHECK: "mori_shmem.wait_until"
 // CHECK-NEXT: "mori_shmem.fence"() : () -> ()
-// CHECK: "mori_comm.grid_barrier"(%arg8)
+// CHECK: "mori_comm.grid_barrier"(%arg9)
 // CHECK: "mori_comm.row_copy"
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_async_combine_send_bf16(
-// CHECK-SAME: %arg6: !llvm.ptr {mori.name = "csig"}, %arg7: !llvm.ptr {mori.name = "rounds"}, %arg8: !llvm.ptr {mori.name = "grid_ctr"})
+// CHECK-SAME: %arg7: !llvm.ptr {mori.name = "csig"}, %arg8: !llvm.ptr {mori.name = "rounds"}, %arg9: !llvm.ptr {mori.name = "grid_ctr"})
 // CHECK: "mori_comm.row_copy"
-// CHECK: "mori_comm.grid_barrier"(%arg8)
+// CHECK: "mori_comm.grid_barrier"(%arg9)
 // CHECK: "mori_shmem.fence"() : () -> ()
 // CHECK-NEXT: "mori_shmem.p"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) {c_type = "uint64"}
 // CHECK-LABEL: gpu.func @ep_async_combine_recv_bf16(
 // CHECK-NOT: "mori_shmem.p"
 // CHECK: "mori_shmem.wait_until"
 // CHECK-NEXT: "mori_shmem.fence"() : () -> ()
-// CHECK: "mori_comm.grid_barrier"(%arg6)
+// CHECK: "mori_comm.grid_barrier"(%arg7)
 // CHECK: "mori_comm.accumulate_rows"
 module attributes {gpu.container_module} {
   gpu.module @asyncll {

@@ -15,16 +15,16 @@
 
 // InterNodeV1: hop_size = gpu_per_node (2), selective sends, 3 queue pairs.
 // CHECK-LABEL: gpu.func @ep_inter_stage_bf16(
-// CHECK-SAME: %arg0: !llvm.ptr {mori.name = "x"}, %arg1: !llvm.ptr {mori.name = "w"}, %arg2: !llvm.ptr {mori.name = "s"}, %arg3: !llvm.ptr {mori.name = "idx"}, %arg4: i32 {mori.name = "n"}, %arg5: !llvm.ptr {mori.name = "stage"}) kernel attributes {known_block_size = array<i32: 256, 1, 1>}
+// CHECK-SAME: %arg0: !llvm.ptr {mori.name = "x"}, %arg1: !llvm.ptr {mori.name = "w"}, %arg2: !llvm.ptr {mori.name = "s"}, %arg3: !llvm.ptr {mori.name = "idx"}, %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: !llvm.ptr {mori.name = "stage"}) kernel attributes {known_block_size = array<i32: 256, 1, 1>}
 // CHECK: "mori_comm.row_copy"(%{{.*}}, %{{.*}}, %c2048_i64, %{{.*}})
 // CHECK: "mori_comm.row_copy"(%{{.*}}, %{{.*}}, %c16_i64, %{{.*}})
 // CHECK-NOT: "mori_comm.chunk_send"
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_inter_dispatch_bf16(
-// CHECK-SAME: %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "rdma_blocks"}
-// CHECK-SAME: %arg12: !llvm.ptr {mori.name = "signals"}, %arg13: !llvm.ptr {mori.name = "grid_ctr"}, %arg14: !llvm.ptr {mori.name = "round_ctr"}
-// CHECK-SAME: %arg16: !llvm.ptr {mori.name = "dest_ctr"}, %arg17: !llvm.ptr {mori.name = "total"}
-// CHECK-SAME: %arg19: !llvm.ptr {mori.name = "stage"}, %arg20: !llvm.ptr {mori.name = "land"}, %arg21: !llvm.ptr {mori.name = "flag"}, %arg22: !llvm.ptr {mori.name = "smap"}, %arg23: !llvm.ptr {mori.name = "pfwd"}, %arg24: !llvm.ptr {mori.name = "traffic"}) kernel
+// CHECK-SAME: %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: i32 {mori.name = "rdma_blocks"}
+// CHECK-SAME: %arg13: !llvm.ptr {mori.name = "signals"}, %arg14: !llvm.ptr {mori.name = "grid_ctr"}, %arg15: !llvm.ptr {mori.name = "round_ctr"}
+// CHECK-SAME: %arg17: !llvm.ptr {mori.name = "dest_ctr"}, %arg18: !llvm.ptr {mori.name = "total"}
+// CHECK-SAME: %arg20: !llvm.ptr {mori.name = "stage"}, %arg21: !llvm.ptr {mori.name = "land"}, %arg22: !llvm.ptr {mori.name = "flag"}, %arg23: !llvm.ptr {mori.name = "smap"}, %arg24: !llvm.ptr {mori.name = "pfwd"}, %arg25: !llvm.ptr {mori.name = "traffic"}) kernel
 // The inter-node role: the blocks below rdma_blocks.
 // CHECK: %[[RDMA:.*]] = arith.cmpi ult, %block_id_x, %{{.*}} : index
 // CHECK-NEXT: scf.if %[[RDMA]] {
@@ -38,10 +38,10 @@
 // The ballot (two 32-bit halves), the packed slot of each token in the send map, then the send.
 // CHECK: gpu.shuffle  xor
 // CHECK: llvm.intr.ctpop
-// CHECK: llvm.getelementptr %arg22[
-// CHECK: %[[LAND:.*]] = llvm.getelementptr %arg20[
-// CHECK: %[[SRC:.*]] = llvm.getelementptr %arg19[
-// CHECK: %[[FLAG:.*]] = llvm.getelementptr %arg21[
+// CHECK: llvm.getelementptr %arg23[
+// CHECK: %[[LAND:.*]] = llvm.getelementptr %arg21[
+// CHECK: %[[SRC:.*]] = llvm.getelementptr %arg20[
+// CHECK: %[[FLAG:.*]] = llvm.getelementptr %arg22[
 // The queue pair: chunk % num_qp (3); the target: hop * hop_size (2) + me % hop_size.
 // CHECK: %[[NQP:.*]] = arith.constant 3 : i32
 // CHECK-NEXT: %[[QP:.*]] = arith.remui %{{.*}}, %[[NQP]] : i32
@@ -49,7 +49,7 @@
 // CHECK-NEXT: %[[RANK:.*]] = arith.remui %{{.*}}, %[[HS]] : i32
 // CHECK-NEXT: %[[TARGET:.*]] = arith.addi %[[HOPPE]], %[[RANK]] : i32
 // CHECK-NEXT: %[[SENT:.*]] = "mori_comm.chunk_send"(%[[LAND]], %[[SRC]], %c2112_i64, %{{.*}}, %[[FLAG]], %{{.*}}, %[[TARGET]], %[[QP]]) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, i64, i32, i32) -> i64
-// CHECK: llvm.getelementptr %arg24[0]
+// CHECK: llvm.getelementptr %arg25[0]
 // CHECK-NEXT: llvm.atomicrmw add %{{.*}}, %[[SENT]] monotonic : !llvm.ptr, i64
 // Receive and forward: every lane waits for its chunk; a record below the count is routed; its
 // destinations (slots, rows) are named through node_pe.
@@ -71,15 +71,15 @@
 // CHECK-NEXT: "mori_comm.row_copy_to_peers"(%{{.*}}, %{{.*}}, %c2048_i64, %[[CPE]], %{{.*}}) {max_peers = 4 : i64}
 // Completion: the grid meets, then the count handshake among the node's 2 PEs; the round advances.
 // CHECK-NOT: "mori_comm.chunk_
-// CHECK: "mori_comm.grid_barrier"(%arg13) : (!llvm.ptr) -> ()
-// CHECK: "mori_comm.node_count_signal"(%arg12, %arg16, %arg17) {group_size = 2 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
-// CHECK: llvm.store %{{.*}}, %arg14 : i64, !llvm.ptr
+// CHECK: "mori_comm.grid_barrier"(%arg14) : (!llvm.ptr) -> ()
+// CHECK: "mori_comm.node_count_signal"(%arg13, %arg17, %arg18) {group_size = 2 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+// CHECK: llvm.store %{{.*}}, %arg15 : i64, !llvm.ptr
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_inter_combine_bf16(
-// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: i32 {mori.name = "rdma_blocks"}, %arg2: i32 {mori.name = "has_w"}, %arg3: !llvm.ptr {mori.name = "reg_x"}, %arg4: !llvm.ptr {mori.name = "reg_w"}
-// CHECK-SAME: %arg10: !llvm.ptr {mori.name = "fpart"}, %arg11: !llvm.ptr {mori.name = "crecv"}, %arg12: !llvm.ptr {mori.name = "cflag"}, %arg13: !llvm.ptr {mori.name = "done"}, %arg14: !llvm.ptr {mori.name = "rounds"}, %arg15: !llvm.ptr {mori.name = "bar_slots"}, %arg16: !llvm.ptr {mori.name = "bar_epochs"}, %arg17: !llvm.ptr {mori.name = "zero_row"}, %arg18: !llvm.ptr {mori.name = "traffic"}) kernel
+// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: i32 {mori.name = "hidden"}, %arg2: i32 {mori.name = "rdma_blocks"}, %arg3: i32 {mori.name = "has_w"}, %arg4: !llvm.ptr {mori.name = "reg_x"}, %arg5: !llvm.ptr {mori.name = "reg_w"}
+// CHECK-SAME: %arg11: !llvm.ptr {mori.name = "fpart"}, %arg12: !llvm.ptr {mori.name = "crecv"}, %arg13: !llvm.ptr {mori.name = "cflag"}, %arg14: !llvm.ptr {mori.name = "done"}, %arg15: !llvm.ptr {mori.name = "rounds"}, %arg16: !llvm.ptr {mori.name = "bar_slots"}, %arg17: !llvm.ptr {mori.name = "bar_epochs"}, %arg18: !llvm.ptr {mori.name = "zero_row"}, %arg19: !llvm.ptr {mori.name = "traffic"}) kernel
 // The node meets first (its peers' registered rows are written).
-// CHECK: "mori_comm.node_device_barrier"(%arg15, %arg16) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK: "mori_comm.node_device_barrier"(%arg16, %arg17) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // Inter-node blocks: a chunk's forwarded records shared by 4 warps (one chunk per source hop here): a
 // record's rows on the node's PEs (through node_pe; at most min(K, hop size) of them) summed into its
 // partial; each share released and counted done; the chunk's last share sends its partials back (queue
@@ -94,7 +94,7 @@
 // CHECK: %[[NQP:.*]] = arith.constant 3 : i32
 // CHECK-NEXT: %[[QP:.*]] = arith.remui %{{.*}}, %[[NQP]] : i32
 // CHECK: %[[SENT:.*]] = "mori_comm.chunk_send"(%{{.*}}, %{{.*}}, %c2064_i64, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[QP]])
-// CHECK: llvm.getelementptr %arg18[2]
+// CHECK: llvm.getelementptr %arg19[2]
 // CHECK-NEXT: llvm.atomicrmw add %{{.*}}, %[[SENT]] monotonic : !llvm.ptr, i64
 // CHECK: "mori_shmem.quiet"() : () -> ()
 // Same-node blocks: each own token's node partial.
@@ -104,8 +104,8 @@
 // CHECK-NOT: "mori_comm.chunk_
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_inter_combine_all_bf16(
-// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: !llvm.ptr {mori.name = "smap"}, %arg2: !llvm.ptr {mori.name = "part"}, %arg3: !llvm.ptr {mori.name = "crecv"}, %arg4: !llvm.ptr {mori.name = "cflag"}, %arg5: !llvm.ptr {mori.name = "rounds"}, %arg6: !llvm.ptr {mori.name = "bar_slots"}, %arg7: !llvm.ptr {mori.name = "bar_epochs"}, %arg8: !llvm.ptr {mori.name = "out"}, %arg9: !llvm.ptr {mori.name = "out_w"}, %arg10: !llvm.ptr {mori.name = "zero_row"}) kernel
-// CHECK: "mori_comm.node_device_barrier"(%arg6, %arg7) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: i32 {mori.name = "hidden"}, %arg2: !llvm.ptr {mori.name = "smap"}, %arg3: !llvm.ptr {mori.name = "part"}, %arg4: !llvm.ptr {mori.name = "crecv"}, %arg5: !llvm.ptr {mori.name = "cflag"}, %arg6: !llvm.ptr {mori.name = "rounds"}, %arg7: !llvm.ptr {mori.name = "bar_slots"}, %arg8: !llvm.ptr {mori.name = "bar_epochs"}, %arg9: !llvm.ptr {mori.name = "out"}, %arg10: !llvm.ptr {mori.name = "out_w"}, %arg11: !llvm.ptr {mori.name = "zero_row"}) kernel
+// CHECK: "mori_comm.node_device_barrier"(%arg7, %arg8) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // The node meets first (every peer's gathers from our registered rows are done). The lanes of the remote
 // hops the token went to wait for its partial's chunk, the warp fences (acquire), then the node's partial
 // and the 1 remote ones are summed.
@@ -130,16 +130,16 @@ module attributes {gpu.container_module} {
 
 // InterNodeV1LL: send_all = 1: no per-expert hop test in the send.
 // CHECK-LABEL: gpu.func @ep_inter_stage_bf16(
-// CHECK-SAME: %arg0: !llvm.ptr {mori.name = "x"}, %arg1: !llvm.ptr {mori.name = "w"}, %arg2: !llvm.ptr {mori.name = "s"}, %arg3: !llvm.ptr {mori.name = "idx"}, %arg4: i32 {mori.name = "n"}, %arg5: !llvm.ptr {mori.name = "stage"}) kernel attributes {known_block_size = array<i32: 256, 1, 1>}
+// CHECK-SAME: %arg0: !llvm.ptr {mori.name = "x"}, %arg1: !llvm.ptr {mori.name = "w"}, %arg2: !llvm.ptr {mori.name = "s"}, %arg3: !llvm.ptr {mori.name = "idx"}, %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: !llvm.ptr {mori.name = "stage"}) kernel attributes {known_block_size = array<i32: 256, 1, 1>}
 // CHECK: "mori_comm.row_copy"(%{{.*}}, %{{.*}}, %c2048_i64, %{{.*}})
 // CHECK: "mori_comm.row_copy"(%{{.*}}, %{{.*}}, %c16_i64, %{{.*}})
 // CHECK-NOT: "mori_comm.chunk_send"
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_inter_dispatch_bf16(
-// CHECK-SAME: %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "rdma_blocks"}
-// CHECK-SAME: %arg12: !llvm.ptr {mori.name = "signals"}, %arg13: !llvm.ptr {mori.name = "grid_ctr"}, %arg14: !llvm.ptr {mori.name = "round_ctr"}
-// CHECK-SAME: %arg16: !llvm.ptr {mori.name = "dest_ctr"}, %arg17: !llvm.ptr {mori.name = "total"}
-// CHECK-SAME: %arg19: !llvm.ptr {mori.name = "stage"}, %arg20: !llvm.ptr {mori.name = "land"}, %arg21: !llvm.ptr {mori.name = "flag"}, %arg22: !llvm.ptr {mori.name = "smap"}, %arg23: !llvm.ptr {mori.name = "pfwd"}, %arg24: !llvm.ptr {mori.name = "traffic"}) kernel
+// CHECK-SAME: %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: i32 {mori.name = "rdma_blocks"}
+// CHECK-SAME: %arg13: !llvm.ptr {mori.name = "signals"}, %arg14: !llvm.ptr {mori.name = "grid_ctr"}, %arg15: !llvm.ptr {mori.name = "round_ctr"}
+// CHECK-SAME: %arg17: !llvm.ptr {mori.name = "dest_ctr"}, %arg18: !llvm.ptr {mori.name = "total"}
+// CHECK-SAME: %arg20: !llvm.ptr {mori.name = "stage"}, %arg21: !llvm.ptr {mori.name = "land"}, %arg22: !llvm.ptr {mori.name = "flag"}, %arg23: !llvm.ptr {mori.name = "smap"}, %arg24: !llvm.ptr {mori.name = "pfwd"}, %arg25: !llvm.ptr {mori.name = "traffic"}) kernel
 // The inter-node role: the blocks below rdma_blocks.
 // CHECK: %[[RDMA:.*]] = arith.cmpi ult, %block_id_x, %{{.*}} : index
 // CHECK-NEXT: scf.if %[[RDMA]] {
@@ -152,10 +152,10 @@ module attributes {gpu.container_module} {
 // The ballot (two 32-bit halves), the packed slot of each token in the send map, then the send.
 // CHECK: gpu.shuffle  xor
 // CHECK: llvm.intr.ctpop
-// CHECK: llvm.getelementptr %arg22[
-// CHECK: %[[LAND:.*]] = llvm.getelementptr %arg20[
-// CHECK: %[[SRC:.*]] = llvm.getelementptr %arg19[
-// CHECK: %[[FLAG:.*]] = llvm.getelementptr %arg21[
+// CHECK: llvm.getelementptr %arg23[
+// CHECK: %[[LAND:.*]] = llvm.getelementptr %arg21[
+// CHECK: %[[SRC:.*]] = llvm.getelementptr %arg20[
+// CHECK: %[[FLAG:.*]] = llvm.getelementptr %arg22[
 // The queue pair: chunk % num_qp (3); the target: hop * hop_size (2) + me % hop_size.
 // CHECK: %[[NQP:.*]] = arith.constant 3 : i32
 // CHECK-NEXT: %[[QP:.*]] = arith.remui %{{.*}}, %[[NQP]] : i32
@@ -163,7 +163,7 @@ module attributes {gpu.container_module} {
 // CHECK-NEXT: %[[RANK:.*]] = arith.remui %{{.*}}, %[[HS]] : i32
 // CHECK-NEXT: %[[TARGET:.*]] = arith.addi %[[HOPPE]], %[[RANK]] : i32
 // CHECK-NEXT: %[[SENT:.*]] = "mori_comm.chunk_send"(%[[LAND]], %[[SRC]], %c2112_i64, %{{.*}}, %[[FLAG]], %{{.*}}, %[[TARGET]], %[[QP]]) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, i64, i32, i32) -> i64
-// CHECK: llvm.getelementptr %arg24[0]
+// CHECK: llvm.getelementptr %arg25[0]
 // CHECK-NEXT: llvm.atomicrmw add %{{.*}}, %[[SENT]] monotonic : !llvm.ptr, i64
 // Receive and forward: every lane waits for its chunk; a record below the count is routed; its
 // destinations (slots, rows) are named through node_pe.
@@ -185,15 +185,15 @@ module attributes {gpu.container_module} {
 // CHECK-NEXT: "mori_comm.row_copy_to_peers"(%{{.*}}, %{{.*}}, %c2048_i64, %[[CPE]], %{{.*}}) {max_peers = 4 : i64}
 // Completion: the grid meets, then the count handshake among the node's 2 PEs; the round advances.
 // CHECK-NOT: "mori_comm.chunk_
-// CHECK: "mori_comm.grid_barrier"(%arg13) : (!llvm.ptr) -> ()
-// CHECK: "mori_comm.node_count_signal"(%arg12, %arg16, %arg17) {group_size = 2 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
-// CHECK: llvm.store %{{.*}}, %arg14 : i64, !llvm.ptr
+// CHECK: "mori_comm.grid_barrier"(%arg14) : (!llvm.ptr) -> ()
+// CHECK: "mori_comm.node_count_signal"(%arg13, %arg17, %arg18) {group_size = 2 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+// CHECK: llvm.store %{{.*}}, %arg15 : i64, !llvm.ptr
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_inter_combine_bf16(
-// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: i32 {mori.name = "rdma_blocks"}, %arg2: i32 {mori.name = "has_w"}, %arg3: !llvm.ptr {mori.name = "reg_x"}, %arg4: !llvm.ptr {mori.name = "reg_w"}
-// CHECK-SAME: %arg10: !llvm.ptr {mori.name = "fpart"}, %arg11: !llvm.ptr {mori.name = "crecv"}, %arg12: !llvm.ptr {mori.name = "cflag"}, %arg13: !llvm.ptr {mori.name = "done"}, %arg14: !llvm.ptr {mori.name = "rounds"}, %arg15: !llvm.ptr {mori.name = "bar_slots"}, %arg16: !llvm.ptr {mori.name = "bar_epochs"}, %arg17: !llvm.ptr {mori.name = "zero_row"}, %arg18: !llvm.ptr {mori.name = "traffic"}) kernel
+// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: i32 {mori.name = "hidden"}, %arg2: i32 {mori.name = "rdma_blocks"}, %arg3: i32 {mori.name = "has_w"}, %arg4: !llvm.ptr {mori.name = "reg_x"}, %arg5: !llvm.ptr {mori.name = "reg_w"}
+// CHECK-SAME: %arg11: !llvm.ptr {mori.name = "fpart"}, %arg12: !llvm.ptr {mori.name = "crecv"}, %arg13: !llvm.ptr {mori.name = "cflag"}, %arg14: !llvm.ptr {mori.name = "done"}, %arg15: !llvm.ptr {mori.name = "rounds"}, %arg16: !llvm.ptr {mori.name = "bar_slots"}, %arg17: !llvm.ptr {mori.name = "bar_epochs"}, %arg18: !llvm.ptr {mori.name = "zero_row"}, %arg19: !llvm.ptr {mori.name = "traffic"}) kernel
 // The node meets first (its peers' registered rows are written).
-// CHECK: "mori_comm.node_device_barrier"(%arg15, %arg16) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK: "mori_comm.node_device_barrier"(%arg16, %arg17) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // Inter-node blocks: a chunk's forwarded records shared by 4 warps (one chunk per source hop here): a
 // record's rows on the node's PEs (through node_pe; at most min(K, hop size) of them) summed into its
 // partial; each share released and counted done; the chunk's last share sends its partials back (queue
@@ -208,7 +208,7 @@ module attributes {gpu.container_module} {
 // CHECK: %[[NQP:.*]] = arith.constant 3 : i32
 // CHECK-NEXT: %[[QP:.*]] = arith.remui %{{.*}}, %[[NQP]] : i32
 // CHECK: %[[SENT:.*]] = "mori_comm.chunk_send"(%{{.*}}, %{{.*}}, %c2064_i64, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[QP]])
-// CHECK: llvm.getelementptr %arg18[2]
+// CHECK: llvm.getelementptr %arg19[2]
 // CHECK-NEXT: llvm.atomicrmw add %{{.*}}, %[[SENT]] monotonic : !llvm.ptr, i64
 // CHECK: "mori_shmem.quiet"() : () -> ()
 // Same-node blocks: each own token's node partial.
@@ -218,8 +218,8 @@ module attributes {gpu.container_module} {
 // CHECK-NOT: "mori_comm.chunk_
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_inter_combine_all_bf16(
-// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: !llvm.ptr {mori.name = "smap"}, %arg2: !llvm.ptr {mori.name = "part"}, %arg3: !llvm.ptr {mori.name = "crecv"}, %arg4: !llvm.ptr {mori.name = "cflag"}, %arg5: !llvm.ptr {mori.name = "rounds"}, %arg6: !llvm.ptr {mori.name = "bar_slots"}, %arg7: !llvm.ptr {mori.name = "bar_epochs"}, %arg8: !llvm.ptr {mori.name = "out"}, %arg9: !llvm.ptr {mori.name = "out_w"}, %arg10: !llvm.ptr {mori.name = "zero_row"}) kernel
-// CHECK: "mori_comm.node_device_barrier"(%arg6, %arg7) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: i32 {mori.name = "hidden"}, %arg2: !llvm.ptr {mori.name = "smap"}, %arg3: !llvm.ptr {mori.name = "part"}, %arg4: !llvm.ptr {mori.name = "crecv"}, %arg5: !llvm.ptr {mori.name = "cflag"}, %arg6: !llvm.ptr {mori.name = "rounds"}, %arg7: !llvm.ptr {mori.name = "bar_slots"}, %arg8: !llvm.ptr {mori.name = "bar_epochs"}, %arg9: !llvm.ptr {mori.name = "out"}, %arg10: !llvm.ptr {mori.name = "out_w"}, %arg11: !llvm.ptr {mori.name = "zero_row"}) kernel
+// CHECK: "mori_comm.node_device_barrier"(%arg7, %arg8) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // The node meets first (every peer's gathers from our registered rows are done). The lanes of the remote
 // hops the token went to wait for its partial's chunk, the warp fences (acquire), then the node's partial
 // and the 1 remote ones are summed.
@@ -244,16 +244,16 @@ module attributes {gpu.container_module} {
 
 // InterNode (V0): hop_size 1, the token goes to each remote PE holding one of its experts; one queue pair.
 // CHECK-LABEL: gpu.func @ep_inter_stage_bf16(
-// CHECK-SAME: %arg0: !llvm.ptr {mori.name = "x"}, %arg1: !llvm.ptr {mori.name = "w"}, %arg2: !llvm.ptr {mori.name = "s"}, %arg3: !llvm.ptr {mori.name = "idx"}, %arg4: i32 {mori.name = "n"}, %arg5: !llvm.ptr {mori.name = "stage"}) kernel attributes {known_block_size = array<i32: 256, 1, 1>}
+// CHECK-SAME: %arg0: !llvm.ptr {mori.name = "x"}, %arg1: !llvm.ptr {mori.name = "w"}, %arg2: !llvm.ptr {mori.name = "s"}, %arg3: !llvm.ptr {mori.name = "idx"}, %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: !llvm.ptr {mori.name = "stage"}) kernel attributes {known_block_size = array<i32: 256, 1, 1>}
 // CHECK: "mori_comm.row_copy"(%{{.*}}, %{{.*}}, %c2048_i64, %{{.*}})
 // CHECK: "mori_comm.row_copy"(%{{.*}}, %{{.*}}, %c16_i64, %{{.*}})
 // CHECK-NOT: "mori_comm.chunk_send"
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_inter_dispatch_bf16(
-// CHECK-SAME: %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "rdma_blocks"}
-// CHECK-SAME: %arg12: !llvm.ptr {mori.name = "signals"}, %arg13: !llvm.ptr {mori.name = "grid_ctr"}, %arg14: !llvm.ptr {mori.name = "round_ctr"}
-// CHECK-SAME: %arg16: !llvm.ptr {mori.name = "dest_ctr"}, %arg17: !llvm.ptr {mori.name = "total"}
-// CHECK-SAME: %arg19: !llvm.ptr {mori.name = "stage"}, %arg20: !llvm.ptr {mori.name = "land"}, %arg21: !llvm.ptr {mori.name = "flag"}, %arg22: !llvm.ptr {mori.name = "smap"}, %arg23: !llvm.ptr {mori.name = "pfwd"}, %arg24: !llvm.ptr {mori.name = "traffic"}) kernel
+// CHECK-SAME: %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: i32 {mori.name = "rdma_blocks"}
+// CHECK-SAME: %arg13: !llvm.ptr {mori.name = "signals"}, %arg14: !llvm.ptr {mori.name = "grid_ctr"}, %arg15: !llvm.ptr {mori.name = "round_ctr"}
+// CHECK-SAME: %arg17: !llvm.ptr {mori.name = "dest_ctr"}, %arg18: !llvm.ptr {mori.name = "total"}
+// CHECK-SAME: %arg20: !llvm.ptr {mori.name = "stage"}, %arg21: !llvm.ptr {mori.name = "land"}, %arg22: !llvm.ptr {mori.name = "flag"}, %arg23: !llvm.ptr {mori.name = "smap"}, %arg24: !llvm.ptr {mori.name = "pfwd"}, %arg25: !llvm.ptr {mori.name = "traffic"}) kernel
 // The inter-node role: the blocks below rdma_blocks.
 // CHECK: %[[RDMA:.*]] = arith.cmpi ult, %block_id_x, %{{.*}} : index
 // CHECK-NEXT: scf.if %[[RDMA]] {
@@ -267,10 +267,10 @@ module attributes {gpu.container_module} {
 // The ballot (two 32-bit halves), the packed slot of each token in the send map, then the send.
 // CHECK: gpu.shuffle  xor
 // CHECK: llvm.intr.ctpop
-// CHECK: llvm.getelementptr %arg22[
-// CHECK: %[[LAND:.*]] = llvm.getelementptr %arg20[
-// CHECK: %[[SRC:.*]] = llvm.getelementptr %arg19[
-// CHECK: %[[FLAG:.*]] = llvm.getelementptr %arg21[
+// CHECK: llvm.getelementptr %arg23[
+// CHECK: %[[LAND:.*]] = llvm.getelementptr %arg21[
+// CHECK: %[[SRC:.*]] = llvm.getelementptr %arg20[
+// CHECK: %[[FLAG:.*]] = llvm.getelementptr %arg22[
 // The queue pair: chunk % num_qp (1); the target: hop * hop_size (1) + me % hop_size.
 // CHECK: %[[NQP:.*]] = arith.constant 1 : i32
 // CHECK-NEXT: %[[QP:.*]] = arith.remui %{{.*}}, %[[NQP]] : i32
@@ -278,7 +278,7 @@ module attributes {gpu.container_module} {
 // CHECK-NEXT: %[[RANK:.*]] = arith.remui %{{.*}}, %[[HS]] : i32
 // CHECK-NEXT: %[[TARGET:.*]] = arith.addi %[[HOPPE]], %[[RANK]] : i32
 // CHECK-NEXT: %[[SENT:.*]] = "mori_comm.chunk_send"(%[[LAND]], %[[SRC]], %c2112_i64, %{{.*}}, %[[FLAG]], %{{.*}}, %[[TARGET]], %[[QP]]) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, i64, i32, i32) -> i64
-// CHECK: llvm.getelementptr %arg24[0]
+// CHECK: llvm.getelementptr %arg25[0]
 // CHECK-NEXT: llvm.atomicrmw add %{{.*}}, %[[SENT]] monotonic : !llvm.ptr, i64
 // Receive and forward: every lane waits for its chunk; a record below the count is routed; its
 // destinations (slots, rows) are named through node_pe.
@@ -300,15 +300,15 @@ module attributes {gpu.container_module} {
 // CHECK-NEXT: "mori_comm.row_copy_to_peers"(%{{.*}}, %{{.*}}, %c2048_i64, %[[CPE]], %{{.*}}) {max_peers = 4 : i64}
 // Completion: the grid meets, then the count handshake among the node's 2 PEs; the round advances.
 // CHECK-NOT: "mori_comm.chunk_
-// CHECK: "mori_comm.grid_barrier"(%arg13) : (!llvm.ptr) -> ()
-// CHECK: "mori_comm.node_count_signal"(%arg12, %arg16, %arg17) {group_size = 2 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
-// CHECK: llvm.store %{{.*}}, %arg14 : i64, !llvm.ptr
+// CHECK: "mori_comm.grid_barrier"(%arg14) : (!llvm.ptr) -> ()
+// CHECK: "mori_comm.node_count_signal"(%arg13, %arg17, %arg18) {group_size = 2 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+// CHECK: llvm.store %{{.*}}, %arg15 : i64, !llvm.ptr
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_inter_combine_bf16(
-// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: i32 {mori.name = "rdma_blocks"}, %arg2: i32 {mori.name = "has_w"}, %arg3: !llvm.ptr {mori.name = "reg_x"}, %arg4: !llvm.ptr {mori.name = "reg_w"}
-// CHECK-SAME: %arg10: !llvm.ptr {mori.name = "fpart"}, %arg11: !llvm.ptr {mori.name = "crecv"}, %arg12: !llvm.ptr {mori.name = "cflag"}, %arg13: !llvm.ptr {mori.name = "done"}, %arg14: !llvm.ptr {mori.name = "rounds"}, %arg15: !llvm.ptr {mori.name = "bar_slots"}, %arg16: !llvm.ptr {mori.name = "bar_epochs"}, %arg17: !llvm.ptr {mori.name = "zero_row"}, %arg18: !llvm.ptr {mori.name = "traffic"}) kernel
+// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: i32 {mori.name = "hidden"}, %arg2: i32 {mori.name = "rdma_blocks"}, %arg3: i32 {mori.name = "has_w"}, %arg4: !llvm.ptr {mori.name = "reg_x"}, %arg5: !llvm.ptr {mori.name = "reg_w"}
+// CHECK-SAME: %arg11: !llvm.ptr {mori.name = "fpart"}, %arg12: !llvm.ptr {mori.name = "crecv"}, %arg13: !llvm.ptr {mori.name = "cflag"}, %arg14: !llvm.ptr {mori.name = "done"}, %arg15: !llvm.ptr {mori.name = "rounds"}, %arg16: !llvm.ptr {mori.name = "bar_slots"}, %arg17: !llvm.ptr {mori.name = "bar_epochs"}, %arg18: !llvm.ptr {mori.name = "zero_row"}, %arg19: !llvm.ptr {mori.name = "traffic"}) kernel
 // The node meets first (its peers' registered rows are written).
-// CHECK: "mori_comm.node_device_barrier"(%arg15, %arg16) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK: "mori_comm.node_device_barrier"(%arg16, %arg17) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // Inter-node blocks: a chunk's forwarded records shared by 4 warps (two chunks per source hop here): a
 // record's row on its one destination (V0: the PE itself, through node_pe) is its partial; each share
 // released and counted done; the chunk's last share sends its partials back (queue pair chunk % 1).
@@ -322,7 +322,7 @@ module attributes {gpu.container_module} {
 // CHECK: %[[NQP:.*]] = arith.constant 1 : i32
 // CHECK-NEXT: %[[QP:.*]] = arith.remui %{{.*}}, %[[NQP]] : i32
 // CHECK: %[[SENT:.*]] = "mori_comm.chunk_send"(%{{.*}}, %{{.*}}, %c2064_i64, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[QP]])
-// CHECK: llvm.getelementptr %arg18[2]
+// CHECK: llvm.getelementptr %arg19[2]
 // CHECK-NEXT: llvm.atomicrmw add %{{.*}}, %[[SENT]] monotonic : !llvm.ptr, i64
 // CHECK: "mori_shmem.quiet"() : () -> ()
 // Same-node blocks: each own token's node partial.
@@ -332,8 +332,8 @@ module attributes {gpu.container_module} {
 // CHECK-NOT: "mori_comm.chunk_
 // CHECK: gpu.return
 // CHECK-LABEL: gpu.func @ep_inter_combine_all_bf16(
-// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: !llvm.ptr {mori.name = "smap"}, %arg2: !llvm.ptr {mori.name = "part"}, %arg3: !llvm.ptr {mori.name = "crecv"}, %arg4: !llvm.ptr {mori.name = "cflag"}, %arg5: !llvm.ptr {mori.name = "rounds"}, %arg6: !llvm.ptr {mori.name = "bar_slots"}, %arg7: !llvm.ptr {mori.name = "bar_epochs"}, %arg8: !llvm.ptr {mori.name = "out"}, %arg9: !llvm.ptr {mori.name = "out_w"}, %arg10: !llvm.ptr {mori.name = "zero_row"}) kernel
-// CHECK: "mori_comm.node_device_barrier"(%arg6, %arg7) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK-SAME: %arg0: i32 {mori.name = "n"}, %arg1: i32 {mori.name = "hidden"}, %arg2: !llvm.ptr {mori.name = "smap"}, %arg3: !llvm.ptr {mori.name = "part"}, %arg4: !llvm.ptr {mori.name = "crecv"}, %arg5: !llvm.ptr {mori.name = "cflag"}, %arg6: !llvm.ptr {mori.name = "rounds"}, %arg7: !llvm.ptr {mori.name = "bar_slots"}, %arg8: !llvm.ptr {mori.name = "bar_epochs"}, %arg9: !llvm.ptr {mori.name = "out"}, %arg10: !llvm.ptr {mori.name = "out_w"}, %arg11: !llvm.ptr {mori.name = "zero_row"}) kernel
+// CHECK: "mori_comm.node_device_barrier"(%arg7, %arg8) {group_size = 2 : i64, max_blocks = 64 : i64, world_size = 4 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // The node meets first (every peer's gathers from our registered rows are done). The lanes of the remote
 // hops the token went to wait for its partial's chunk, the warp fences (acquire), then the node's partial
 // and the 2 remote ones are summed.

@@ -25,8 +25,8 @@
 // The parameters are ep_schema.KERNELS["dispatch_ll"] (names as mori.name), e.g. those the completion uses:
 // CHECK-LABEL: gpu.func @ep_dispatch_ll_bf16(
 // CHECK-SAME: %arg4: i32 {mori.name = "n"}
-// CHECK-SAME: %arg11: !llvm.ptr {mori.name = "signals"}, %arg12: !llvm.ptr {mori.name = "grid_ctr"}
-// CHECK-SAME: %arg15: !llvm.ptr {mori.name = "dest_ctr"}, %arg16: !llvm.ptr {mori.name = "total"}
+// CHECK-SAME: %arg12: !llvm.ptr {mori.name = "signals"}, %arg13: !llvm.ptr {mori.name = "grid_ctr"}
+// CHECK-SAME: %arg16: !llvm.ptr {mori.name = "dest_ctr"}, %arg17: !llvm.ptr {mori.name = "total"}
 // CHECK: %[[ROUTE:.*]] = llvm.mlir.addressof @ep_dispatch_ll_bf16_route : !llvm.ptr<3>
 // CHECK: "mori_comm.reserve_slot"
 // CHECK: llvm.store %{{.*}}, %{{.*}} : i32, !llvm.ptr<3>
@@ -39,8 +39,8 @@
 // CHECK-NOT: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
 // CHECK: llvm.store %{{.*}}, %{{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
 // CHECK: gpu.barrier
-// CHECK: "mori_comm.grid_barrier"(%arg12)
-// CHECK: "mori_comm.count_signal"(%arg11, %arg15, %arg16) {world_size = 8 : i64}
+// CHECK: "mori_comm.grid_barrier"(%arg13)
+// CHECK: "mori_comm.count_signal"(%arg12, %arg16, %arg17) {world_size = 8 : i64}
 // CHECK: gpu.return
 module attributes {gpu.container_module} {
   gpu.module @ll {

@@ -8,33 +8,33 @@
 
 // The default IntraNode bundle for bf16 (world 8, hidden 7168 = 14336-byte rows, top-k 8, 32 experts
 // per rank, wave64): dispatch, zero-copy combine (pull) and external-buffer combine (push), in op order,
-// with their parameter lists as ep_schema.KERNELS names them (18, 11 and 14 parameters, each named by its
-// mori.name attribute; the token count n is the only i32) and the block size (8 warps of 64 lanes).
+// with their parameter lists as ep_schema.KERNELS names them (19, 12 and 15 parameters, each named by its
+// mori.name attribute; the token count n and the call's hidden are the i32s) and the block size (8 warps of 64 lanes).
 // CHECK-LABEL: gpu.module @bundle
 // CHECK-NOT: "mori_ep.dispatch"
 // CHECK-NOT: "mori_ep.combine"
 // CHECK-LABEL: gpu.func @ep_dispatch_bf16(
-// CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "x"}, %arg1: !llvm.ptr {mori.name = "w"}, %arg2: !llvm.ptr {mori.name = "s"}, %arg3: !llvm.ptr {mori.name = "idx"}, %arg4: i32 {mori.name = "n"}, %arg5: !llvm.ptr {mori.name = "out_x"}, %arg6: !llvm.ptr {mori.name = "out_w"}, %arg7: !llvm.ptr {mori.name = "out_s"}, %arg8: !llvm.ptr {mori.name = "out_idx"}, %arg9: !llvm.ptr {mori.name = "src_pos"}, %arg10: !llvm.ptr {mori.name = "slot_ctrs"}, %arg11: !llvm.ptr {mori.name = "signals"}, %arg12: !llvm.ptr {mori.name = "grid_ctr"}, %arg13: !llvm.ptr {mori.name = "round_ctr"}, %arg14: !llvm.ptr {mori.name = "fwd"}, %arg15: !llvm.ptr {mori.name = "dest_ctr"}, %arg16: !llvm.ptr {mori.name = "total"}, %arg17: !llvm.ptr {mori.name = "status"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
-// Round parity selects the slot counter (slot_ctrs = %arg10); valid representatives reserve a slot on
+// CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "x"}, %arg1: !llvm.ptr {mori.name = "w"}, %arg2: !llvm.ptr {mori.name = "s"}, %arg3: !llvm.ptr {mori.name = "idx"}, %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: !llvm.ptr {mori.name = "out_x"}, %arg7: !llvm.ptr {mori.name = "out_w"}, %arg8: !llvm.ptr {mori.name = "out_s"}, %arg9: !llvm.ptr {mori.name = "out_idx"}, %arg10: !llvm.ptr {mori.name = "src_pos"}, %arg11: !llvm.ptr {mori.name = "slot_ctrs"}, %arg12: !llvm.ptr {mori.name = "signals"}, %arg13: !llvm.ptr {mori.name = "grid_ctr"}, %arg14: !llvm.ptr {mori.name = "round_ctr"}, %arg15: !llvm.ptr {mori.name = "fwd"}, %arg16: !llvm.ptr {mori.name = "dest_ctr"}, %arg17: !llvm.ptr {mori.name = "total"}, %arg18: !llvm.ptr {mori.name = "status"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
+// Round parity selects the slot counter (slot_ctrs = %arg11); valid representatives reserve a slot on
 // their destination PE, the warp copies the row to all its destinations at once (14336 bytes; lane k
 // names destination k: its row address, its PE and whether it sends), then the grid and the PEs meet.
 // CHECK: %[[ROW:.*]] = arith.constant 14336 : i64
-// CHECK: %{{.*}} = llvm.load %arg13 : !llvm.ptr -> i64
-// CHECK: %[[CTR:.*]] = llvm.getelementptr %arg10[%{{.*}}] : (!llvm.ptr, i32) -> !llvm.ptr, i32
+// CHECK: %{{.*}} = llvm.load %arg14 : !llvm.ptr -> i64
+// CHECK: %[[CTR:.*]] = llvm.getelementptr %arg11[%{{.*}}] : (!llvm.ptr, i32) -> !llvm.ptr, i32
 // CHECK: %{{.*}} = "mori_comm.reserve_slot"(%[[CTR]], %{{.*}}) : (!llvm.ptr, i32) -> i32
-// CHECK: %[[DST:.*]] = llvm.getelementptr %arg5[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i8
+// CHECK: %[[DST:.*]] = llvm.getelementptr %arg6[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i8
 // CHECK-NEXT: "mori_comm.row_copy_to_peers"(%[[DST]], %{{.*}}, %[[ROW]], %{{.*}}, %{{.*}}) {max_peers = 8 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
 // CHECK-NOT: "mori_comm.row_copy
-// CHECK: "mori_comm.grid_barrier"(%arg12) : (!llvm.ptr) -> ()
-// CHECK: "mori_comm.count_signal"(%arg11, %arg15, %arg16) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
-// CHECK: llvm.store %{{.*}}, %arg13 : i64, !llvm.ptr
+// CHECK: "mori_comm.grid_barrier"(%arg13) : (!llvm.ptr) -> ()
+// CHECK: "mori_comm.count_signal"(%arg12, %arg16, %arg17) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+// CHECK: llvm.store %{{.*}}, %arg14 : i64, !llvm.ptr
 // CHECK: gpu.return
 // Pull: the PEs meet (device barrier), then each token sums its K = 8 rows read from the peers'
 // registered buffers (mori_shmem.ptr addresses) with one accumulate_rows per (token, row slice).
 // CHECK-LABEL: gpu.func @ep_combine_pull_bf16(
-// CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "inp_w"}, %arg1: !llvm.ptr {mori.name = "reg_x"}, %arg2: !llvm.ptr {mori.name = "reg_w"}, %arg3: !llvm.ptr {mori.name = "fwd"}, %arg4: i32 {mori.name = "n"}, %arg5: !llvm.ptr {mori.name = "total"}, %arg6: !llvm.ptr {mori.name = "out"}, %arg7: !llvm.ptr {mori.name = "out_w"}, %arg8: !llvm.ptr {mori.name = "zero_row"}, %arg9: !llvm.ptr {mori.name = "bar_slots"}, %arg10: !llvm.ptr {mori.name = "bar_epochs"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
+// CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "inp_w"}, %arg1: !llvm.ptr {mori.name = "reg_x"}, %arg2: !llvm.ptr {mori.name = "reg_w"}, %arg3: !llvm.ptr {mori.name = "fwd"}, %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: !llvm.ptr {mori.name = "total"}, %arg7: !llvm.ptr {mori.name = "out"}, %arg8: !llvm.ptr {mori.name = "out_w"}, %arg9: !llvm.ptr {mori.name = "zero_row"}, %arg10: !llvm.ptr {mori.name = "bar_slots"}, %arg11: !llvm.ptr {mori.name = "bar_epochs"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
 // CHECK-NOT: "mori_comm.grid_barrier"
-// CHECK: "mori_comm.device_barrier"(%arg9, %arg10) {max_blocks = 1024 : i64, world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK: "mori_comm.device_barrier"(%arg10, %arg11) {max_blocks = 1024 : i64, world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // CHECK: "mori_shmem.ptr"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i32) -> !llvm.ptr
 // CHECK: "mori_comm.accumulate_rows"({{(%[0-9]+, ){9}%[0-9]+}}) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
 // CHECK-NOT: "mori_ep.
@@ -42,10 +42,10 @@
 // Push: each received row is copied to its owner's staging row, then the grid and the PEs meet, then
 // the K = 8 staged rows are summed locally (no peer address in the reduction).
 // CHECK-LABEL: gpu.func @ep_combine_push_bf16(
-// CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "inp"}, %arg1: !llvm.ptr {mori.name = "inp_w"}, %arg2: !llvm.ptr {mori.name = "stage_x"}, %arg3: !llvm.ptr {mori.name = "stage_w"}, %arg4: !llvm.ptr {mori.name = "src_pos"}, %arg5: !llvm.ptr {mori.name = "fwd"}, %arg6: i32 {mori.name = "n"}, %arg7: !llvm.ptr {mori.name = "total"}, %arg8: !llvm.ptr {mori.name = "out"}, %arg9: !llvm.ptr {mori.name = "out_w"}, %arg10: !llvm.ptr {mori.name = "zero_row"}, %arg11: !llvm.ptr {mori.name = "grid_ctr"}, %arg12: !llvm.ptr {mori.name = "bar_slots"}, %arg13: !llvm.ptr {mori.name = "bar_epochs"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
+// CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "inp"}, %arg1: !llvm.ptr {mori.name = "inp_w"}, %arg2: !llvm.ptr {mori.name = "stage_x"}, %arg3: !llvm.ptr {mori.name = "stage_w"}, %arg4: !llvm.ptr {mori.name = "src_pos"}, %arg5: !llvm.ptr {mori.name = "fwd"}, %arg6: i32 {mori.name = "n"}, %arg7: i32 {mori.name = "hidden"}, %arg8: !llvm.ptr {mori.name = "total"}, %arg9: !llvm.ptr {mori.name = "out"}, %arg10: !llvm.ptr {mori.name = "out_w"}, %arg11: !llvm.ptr {mori.name = "zero_row"}, %arg12: !llvm.ptr {mori.name = "grid_ctr"}, %arg13: !llvm.ptr {mori.name = "bar_slots"}, %arg14: !llvm.ptr {mori.name = "bar_epochs"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
 // CHECK: "mori_comm.row_copy"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
-// CHECK: "mori_comm.grid_barrier"(%arg11) : (!llvm.ptr) -> ()
-// CHECK-NEXT: "mori_comm.device_barrier"(%arg12, %arg13) {max_blocks = 1024 : i64, world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK: "mori_comm.grid_barrier"(%arg12) : (!llvm.ptr) -> ()
+// CHECK-NEXT: "mori_comm.device_barrier"(%arg13, %arg14) {max_blocks = 1024 : i64, world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // CHECK-NOT: "mori_shmem.ptr"
 // CHECK: "mori_comm.accumulate_rows"({{(%[0-9]+, ){9}%[0-9]+}}) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
 // CHECK-NOT: "mori_ep.

@@ -41,7 +41,7 @@ module attributes {gpu.container_module} {
 module attributes {gpu.container_module} {
   gpu.module @ep {
     // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 2]]:5: 'mori_ep.dispatch' missing attribute 'scale_bytes'
-    // CHECK-NEXT: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch' unknown attribute 'scale_dim' (allowed: 'world_size', 'hidden', 'dtype', 'top_k', 'experts_per_rank', 'max_tokens_per_rank', 'max_recv_per_rank', 'scale_bytes', 'warps_per_block', 'wave_size')
+    // CHECK-NEXT: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch' unknown attribute 'scale_dim' (allowed: 'world_size', 'hidden', 'dtype', 'top_k', 'experts_per_rank', 'max_tokens_per_rank', 'max_recv_per_rank', 'scale_bytes', 'warps_per_block', 'wave_size', 'any_hidden')
     "mori_ep.dispatch"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_dim = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64} : () -> ()
   }
 }
@@ -134,6 +134,15 @@ module attributes {gpu.container_module} {
   gpu.module @ep {
     // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine' attribute 'zero_copy' must be 0 or 1
     "mori_ep.combine"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, zero_copy = 2 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, max_blocks = 1024 : i64} : () -> ()
+  }
+}
+
+// -----
+// any_hidden (optional on every EP op) is 0 or 1.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine' attribute 'any_hidden' must be 0 or 1, got 2
+    "mori_ep.combine"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, zero_copy = 1 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, max_blocks = 1024 : i64, any_hidden = 2 : i64} : () -> ()
   }
 }
 
