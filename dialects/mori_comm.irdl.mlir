@@ -81,8 +81,8 @@ irdl.dialect @mori_comm {
     irdl.attributes { "dtype" = %dtype }
   }
   // Quantizing row copy (warp): the bf16 row source[0:elems] (local; elems a multiple of 8) written as a
-  // wire row at the symmetric `dest` on PE `pe`: the payload in `format` (fp8 e4m3 OCP/FNUZ: a byte per
-  // element; fp4 e2m1: two per byte, element 2j in the low nibble), then, when scale_blocks S >= 1
+  // wire row at the symmetric `dest` on PE `pe`: the payload in `format` (fp8 e4m3 OCP/FNUZ, or fp8_e4m3:
+  // the target's variant: a byte per element; fp4 e2m1: two per byte, element 2j in the low nibble), then, when scale_blocks S >= 1
   // (blockwise), S f32 block scales at the 16-byte aligned end of the payload, block 0's negated when any
   // block was scaled. scale_blocks 0: a direct cast (fp8 only). Layout: mori_compiler/ep_schema.py.
   irdl.operation @quantize_row {
@@ -93,7 +93,8 @@ irdl.dialect @mori_comm {
     %ocp = irdl.is "fp8_e4m3fn"
     %fnuz = irdl.is "fp8_e4m3fnuz"
     %fp4 = irdl.is "fp4_e2m1"
-    %format = irdl.any_of(%ocp, %fnuz, %fp4)
+    %native = irdl.is "fp8_e4m3"
+    %format = irdl.any_of(%ocp, %fnuz, %fp4, %native)
     %scale_blocks = irdl.any
     irdl.attributes { "format" = %format, "scale_blocks" = %scale_blocks }
   }
@@ -108,7 +109,8 @@ irdl.dialect @mori_comm {
     %ocp = irdl.is "fp8_e4m3fn"
     %fnuz = irdl.is "fp8_e4m3fnuz"
     %fp4 = irdl.is "fp4_e2m1"
-    %format = irdl.any_of(%ocp, %fnuz, %fp4)
+    %native = irdl.is "fp8_e4m3"
+    %format = irdl.any_of(%ocp, %fnuz, %fp4, %native)
     %scale_blocks = irdl.any
     irdl.attributes { "format" = %format, "scale_blocks" = %scale_blocks }
   }

@@ -644,6 +644,8 @@ def _wire_codec(op: ir.Operation, p: "MoriCommToCalls") -> tuple[comm_quant.Wire
     if p.chip not in wire_quant.WIRE_FP8_OF_TARGET:
         raise MoriCompilerError(f"pass 'mori-comm-to-calls' option chip={p.chip!r} is not a known target (allowed: "
                                 f"{', '.join(wire_quant.WIRE_FP8_OF_TARGET)})", op.location)  # fmt: skip
+    if fmt == "fp8_e4m3":  # the target's variant (the target-neutral EP kernels name it so)
+        fmt = wire_quant.WIRE_FP8_OF_TARGET[p.chip]
     if fmt == "fp4_e2m1":
         if p.chip not in wire_quant.FP4_TARGETS:
             raise MoriCompilerError(f"'{op.name}' attribute 'format' fp4_e2m1 is not supported on {p.chip} (fp4 wire "

@@ -69,8 +69,9 @@ class EpDispatchCombineConfig:
 
     @property
     def sizes(self) -> EpSizes:
-        """The kernels' sizes of this configuration (the EP schema's ``EpSizes``)."""
-        return EpSizes.from_config(self)
+        """The kernels' sizes of this configuration (the EP schema's ``EpSizes``); a blockwise quant_type's
+        scale blocks from ``$MORI_FP8_COMBINE_SCALE_DIM`` (read now)."""
+        return EpSizes.from_config(self, quant_scale_blocks(self))
 
 
 # The kernel types with kernels: those the EP schema gives a dispatch.

@@ -121,14 +121,15 @@ class EpDispatchCombineOp:
         if not self.virtual and shmem.shmem_mype() != config.rank:
             raise ValueError(f"config.rank {config.rank} differs from shmem_mype() {shmem.shmem_mype()}")
         self.target = get_target(target or ("sm_90" if state.driver.backend in ("nvvm", "cuda") else "gfx942"))
-        validate_config(config, self.target.wave_size)
+        validate_config(config, self.target.wave_size, self.target.name)
         self.kernel_type = EpDispatchCombineKernelType(config.kernel_type)
         self.asyncll = None
         if self.kernel_type == EpDispatchCombineKernelType.AsyncLL:
             self.asyncll = asyncll if isinstance(asyncll, AsyncLLOptions) else resolve(**(asyncll or {}))
             self._phases = PhaseTracker()
-        self.sizes = config.sizes
-        self.bundle = ep_bundle(config, self.target.name, virtual_pes=self.virtual, asyncll=self.asyncll)
+        self.sizes = config.sizes  # (reads MORI_FP8_COMBINE_SCALE_DIM once: the kernels and buffers use it)
+        self.bundle = ep_bundle(config, self.target.name, virtual_pes=self.virtual, asyncll=self.asyncll,
+                                scale_blocks=self.sizes.scale_blocks)  # fmt: skip
         plan = kernel_plan(config)
         if not self.is_async and not self.is_internode:
             self._dispatch_family = families(self.kernel_type, "dispatch")[0].family
