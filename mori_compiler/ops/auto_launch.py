@@ -29,7 +29,7 @@ import dataclasses
 import re
 from typing import NamedTuple
 
-from mori_compiler.ep_schema import INTERNODE, LEGS, MAX_BLOCKS, leg_dtypes
+from mori_compiler.ep_schema import DISPATCH_PAYLOAD_KERNELS, INTERNODE, LEGS, MAX_BLOCKS, leg_dtypes
 
 from .config import EpDispatchCombineConfig, EpDispatchCombineKernelType, _is_int, config_problems, validate_config
 from .tuning import (_MODEL, MORI_DTYPES, PHASES, QUANT_TYPES, TuningRule, TuningTableError, auto_fallback,
@@ -130,7 +130,10 @@ class AutoLaunch:
         return (True,)
 
     def _leg_dtypes(self, leg: str) -> list[str]:
-        return leg_dtypes(leg, self.config.max_token_type_size)
+        """The dtypes a call of ``leg`` may have: the kernels' (within the token size) and, for dispatch, the
+        payload dtypes that move with the 1-byte kernels (fp4 x2)."""
+        dtypes = leg_dtypes(leg, self.config.max_token_type_size)
+        return dtypes + (list(DISPATCH_PAYLOAD_KERNELS) if leg == "dispatch" else [])
 
     def _reachable_rules(self, leg: str) -> list[TuningRule]:
         """The rules of the leg's table a call of this op can be given: of a dtype the op's kernels take

@@ -97,12 +97,9 @@ class EpDispatchCombineOp:
 
     def __init__(self, config: EpDispatchCombineConfig, *, target: str | None = None, validate: bool = True,
                  asyncll=None):  # fmt: skip
-        from .tuning import LAUNCH_MODE_VAR, launch_config_mode
+        from .tuning import launch_config_mode
 
-        if launch_config_mode() == "AUTO":  # refused, not ignored, until the op reads the tables
-            raise NotImplementedError(f"{LAUNCH_MODE_VAR}=AUTO: the auto launch configuration is not wired into "
-                                      "EpDispatchCombineOp yet (its tuning tables load: mori_compiler/ops/"
-                                      "tuning.py); unset it or set MANUAL and pass the geometry")  # fmt: skip
+        auto_mode = launch_config_mode() == "AUTO"  # read once, as MORI's
         import torch
 
         from mori_compiler.runtime import shmem
@@ -128,16 +125,29 @@ class EpDispatchCombineOp:
             self.asyncll = asyncll if isinstance(asyncll, AsyncLLOptions) else resolve(**(asyncll or {}))
             self._phases = PhaseTracker()
         self.sizes = config.sizes  # (reads MORI_FP8_COMBINE_SCALE_DIM once: the kernels and buffers use it)
-        self.bundle = ep_bundle(config, self.target.name, virtual_pes=self.virtual, asyncll=self.asyncll,
-                                scale_blocks=self.sizes.scale_blocks)  # fmt: skip
+        self.auto = None
+        warp_counts = [config.warp_num_per_block]
+        if auto_mode:  # each call's geometry from the tuning tables (ops/auto_launch.py)
+            from .auto_launch import AutoLaunch, device_gpu_model
+
+            self.auto = AutoLaunch(config, self.target.name, device_gpu_model())
+            warp_counts = self.auto.warp_counts()
+        # The warps per block are compiled in: a bundle per warp count a call may get, over one set of buffers.
+        bundles = {w: ep_bundle(dataclasses.replace(config, warp_num_per_block=w), self.target.name,
+                                virtual_pes=self.virtual, asyncll=self.asyncll, scale_blocks=self.sizes.scale_blocks)
+                   for w in warp_counts}  # fmt: skip
+        self.bundle = bundles[config.warp_num_per_block]
         plan = kernel_plan(config)
         if not self.is_async and not self.is_internode:
             self._dispatch_family = families(self.kernel_type, "dispatch")[0].family
         self.buffers = EpBuffers(self.kernel_type, self.sizes, self._pes(), virtual=self.virtual)
-        threads = config.warp_num_per_block * self.target.wave_size
-        try:  # the bundle is checked against the EP schema before it is loaded
-            self.launches = EpLaunches(self.bundle, plan, self.buffers, block_threads=threads, virtual=self.virtual,
-                                       hidden=config.hidden_dim)  # fmt: skip
+        wave = self.target.wave_size
+        try:  # each bundle is checked against the EP schema before it is loaded
+            self._launches = {w: EpLaunches(b, plan, self.buffers, block_threads=w * wave, virtual=self.virtual,
+                                            hidden=config.hidden_dim) for w, b in bundles.items()}  # fmt: skip
+            self.launches = self._launches[config.warp_num_per_block]
+            if self.auto is not None:
+                self.auto.bind_coresidency(self._coresident_limit)
         except BaseException:
             self.close()
             raise
@@ -145,6 +155,31 @@ class EpDispatchCombineOp:
         shmem.shmem_barrier_all()
         self._last_n = [0] * self.n_local
         self._pending: dict = {}  # AsyncLL: what a recv launch needs from its send (dtype, grid, results)
+
+    def _coresident_limit(self, leg: str, warps: int) -> int:
+        """AUTO: the largest grid per PE of ``warps``-warp blocks that are all resident at once for ``leg``'s
+        kernels (their grid barriers need it), asked of the driver once per (leg, warps)."""
+        from .auto_launch import coresident_blocks, leg_kernel_names
+
+        cache = self.__dict__.setdefault("_coresident", {})
+        if (leg, warps) not in cache:
+            cache[leg, warps] = coresident_blocks(self._launches[warps].kernels, leg_kernel_names(self.config, leg),
+                                                  warps * self.target.wave_size, self.n_local)  # fmt: skip
+        return cache[leg, warps]
+
+    def _call_geometry(self, leg: str, dtype: str, tokens: int, hidden: int, block_num, rdma_block_num,
+                       warp_per_block, zero_copy=None):  # fmt: skip
+        """(the launches, grid blocks, rdma_block_num) of a call. MANUAL: the call's block_num (-1: the
+        config's) and rdma_block_num; its warp_per_block must be the compiled one. AUTO: the tuning tables'
+        geometry for (leg, dtype, tokens, hidden, combine form), which wins over the call's arguments as in
+        MORI."""
+        if self.auto is None:
+            if warp_per_block not in (-1, None, self.config.warp_num_per_block):
+                raise ValueError(f"warp_per_block {warp_per_block}: the kernels were compiled for "
+                                 f"{self.config.warp_num_per_block}")  # fmt: skip
+            return self.launches, self._grid(block_num), rdma_block_num
+        g = self.auto.geometry(leg, dtype, tokens, hidden=hidden, zero_copy=zero_copy)
+        return self._launches[g.warp_per_block], self._grid(g.block_num), g.rdma_block_num
 
     @property
     def kernels(self):
@@ -248,28 +283,24 @@ class EpDispatchCombineOp:
             results = self.dispatch_send(input, weights, scales, indices, block_num, rdma_block_num, warp_per_block)
             self.dispatch_recv(block_num, warp_per_block, call_local_expert_count)
             return results
+        dtype, tokens, results, (launches, blocks, rdma) = self._dispatch_inputs(
+            input, weights, scales, indices, block_num, rdma_block_num, warp_per_block)  # fmt: skip
         if self.is_internode:
-            rdma_blocks = internode_rdma_blocks(self.config, self._grid(block_num), rdma_block_num)
-            dtype, tokens, results, blocks = self._dispatch_inputs(input, weights, scales, indices, block_num,
-                                                                   warp_per_block)  # fmt: skip
-            self.launches.launch("inter_stage", dtype, tokens, blocks)
-            self.launches.launch("inter_dispatch", dtype, [(pe, {**args, "rdma_blocks": rdma_blocks})
-                                                           for pe, args in tokens], blocks)  # fmt: skip
+            rdma_blocks = internode_rdma_blocks(self.config, blocks, rdma)
+            launches.launch("inter_stage", dtype, tokens, blocks)
+            launches.launch("inter_dispatch", dtype, [(pe, {**args, "rdma_blocks": rdma_blocks})
+                                                      for pe, args in tokens], blocks)  # fmt: skip
             return results if self.virtual else results[0]
-        dtype, tokens, results, blocks = self._dispatch_inputs(input, weights, scales, indices, block_num,
-                                                               warp_per_block)  # fmt: skip
-        self.launches.launch(self._dispatch_family, dtype, tokens, blocks)
+        launches.launch(self._dispatch_family, dtype, tokens, blocks)
         return results if self.virtual else results[0]
 
-    def _dispatch_inputs(self, input, weights, scales, indices, block_num, warp_per_block):
+    def _dispatch_inputs(self, input, weights, scales, indices, block_num, rdma_block_num, warp_per_block):
         """Checks every PE's dispatch arguments; returns (dtype, [(pe, the dispatch kernels' call arguments
-        x, w, s, idx, n by name)], the per-PE result views, grid blocks)."""
+        x, w, s, idx, n, hidden by name)], the per-PE result views, the call's geometry: _call_geometry's
+        (launches, grid blocks, rdma_block_num))."""
         import torch
 
         c = self.config
-        if warp_per_block not in (-1, None, c.warp_num_per_block):
-            raise ValueError(f"warp_per_block {warp_per_block}: the kernels were compiled for {c.warp_num_per_block}")
-        blocks = self._grid(block_num)
         xs, ws, ss, ids = (self._per_pe(a, n) for a, n in ((input, "input"), (weights, "weights"),
                                                             (scales, "scales"), (indices, "indices")))  # fmt: skip
         seen = None
@@ -308,7 +339,9 @@ class EpDispatchCombineOp:
                 self._view("out_idx", pe, (R, K), torch.int32),
                 self._view("total", pe, (1,), torch.int32),
             ))  # fmt: skip
-        return dtype, tokens, results, blocks
+        n_most = max(args["n"] for _, args in tokens)
+        geometry = self._call_geometry("dispatch", name, n_most, hidden, block_num, rdma_block_num, warp_per_block)
+        return dtype, tokens, results, geometry
 
     def dispatch_send(self, input, weights, scales, indices, block_num: int = -1, rdma_block_num: int = -1,
                       warp_per_block: int = -1, call_local_expert_count: bool = False):  # fmt: skip
@@ -318,11 +351,12 @@ class EpDispatchCombineOp:
             return self.dispatch(input, weights, scales, indices, block_num, rdma_block_num, warp_per_block,
                                  call_local_expert_count)  # fmt: skip
         self._phases.before_send("dispatch")
-        dtype, tokens, results, blocks = self._dispatch_inputs(input, weights, scales, indices, block_num,
-                                                               warp_per_block)  # fmt: skip
-        self.launches.launch("async_dispatch_send", dtype, tokens, blocks)
+        dtype, tokens, results, (launches, blocks, _) = self._dispatch_inputs(
+            input, weights, scales, indices, block_num, rdma_block_num, warp_per_block)  # fmt: skip
+        launches.launch("async_dispatch_send", dtype, tokens, blocks)
         self._phases.after_send("dispatch")
-        self._pending["dispatch"] = (dtype, tokens[0][1]["hidden"])
+        # What the receive launch takes from its send: dtype, hidden and, in AUTO mode, the geometry.
+        self._pending["dispatch"] = (dtype, tokens[0][1]["hidden"], launches, blocks)
         return results if self.virtual else results[0]
 
     def dispatch_recv(self, block_num: int = -1, warp_per_block: int = -1, call_local_expert_count: bool = False):
@@ -331,10 +365,11 @@ class EpDispatchCombineOp:
             raise RuntimeError(f"dispatch_recv is only used by the AsyncLL kernel type; {self.kernel_type.name}'s "
                                "dispatch_send (= dispatch) completes the whole exchange")  # fmt: skip
         self._phases.before_recv("dispatch")
-        blocks = self._grid(block_num)
-        dtype, hidden = self._pending["dispatch"]
+        dtype, hidden, launches, blocks = self._pending["dispatch"]
+        if self.auto is None:
+            blocks = self._grid(block_num)
         calls = [(pe, {"hidden": hidden}) for pe in self._pes()]
-        self.launches.launch("async_dispatch_recv", dtype, calls, blocks)
+        launches.launch("async_dispatch_recv", dtype, calls, blocks)
         self._phases.after_recv("dispatch")
 
     # ---- combine -----------------------------------------------------------------------------------
@@ -357,7 +392,8 @@ class EpDispatchCombineOp:
         if not external and c.quant_type != "none":  # refused, not silently unquantized
             raise ValueError(f"config.quant_type {c.quant_type!r} needs the push combine: use_external_inp_buf=0 "
                              "(zero-copy) reads the rows unquantized")  # fmt: skip
-        dtype, rows, results, blocks = self._combine_inputs(input, weights, indices, block_num, warp_per_block)
+        dtype, rows, results, (launches, blocks, _) = self._combine_inputs(
+            input, weights, indices, block_num, rdma_block_num, warp_per_block, zero_copy=not external)  # fmt: skip
         calls = []
         for pe, (y, w, n, hidden, out_w) in rows:
             if external:
@@ -365,7 +401,7 @@ class EpDispatchCombineOp:
             else:
                 _copy_rows(y, self.get_registered_combine_input_buffer(y.dtype, hidden, pe=pe))
                 calls.append((pe, {"inp_w": w, "n": n, "hidden": hidden, **out_w}))
-        self.launches.launch(combine_family(zero_copy=not external), dtype, calls, blocks)
+        launches.launch(combine_family(zero_copy=not external), dtype, calls, blocks)
         return results if self.virtual else results[0]
 
     def _internode_combine(self, input, weights, indices, block_num, rdma_block_num, warp_per_block):
@@ -376,8 +412,9 @@ class EpDispatchCombineOp:
         outputs into ``get_registered_combine_input_buffer()`` saves the copy."""
         import torch
 
-        rdma_blocks = internode_rdma_blocks(self.config, self._grid(block_num), rdma_block_num)
-        dtype, rows, results, blocks = self._combine_inputs(input, weights, indices, block_num, warp_per_block)
+        dtype, rows, results, (launches, blocks, rdma) = self._combine_inputs(input, weights, indices, block_num,
+                                                                              rdma_block_num, warp_per_block)
+        rdma_blocks = internode_rdma_blocks(self.config, blocks, rdma)
         R, K = self.config.max_recv, self.config.num_experts_per_token
         ws = self._per_pe(weights, "weights")
         combine_calls, sum_calls = [], []
@@ -391,20 +428,17 @@ class EpDispatchCombineOp:
             combine_calls.append((pe, {"n": n, "hidden": hidden, "rdma_blocks": rdma_blocks,
                                        "has_w": int(w is not None)}))  # fmt: skip
             sum_calls.append((pe, {"n": n, "hidden": hidden, **out_w}))
-        self.launches.launch("inter_combine", dtype, combine_calls, blocks)
-        self.launches.launch("inter_combine_all", dtype, sum_calls, blocks)
+        launches.launch("inter_combine", dtype, combine_calls, blocks)
+        launches.launch("inter_combine_all", dtype, sum_calls, blocks)
         return results if self.virtual else results[0]
 
-    def _combine_inputs(self, input, weights, indices, block_num, warp_per_block):
+    def _combine_inputs(self, input, weights, indices, block_num, rdma_block_num, warp_per_block, zero_copy=None):
         """Checks every PE's combine arguments; returns (dtype, [(pe, (input, weights address, n, hidden, the
         output-weights argument: {} for the buffer, {"out_w": 0} for none))], the per-PE result views ([M,
-        hidden] rows), grid blocks)."""
+        hidden] rows), the call's geometry (_call_geometry's: launches, grid blocks, rdma_block_num))."""
         import torch
 
         c = self.config
-        if warp_per_block not in (-1, None, c.warp_num_per_block):
-            raise ValueError(f"warp_per_block {warp_per_block}: the kernels were compiled for {c.warp_num_per_block}")
-        blocks = self._grid(block_num)
         ys, ws, ids = (self._per_pe(a, n) for a, n in ((input, "input"), (weights, "weights"), (indices, "indices")))
         seen, rows, results = None, [], []
         for i, pe in enumerate(self._pes()):
@@ -429,7 +463,10 @@ class EpDispatchCombineOp:
             out = self._view("out_c", pe, (M * hidden * y.element_size(),), torch.uint8).view(y.dtype)
             results.append((out.view(M, hidden), self._view("out_cw", pe, (M, K), torch.float32) if w is not None
                             else None))  # fmt: skip
-        return dtype, rows, results, blocks
+        n_most = max(n for _, (_, _, n, _, _) in rows)
+        geometry = self._call_geometry("combine", dtype, n_most, hidden, block_num, rdma_block_num, warp_per_block,
+                                       zero_copy)  # fmt: skip
+        return dtype, rows, results, geometry
 
     def combine_send(self, input, weights, indices, block_num: int = -1, rdma_block_num: int = -1,
                      warp_per_block: int = -1, use_external_inp_buf: int = -1, call_reset: bool = False):  # fmt: skip
@@ -439,11 +476,13 @@ class EpDispatchCombineOp:
             return self.combine(input, weights, indices, block_num, rdma_block_num, warp_per_block,
                                 use_external_inp_buf, call_reset)  # fmt: skip
         self._phases.before_send("combine")
-        dtype, rows, results, blocks = self._combine_inputs(input, weights, indices, block_num, warp_per_block)
+        dtype, rows, results, (launches, blocks, _) = self._combine_inputs(input, weights, indices, block_num,
+                                                                           rdma_block_num, warp_per_block)
         calls = [(pe, {"inp": y.data_ptr(), "inp_w": w, "hidden": h}) for pe, (y, w, n, h, out_w) in rows]
-        self.launches.launch("async_combine_send", dtype, calls, blocks)
+        launches.launch("async_combine_send", dtype, calls, blocks)
         self._phases.after_send("combine")
-        self._pending["combine"] = (dtype, [(pe, {"n": n, "hidden": h, **out_w}) for pe, (y, w, n, h, out_w) in rows])
+        recv_calls = [(pe, {"n": n, "hidden": h, **out_w}) for pe, (y, w, n, h, out_w) in rows]
+        self._pending["combine"] = (dtype, recv_calls, launches, blocks)
         return results if self.virtual else results[0]
 
     def combine_recv(self, block_num: int = -1, warp_per_block: int = -1):
@@ -452,9 +491,10 @@ class EpDispatchCombineOp:
             raise RuntimeError(f"combine_recv is only used by the AsyncLL kernel type; {self.kernel_type.name}'s "
                                "combine_send (= combine) completes the whole exchange")  # fmt: skip
         self._phases.before_recv("combine")
-        blocks = self._grid(block_num)
-        dtype, calls = self._pending["combine"]
-        self.launches.launch("async_combine_recv", dtype, calls, blocks)
+        dtype, calls, launches, blocks = self._pending["combine"]
+        if self.auto is None:
+            blocks = self._grid(block_num)
+        launches.launch("async_combine_recv", dtype, calls, blocks)
         self._phases.after_recv("combine")
 
     # ---- standard-MoE (DeepEP) layout: standard_moe.py ------------------------------------------------

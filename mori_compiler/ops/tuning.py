@@ -31,7 +31,7 @@ that does not match the request) is an error naming the file, the rule index and
 arches. ``MORI_EP_TUNING_CONFIG`` names one file as in MORI, or several separated by ``os.pathsep`` (each is
 used for the phase its header names; a phase no file names gets no table). Dtype names: MORI's
 ``fp8_e4m3_fnuz`` and ``fp8_e4m3`` are this project's ``fp8_e4m3fnuz`` and ``fp8_e4m3fn``; ``bf16`` is the
-same; ``fp4`` has no counterpart here (such rules load, and are found only when asked for ``fp4``); our
+same; ``fp4`` is ``fp4_e2m1fn_x2`` (rows of x2 elements, moved by the 1-byte kernels); our
 ``f32`` has no MORI name (no rule can hold it: its lookups find nothing). ``MORI_EP_LAUNCH_CONFIG_MODE`` is
 read case-insensitively; a value other than MANUAL or AUTO is an error.
 """
@@ -52,7 +52,7 @@ VERSION = "1.0"
 PHASES = ("dispatch", "combine")
 SHIPPED_DIR = Path(__file__).parent / "tuning_configs"
 # MORI's dtype names -> this project's (None: no counterpart here).
-MORI_DTYPES = {"bf16": "bf16", "fp8_e4m3_fnuz": "fp8_e4m3fnuz", "fp8_e4m3": "fp8_e4m3fn", "fp4": None}
+MORI_DTYPES = {"bf16": "bf16", "fp8_e4m3_fnuz": "fp8_e4m3fnuz", "fp8_e4m3": "fp8_e4m3fn", "fp4": "fp4_e2m1fn_x2"}
 _OUR_TO_MORI = {ours: mori for mori, ours in MORI_DTYPES.items() if ours}
 QUANT_TYPES = ("none", "fp8_direct_cast", "fp8_blockwise")
 INFO_FIELDS = ("bandwidth_gbps", "latency_us", "avg_rdma_bandwidth_gbps", "avg_xgmi_bandwidth_gbps",

@@ -115,8 +115,9 @@ def test_warp_counts_are_the_reachable_rules(tmp_path):
                                   _rule(128, dtype="fp8_e4m3_fnuz", warps=8),
                                   _rule(128, dtype="fp4", hidden=3584, warps=2)])  # fmt: skip
     _write(tmp_path, "combine", [_comb(128, warps=16, blocks=16), _comb(128, zero_copy=False, warps=4)])
-    # Every dtype and form has a rule: no fallback; the fp4 rule is no dtype of ours (never looked up).
-    assert _auto(tmp_path).warp_counts() == [4, 8, 16]
+    # Every dtype and form has a rule (fp4 x2 rows too: they move with the 1-byte kernels): no fallback.
+    assert _auto(tmp_path).warp_counts() == [2, 4, 8, 16]
+    assert _auto(tmp_path).geometry("dispatch", "fp4_e2m1fn_x2", 128, hidden=3584).warp_per_block == 2
     # Built for the zero-copy combine only: the push rule cannot be reached.
     assert _auto(tmp_path, _config(use_external_inp_buf=False, warp_num_per_block=2)).warp_counts() == [2, 4, 8, 16]
     # Without an fp8 rule that dtype falls back (16 warps).
@@ -292,8 +293,10 @@ class _FakeKernels:
 
 def test_coresident_blocks_is_the_least_occupancy_shared_by_the_pes():
     names = leg_kernel_names(_config(), "combine")
-    assert names == ["ep_combine_pull_bf16", "ep_combine_push_bf16"]
-    kernels = _FakeKernels({"ep_combine_pull_bf16": 3, "ep_combine_push_bf16": 2}, sms=132)
+    assert names == ["ep_combine_pull_bf16", "ep_combine_push_bf16", "ep_combine_pull_bf16_anyhidden",
+                     "ep_combine_push_bf16_anyhidden"]  # (any hidden: the variants too)
+    kernels = _FakeKernels({"ep_combine_pull_bf16": 3, "ep_combine_push_bf16": 2, "ep_combine_pull_bf16_anyhidden": 3,
+                            "ep_combine_push_bf16_anyhidden": 4}, sms=132)
     assert coresident_blocks(kernels, names, 256, 8) == 33  # 2 per SM x 132 SMs / 8 virtual PEs
     assert coresident_blocks(kernels, names, 256, 1) == 264
     assert {(t, s) for _, t, s in kernels.asked} == {(256, 0)}

@@ -362,12 +362,9 @@ def test_exact_model_in_any_directory_beats_another_model(tmp_path):
     assert tuning.find_tuning_table("sm_90", "h200", KT.IntraNode, 8, "combine", [first]) is None
 
 
-def test_the_op_refuses_auto_mode_until_it_reads_the_tables(monkeypatch):
+def test_the_op_refuses_an_unknown_launch_mode(monkeypatch):
     from mori_compiler.ops.dispatch_combine import EpDispatchCombineOp
 
-    monkeypatch.setenv("MORI_EP_LAUNCH_CONFIG_MODE", "auto")
-    with pytest.raises(NotImplementedError, match="MORI_EP_LAUNCH_CONFIG_MODE=AUTO: .* not wired"):
-        EpDispatchCombineOp(None)
     monkeypatch.setenv("MORI_EP_LAUNCH_CONFIG_MODE", "sometimes")
     with pytest.raises(ValueError, match="MORI_EP_LAUNCH_CONFIG_MODE='sometimes' is not allowed"):
         EpDispatchCombineOp(None)
