@@ -42,20 +42,33 @@ UNIT = wire_quant.WIRE_ELEMS_PER_UNIT  # elements per unit (a 16-byte bf16 vecto
 # ---- small f32 / vector operations (generic ops: the typed builder has the integer ones) -----------------
 
 
+def _one(b: Builder, name: str, operands, ty, attributes=None) -> ir.Value:
+    """The result of one generic op ``name`` of result type ``ty``."""
+    return b.op(name, operands, (ty,), attributes).results[0]
+
+
+def _i64_attr(value: int) -> ir.Attribute:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+
+
+def _i32_attr(value: int) -> ir.Attribute:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(32), value)
+
+
 def _mulf(b: Builder, x, y):
-    return b._one("arith.mulf", (x, y), x.type)
+    return _one(b, "arith.mulf", (x, y), x.type)
 
 
 def _divf(b: Builder, x, y):
-    return b._one("arith.divf", (x, y), x.type)
+    return _one(b, "arith.divf", (x, y), x.type)
 
 
 def _negf(b: Builder, x):
-    return b._one("arith.negf", (x,), x.type)
+    return _one(b, "arith.negf", (x,), x.type)
 
 
 def _cmpf(b: Builder, pred: str, x, y):
-    return b._one("arith.cmpf", (x, y), b.i1, {"predicate": b._int(b.i64, _CMPF[pred])})
+    return _one(b, "arith.cmpf", (x, y), b.i1, {"predicate": _i64_attr(_CMPF[pred])})
 
 
 def _fabs(b: Builder, x):
@@ -69,13 +82,13 @@ def _maxnum(b: Builder, acc, x):
 
 
 def _extract(b: Builder, vec, i: int, elem):
-    return b._one("llvm.extractelement", (vec, b.const_i32(i)), elem)
+    return _one(b, "llvm.extractelement", (vec, b.const_i32(i)), elem)
 
 
 def _vector_of(b: Builder, values, elem):
-    vec = b._one("llvm.mlir.undef", (), b.vector(len(values), elem))
+    vec = _one(b, "llvm.mlir.undef", (), b.vector(len(values), elem))
     for i, v in enumerate(values):
-        vec = b._one("llvm.insertelement", (vec, v, b.const_i32(i)), vec.type)
+        vec = _one(b, "llvm.insertelement", (vec, v, b.const_i32(i)), vec.type)
     return vec
 
 
@@ -139,10 +152,10 @@ class WireCodec:
             attrs = {"dstTy": ir.TypeAttr.get(ir.Type.parse("f8E4M3FN")), "relu": ir.BoolAttr.get(False),
                      "rnd": ir.Attribute.parse("#nvvm.fp_rnd_mode<rn>"),
                      "sat": ir.Attribute.parse("#nvvm.sat_mode<satfinite>")}  # fmt: skip
-            return b.extui(b.i32, b._one("nvvm.convert.f32x2.to.f8x2", (hi, lo), ir.IntegerType.get_signless(16),
-                                         attrs))  # fmt: skip
-        return b._one("rocdl.cvt.pk.fp8.f32", (lo, hi, old if old is not None else b.const_i32(0)), b.i32,
-                      {"wordSel": ir.BoolAttr.get(high_word)})  # fmt: skip
+            pair = _one(b, "nvvm.convert.f32x2.to.f8x2", (hi, lo), ir.IntegerType.get_signless(16), attrs)
+            return b.extui(b.i32, pair)
+        return _one(b, "rocdl.cvt.pk.fp8.f32", (lo, hi, old if old is not None else b.const_i32(0)), b.i32,
+                    {"wordSel": ir.BoolAttr.get(high_word)})  # fmt: skip
 
     def fp8_encode4(self, b: Builder, values) -> ir.Value:
         """Four f32 values as four fp8 bytes of an i32 (value 0 in the lowest byte)."""
@@ -160,12 +173,12 @@ class WireCodec:
             attrs = {"srcType": ir.TypeAttr.get(ir.Type.parse("f8E4M3FN")), "relu": ir.BoolAttr.get(False)}
             for half in (word, b.shrui(word, b.const_i32(16))):
                 pair = b.bitcast(b.vector(2, b.i8), b.trunci(i16, half))
-                h2 = b._one("nvvm.convert.f8x2.to.f16x2", (pair,), b.vector(2, ir.F16Type.get()), attrs)
+                h2 = _one(b, "nvvm.convert.f8x2.to.f16x2", (pair,), b.vector(2, ir.F16Type.get()), attrs)
                 f2 = b.extf(b.vector(2, b.f32), h2)
                 out += [_extract(b, f2, 0, b.f32), _extract(b, f2, 1, b.f32)]
             return out
         for high in (False, True):
-            f2 = b._one("rocdl.cvt.pk.f32.fp8", (word,), b.vector(2, b.f32), {"wordSel": ir.BoolAttr.get(high)})
+            f2 = _one(b, "rocdl.cvt.pk.f32.fp8", (word,), b.vector(2, b.f32), {"wordSel": ir.BoolAttr.get(high)})
             out += [_extract(b, f2, 0, b.f32), _extract(b, f2, 1, b.f32)]
         return out
 
@@ -184,8 +197,8 @@ class WireCodec:
         if not self.nvptx:  # gfx950: byte j from the instruction, scale 1.0
             word, one = b.const_i32(0), b.const_f32(1.0)
             for j in range(UNIT // 2):
-                word = b._one("rocdl.cvt.scalef32.pk.fp4.f32", (word, values[2 * j], values[2 * j + 1], one), b.i32,
-                              {"dstSelIndex": b._int(b.i32, j)})  # fmt: skip
+                word = _one(b, "rocdl.cvt.scalef32.pk.fp4.f32", (word, values[2 * j], values[2 * j + 1], one), b.i32,
+                            {"dstSelIndex": _i32_attr(j)})  # fmt: skip
             return word
         word = b.const_i32(0)
         for i, x in enumerate(values):

@@ -37,6 +37,13 @@ no NaN code). The oracle's fp4 bound ``blockMax/6*U + 0.05*|U*x| + 0.01`` is exa
 there, and a kernel that scales every block instead would be within it. Packing (torch ``float4_e2m1fn_x2`` / OCP MX order): byte ``j`` holds element ``2j`` in its low
 nibble and element ``2j+1`` in its high nibble; an odd H pads the last high nibble with +0.
 
+The kernels (mori_comm.quantize_row / accumulate_quantized_rows, lowered in passes/comm_quant.py; the
+layout's one owner is mori_compiler/wire_quant.py) implement exactly these rules, the fp4 one included
+(the fp8 rule with max 6 is our reading, not a documented MORI rule: kernels and model agree on it, and
+the oracle's bound holds for it). Finite inputs give the same bits; the code of a NaN is the hardware's
+(sm_90's conversion writes 0x7f whatever the sign; the model's OCP NaN keeps it), and a NaN fp4 input,
+which the model refuses, becomes a signed zero in the kernels.
+
 Values are passed as float32 NumPy arrays (bf16 expert outputs converted to float32); bits come back as
 uint8. The f32 arithmetic (scale, multiply, sum in copy order) is what the kernels do; a kernel summing in
 another order may differ in the last f32 bit before the bf16 output rounding.
