@@ -250,6 +250,23 @@ def _block_elems(b: Builder, elems, scale_blocks: int) -> ir.Value:
     return b.divui(b.subi(b.addi(elems, s), b.const_i64(1)), s)
 
 
+def _unit_blocks(b: Builder, e0, blk_elems) -> list[ir.Value]:
+    """The scale block (i32) of each of the 8 elements from ``e0`` (i64): one 32-bit division, then a step
+    per element (consecutive elements cross at most one block boundary, whatever the block size). Rows
+    have at most 2**16 elements (ep_schema.MAX_HIDDEN_DIM), so 32 bits hold every index."""
+    e, size = b.trunci(b.i32, e0), b.trunci(b.i32, blk_elems)
+    c1 = b.const_i32(1)
+    blk = b.divui(e, size)
+    nxt = b.muli(b.addi(blk, c1), size)  # the first element of the next block
+    blocks = [blk]
+    for i in range(1, UNIT):
+        cross = b.cmpi("uge", b.addi(e, b.const_i32(i)), nxt)
+        blk = b.select(cross, b.addi(blk, c1), blk)
+        nxt = b.select(cross, b.addi(nxt, size), nxt)
+        blocks.append(blk)
+    return blocks
+
+
 def _cast(b: Builder, value, global_space: bool):
     return b.addrspacecast(b.ptr_global, value) if global_space else value
 
@@ -259,6 +276,7 @@ def _cast(b: Builder, value, global_space: bool):
 
 def quantize_row(symbol: str, function, codec: WireCodec, scale_blocks: int, wave: int, global_space: bool) -> Helper:
     # One warp. Direct cast: lane-strided units, load 8 bf16, saturate + convert, store the unit's bytes.
+    # (Each unit's element blocks: _unit_blocks, one 32-bit division per unit.)
     # Blockwise (S blocks of B = ceil(elems / S)): (1) a warp-uniform loop over the blocks: each lane's
     # strided max of |x| over the block, the warp's max by an xor butterfly; lane l keeps the amax of
     # blocks r * wave + l (r < ceil(S / wave) registers); (2) each lane's blocks' scale (amax / max or 1)
@@ -327,8 +345,7 @@ def quantize_row(symbol: str, function, codec: WireCodec, scale_blocks: int, wav
             u_safe = b.select(inside, u, b.const_i64(0))  # a lane past the end reads unit 0, stores nothing
             values = _load_bf16_unit(b, src, u_safe)
             scaled_values = []
-            for i, x in enumerate(values):
-                blk = b.trunci(b.i32, b.divui(b.addi(b.muli(u_safe, b.const_i64(UNIT)), b.const_i64(i)), blk_elems))
+            for x, blk in zip(values, _unit_blocks(b, b.muli(u_safe, b.const_i64(UNIT)), blk_elems)):
                 owner = b.remui(blk, wave32)
                 reg = b.divui(blk, wave32)
                 mult = b.shuffle("idx", mults[0], owner, width)[0]
@@ -369,14 +386,14 @@ def accumulate_quantized_rows(symbol: str, function, codec: WireCodec, scale_blo
             u = b.index_cast(b.i64, ux)
             e0 = b.muli(u, unit)
             if scale_blocks:
-                blocks = [b.divui(b.addi(e0, b.const_i64(i)), blk_elems) for i in range(UNIT)]
+                blocks = [b.muli(b.extui(b.i64, blk), b.const_i64(4)) for blk in _unit_blocks(b, e0, blk_elems)]
             acc = [b.const_f32(0.0)] * UNIT
             for j, s in enumerate(sources):
                 vals = codec.load_unit(b, b.gep(s, b.muli(u, ubytes), b.i8))
                 if scale_blocks:
                     def scales(s=s):
-                        return [_fabs(b, b.load(b.f32, b.gep(s, b.addi(soff, b.muli(blk, b.const_i64(4))), b.i8),
-                                                alignment=4)) for blk in blocks]  # fmt: skip
+                        return [_fabs(b, b.load(b.f32, b.gep(s, b.addi(soff, off), b.i8), alignment=4))
+                                for off in blocks]  # fmt: skip
 
                     factors = b.if_else(active[j], [b.f32] * UNIT, scales, lambda: [one] * UNIT)
                     vals = [_mulf(b, v, f) for v, f in zip(vals, factors)]
