@@ -210,11 +210,11 @@ def run_push(world: int, tokens: int, blocks: int, warps: int, reps: int, copy_b
             totals = [y.shape[0] for y in ys]
             res = op.combine(ys, None, idxs, block_num=cblocks)
             torch.cuda.synchronize()
+            sdim = qref.fp8_combine_scale_dim() if quant == "fp4_blockwise" else None
             for p in range(min(world, 2)):  # correctness gate: within the quant type's bound of U * x
                 x = xs[p].float().cpu().numpy()
                 qref.check_quantized_combine(res[p][0][:tokens].float().cpu().numpy(), x,
-                                             ref.unique_dest_count(idx_np[p], shape), quant,
-                                             scale_dim=qref.fp8_combine_scale_dim() if quant == "fp4_blockwise" else None)  # fmt: skip
+                                             ref.unique_dest_count(idx_np[p], shape), quant, scale_dim=sdim)
             gc = torch.cuda.CUDAGraph()
             with torch.cuda.graph(gc):
                 op.combine(ys, None, idxs, block_num=cblocks)

@@ -82,7 +82,8 @@ irdl.dialect @mori_comm {
   }
   // Quantizing row copy (warp): the bf16 row source[0:elems] (local; elems a multiple of 8) written as a
   // wire row at the symmetric `dest` on PE `pe`: the payload in `format` (fp8 e4m3 OCP/FNUZ, or fp8_e4m3:
-  // the target's variant: a byte per element; fp4 e2m1: two per byte, element 2j in the low nibble), then, when scale_blocks S >= 1
+  // the target's variant: a byte per element; fp4 e2m1: two per byte, element 2j in the low nibble), then,
+  // when scale_blocks S >= 1
   // (blockwise), S f32 block scales at the 16-byte aligned end of the payload, block 0's negated when any
   // block was scaled. scale_blocks 0: a direct cast (fp8 only). Layout: mori_compiler/ep_schema.py.
   irdl.operation @quantize_row {

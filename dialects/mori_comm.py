@@ -201,7 +201,8 @@ def quantize_row(dest, source, elems, pe, *, format: str, scale_blocks: int, loc
 
     Wire row (``ep_schema.wire_*``, the model: ops/quant_reference.py): the payload, one ``format`` code
     per element (``fp8_e4m3fn``/``fp8_e4m3fnuz``: a byte each, ``fp8_e4m3`` the target's variant of the two,
-    as the target-neutral EP kernels write it; ``fp4_e2m1``: element 2j in the low nibble of byte j); with S >= 1 (blockwise) S f32 scales follow at the payload's 16-byte aligned end. Blocks
+    as the target-neutral EP kernels write it; ``fp4_e2m1``: element 2j in the low nibble of byte j); with
+    S >= 1 (blockwise) S f32 scales follow at the payload's 16-byte aligned end. Blocks
     are ``ceil(elems / S)`` elements; a block whose amax (NaN ignored) exceeds the format's max (448 OCP,
     240 FNUZ, 6 fp4) is multiplied by ``max / amax`` before the cast and stores ``amax / max``, others
     store 1.0; block 0's scale is stored negated when any block was scaled (the reader's flag). fp8 casts

@@ -63,7 +63,8 @@ INTERNODE_OPS = ("internode_stage", "internode_dispatch", "internode_combine", "
 COMBINE_OPS = ("combine", "combine_send", "combine_recv", "internode_combine", "internode_combine_all")
 EP_OPS = ("dispatch", "combine", "dispatch_ll") + HALF_OPS + INTERNODE_OPS
 QUANT_OPS = ("combine", "combine_send", "combine_recv")  # the combines with a wire quantization
-QUANT_ATTRIBUTES = ("quant", "scale_blocks")  # optional: absent means quant "none" (the text of every other config unchanged)
+# Optional: absent means quant "none" (so the text of every other config, the bundle key's input, is unchanged).
+QUANT_ATTRIBUTES = ("quant", "scale_blocks")
 MAX_QP = ep_schema.MAX_QP_PER_PE
 
 
@@ -174,7 +175,8 @@ def _quant_rules(short: str, ints: dict, strs: dict, need) -> None:
         return
     blocks = ints.get("scale_blocks")
     if blocks is None:
-        need(False, f"attribute 'quant' {quant!r} needs the attribute 'scale_blocks' (0, or the blockwise scale blocks)")
+        need(False, f"attribute 'quant' {quant!r} needs the attribute 'scale_blocks' (0, or the blockwise scale "
+             "blocks)")  # fmt: skip
         return
     if quant in wire_quant.BLOCKWISE_QUANT_TYPES:
         need(1 <= blocks <= ep_schema.MAX_HIDDEN_DIM, f"attribute 'scale_blocks' must be in [1, "
@@ -183,8 +185,9 @@ def _quant_rules(short: str, ints: dict, strs: dict, need) -> None:
         need(blocks == 0, f"attribute 'scale_blocks' must be 0 for quant {quant!r} (no block scales), got {blocks}")
     if quant == "none":
         return
-    need(strs.get("dtype") == wire_quant.QUANT_COMBINE_DTYPE, f"attribute 'quant' {quant!r} needs dtype "
-         f"'{wire_quant.QUANT_COMBINE_DTYPE}' (only the bf16 combine is quantized), got {strs.get('dtype')!r}")  # fmt: skip
+    dtype = wire_quant.QUANT_COMBINE_DTYPE
+    need(strs.get("dtype") == dtype, f"attribute 'quant' {quant!r} needs dtype '{dtype}' (only the bf16 combine is "
+         f"quantized), got {strs.get('dtype')!r}")  # fmt: skip
     need(ints.get("zero_copy", 0) == 0, f"attribute 'quant' {quant!r} needs zero_copy = 0 (rows are quantized as they "
          "are pushed; the zero-copy combine reads them in place)")  # fmt: skip
 

@@ -19,8 +19,9 @@ Conversions per target (``WireCodec``; the op's ``format`` must be the target's,
   (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) the magnitude passes, ``>`` at the thresholds whose tie goes down
   to an even code and ``>=`` where it goes up, which is round to nearest even and saturation at 6 (±inf:
   ±6); the sign bit is copied (-0.1 -> 0x8). NaN (refused by the model) becomes a signed zero.
-* fp4 decode: integer arithmetic on every target (a code's f32 bits: exponent e = code >> 1 & 3 gives
-  ``(e + 126) << 23 | m << 22``, e = 0 gives 0 or 0.5).
+* fp4 decode: gfx950 ``v_cvt_scalef32_pk_f32_fp4`` at scale 1.0 (two codes per instruction); sm_90
+  integer arithmetic (a code's f32 bits: exponent e = code >> 1 & 3 gives ``(e + 126) << 23 | m << 22``,
+  e = 0 gives 0 or 0.5).
 """
 
 from __future__ import annotations
@@ -208,6 +209,13 @@ class WireCodec:
     def fp4_decode8(self, b: Builder, word) -> list[ir.Value]:
         """The eight E2M1 codes of an i32 (lowest nibble first) as f32 values."""
         out = []
+        if not self.nvptx:  # gfx950: byte j's two codes by the instruction, scale 1.0 (exact)
+            one = b.const_f32(1.0)
+            for j in range(UNIT // 2):
+                f2 = _one(b, "rocdl.cvt.scalef32.pk.f32.fp4", (word, one), b.vector(2, b.f32),
+                          {"srcSelIndex": _i32_attr(j)})  # fmt: skip
+                out += [_extract(b, f2, 0, b.f32), _extract(b, f2, 1, b.f32)]
+            return out
         c1, c3, c7 = b.const_i32(1), b.const_i32(3), b.const_i32(15)
         for i in range(UNIT):
             code = b.andi(b.shrui(word, b.const_i32(4 * i)), c7)

@@ -129,7 +129,8 @@ def _module_name(kind: EpDispatchCombineKernelType) -> str:
             EpDispatchCombineKernelType.IntraNodeLL: "mori_ep_intranode_ll"}.get(kind, "mori_ep_intranode")  # fmt: skip
 
 
-def module_plan(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None, scale_blocks: int | None = None) -> EpModulePlan:
+def module_plan(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None,
+                scale_blocks: int | None = None) -> EpModulePlan:
     """The mori_ep module of every kernel this config can launch (one bundle, one module load): one op per
     kernel of ``kernel_plan(cfg)``, its attributes the config's EpSizes. For AsyncLL, ``asyncll`` (an
     AsyncLLOptions; default: resolved from the environment, as ep_bundle does) sets the halves'
@@ -146,7 +147,8 @@ def module_plan(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None, scal
     return EpModulePlan(_module_name(EpDispatchCombineKernelType(cfg.kernel_type)), ops)
 
 
-def kernel_module_source(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None, scale_blocks: int | None = None) -> str:
+def kernel_module_source(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None,
+                         scale_blocks: int | None = None) -> str:
     """The text of ``module_plan(cfg, wave_size, asyncll, scale_blocks)``: the op-level IR the bundle key is
     computed from, and what ``mori-opt`` takes."""
     return module_plan(cfg, wave_size, asyncll, scale_blocks).source()

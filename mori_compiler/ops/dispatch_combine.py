@@ -446,8 +446,8 @@ class EpDispatchCombineOp:
             name, dtype, hidden = self._token_dtype(y, f"input[{pe}]", COMBINE_DTYPES, "combine", seen)
             seen = (name, hidden)
             if c.quant_type != "none" and name != QUANT_COMBINE_DTYPE:
-                raise ValueError(f"config.quant_type {c.quant_type!r} quantizes bf16 combines; input[{pe}] is {y.dtype} "
-                                 f"(combine bf16 rows, or build an op with quant_type 'none')")  # fmt: skip
+                raise ValueError(f"config.quant_type {c.quant_type!r} quantizes bf16 combines; input[{pe}] is "
+                                 f"{y.dtype} (combine bf16 rows, or build an op with quant_type 'none')")  # fmt: skip
             self._check_tensor(idx, f"indices[{pe}]", ndim=2, dtypes=(torch.int32,), dim1=c.num_experts_per_token)
             n = idx.shape[0]
             if n != self._last_n[i]:

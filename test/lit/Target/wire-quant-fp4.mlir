@@ -6,14 +6,17 @@
 
 // fp4 (E2M1) wire rows: gfx950 converts with v_cvt_scalef32_pk_fp4_f32 at scale 1.0 (four per unit of 8
 // elements, one byte each); sm_90 has no fp4 instruction and converts in integer arithmetic: seven
-// threshold compares per element (round to nearest even, saturating at 6), no cvt of fp4. Decoding is
-// integer arithmetic everywhere. gfx942 has no fp4 conversion and LLVM 22 aborts selecting gfx950's for
+// threshold compares per element (round to nearest even, saturating at 6), no cvt of fp4. Decoding:
+// gfx950 v_cvt_scalef32_pk_f32_fp4 at scale 1.0 (two codes each), sm_90 integer arithmetic. gfx942 has no fp4 conversion and LLVM 22 aborts selecting gfx950's for
 // gfx1250: both refuse the op, naming its attribute (no abort, no launch).
 // REFUSED: error: {{.*}}'mori_comm.quantize_row' attribute 'format' fp4_e2m1 is not supported on [[CHIP]] (fp4 wire rows: gfx950, sm_90)
 // REFUSED-NOT: Assertion
 
 // GFX950-LABEL: quant:
 // GFX950-COUNT-4: v_cvt_scalef32_pk_fp4_f32 v{{[0-9]+}}, v{{[0-9]+}}, v{{[0-9]+}}, 1.0
+// GFX950: s_endpgm
+// GFX950-LABEL: dequant:
+// GFX950-COUNT-4: v_cvt_scalef32_pk_f32_fp4 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, 1.0
 // GFX950: s_endpgm
 // SM90-LABEL: .entry quant(
 // SM90-NOT: e2m1
