@@ -25,10 +25,15 @@
 |                          | backend after an RDMA/TCP one (MORI's reading of the variable) | MORI)                      |
 | MORI_IO_RDMA_OVER_TCP    | MORI-IO: 0 refuses BackendType.RDMA instead of serving it with | 1 (served by TCP, with a   |
 |                          | the TCP transport (the project has no verbs transport)         | warning)                   |
-| MORI_EP_LAUNCH_CONFIG_MODE | EP launch geometry: MANUAL, or AUTO (tuning tables,          | MANUAL                     |
-|                          | ops/tuning.py; the op refuses AUTO until it reads them)        |                            |
+| MORI_EP_LAUNCH_CONFIG_MODE | EP launch geometry: MANUAL, or AUTO (each call's geometry   | MANUAL                     |
+|                          | from the tuning tables: ops/auto_launch.py, ops/tuning.py)     |                            |
 | MORI_EP_TUNING_CONFIG    | AUTO mode: tuning file(s) instead of ops/tuning_configs/ (one  | unset                      |
 |                          | path, or several joined by os.pathsep)                         |                            |
+| MORI_ASYNCLL_EARLY_NOTIFY, | AsyncLL notification mode, 0 or 1 each (ops/asyncll.py;     | 0                          |
+| MORI_ASYNCLL_FUSED_RECV, | SKIP_RESET is accepted and has no effect)                      |                            |
+| MORI_ASYNCLL_SKIP_RESET  |                                                                |                            |
+| MORI_ENABLE_SDMA         | AsyncLL: 1 asks for the SDMA transport, refused with the       | 0 (transport p2p)          |
+|                          | reason (ops/asyncll.py, docs/asyncll-copy-engine.md)           |                            |
 | MORI_FP8_COMBINE_SCALE_DIM | fp8/fp4 blockwise combine: scale blocks per token (the       | 56                         |
 |                          | reference model ops/quant_reference.py; kernels: issue 15)     |                            |
 """

@@ -16,6 +16,17 @@ generate AsyncLL kernels in this version; this module is their host-side contrac
 
 Each accepts exactly ``0`` or ``1`` (unset means ``0``); anything else is a :class:`AsyncLLOptionError` that
 names the variable, the value and the allowed values.
+
+The payload transport (``async_ll_transport``, MORI's name; ``MORI_ENABLE_SDMA=1`` asks for ``"sdma"`` as in
+MORI) is resolved here too. Only ``"p2p"`` (the send kernel's CU stores into the peers' receive regions) is
+lowered. The copy-engine transports are refused with the measured reason (docs/asyncll-copy-engine.md):
+
+* ``"copy_engine"`` (NVIDIA, host-enqueued copies): on one H200 no host-driven copy overlaps a 4096^3 bf16
+  matmul (cudaMemcpyAsync, cuMemcpyBatchAsync with PREFER_OVERLAP_WITH_COMPUTE, stream priorities: gains
+  1.01-1.06x, the copy time added to the matmul's; bench/copy_engine_overlap.py, session 9), so the one-GPU
+  op would gain nothing; the peer-GPU case (copy engines over NVLink) is unmeasured (no multi-GPU machine).
+* ``"sdma"`` (AMD): MORI's shmem device bitcode posts SDMA copies but exports no wait for their completion
+  (its quiet overloads return at once for SDMA), and the project's runtime creates no SDMA queues.
 """
 
 from __future__ import annotations
@@ -31,6 +42,15 @@ ENV_VARS = {
     "fused_recv": "MORI_ASYNCLL_FUSED_RECV",
     "skip_reset": "MORI_ASYNCLL_SKIP_RESET",
 }
+SDMA_VAR = "MORI_ENABLE_SDMA"  # MORI's switch: 1 asks for the SDMA transport
+TRANSPORTS = ("p2p", "copy_engine", "sdma")
+# Why each copy-engine transport is refused (the module docstring has the measurements).
+_UNAVAILABLE = {
+    "copy_engine": ("on one GPU no host-driven copy overlaps compute (measured on the H200: 1.01-1.06x against a "
+                    "4096^3 matmul, docs/asyncll-copy-engine.md); the peer-GPU copy engines are not measured yet"),
+    "sdma": ("MORI's shmem device bitcode exports no SDMA completion wait and the project's runtime creates no SDMA "
+             "queues (docs/asyncll-copy-engine.md, section 5.4)"),
+}
 
 
 class AsyncLLOptionError(ValueError):
@@ -42,11 +62,19 @@ class AsyncLLOptions:
     early_notify: bool = False
     fused_recv: bool = False
     skip_reset: bool = False  # accepted, no effect (see the module docstring)
+    async_ll_transport: str = "p2p"
 
     def __post_init__(self):
         for name in ENV_VARS:
             if not isinstance(getattr(self, name), bool):
                 raise AsyncLLOptionError(f"AsyncLLOptions.{name} must be a bool, got {getattr(self, name)!r}")
+        transport = self.async_ll_transport
+        if transport not in TRANSPORTS:
+            raise AsyncLLOptionError(f"async_ll_transport={transport!r} is not allowed; allowed: "
+                                     f"{', '.join(map(repr, TRANSPORTS))}")  # fmt: skip
+        if transport in _UNAVAILABLE:
+            raise AsyncLLOptionError(f"async_ll_transport={transport!r} is not available in this version: "
+                                     f"{_UNAVAILABLE[transport]}; use 'p2p'")  # fmt: skip
         if self.fused_recv and not self.early_notify:
             raise AsyncLLOptionError(
                 "MORI_ASYNCLL_FUSED_RECV=1 needs MORI_ASYNCLL_EARLY_NOTIFY=1: the fused receive waits for the "
@@ -83,15 +111,17 @@ def resolve(environ: Mapping[str, str] | None = None, **overrides: bool) -> Asyn
     Called once when an AsyncLL op is constructed; later changes to the environment do not reach that op.
     """
     environ = os.environ if environ is None else environ
-    unknown = sorted(set(overrides) - set(ENV_VARS))
+    unknown = sorted(set(overrides) - set(ENV_VARS) - {"async_ll_transport"})
     if unknown:
-        raise AsyncLLOptionError(f"unknown AsyncLL option(s) {unknown}; allowed: {sorted(ENV_VARS)}")
+        raise AsyncLLOptionError(f"unknown AsyncLL option(s) {unknown}; allowed: "
+                                 f"{sorted([*ENV_VARS, 'async_ll_transport'])}")  # fmt: skip
     values = {name: _flag(environ, var) for name, var in ENV_VARS.items()}
+    transport = overrides.pop("async_ll_transport", "sdma" if _flag(environ, SDMA_VAR) else "p2p")
     for name, value in overrides.items():
         if not (isinstance(value, bool) or (type(value) is int and value in (0, 1))):
             raise AsyncLLOptionError(f"AsyncLL option {name}={value!r} is not allowed: use 0 or 1")
         values[name] = bool(value)
-    return AsyncLLOptions(**values)
+    return AsyncLLOptions(**values, async_ll_transport=transport)
 
 
 class AsyncLLPhaseError(RuntimeError):

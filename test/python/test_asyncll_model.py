@@ -49,6 +49,22 @@ def test_overrides_win_and_are_validated():
         resolve({}, early_notify=2)
 
 
+def test_the_transport_is_p2p_and_the_copy_engine_ones_are_refused_with_their_reason():
+    assert resolve({}).async_ll_transport == "p2p" and resolve({}, async_ll_transport="p2p").as_dict()[
+        "async_ll_transport"] == "p2p"  # fmt: skip
+    with pytest.raises(AsyncLLOptionError, match=r"async_ll_transport=.copy_engine. is not available .* \(measured on "
+                                                 r"the H200: 1.01-1.06x"):  # fmt: skip
+        resolve({}, async_ll_transport="copy_engine")
+    with pytest.raises(AsyncLLOptionError, match=r"'sdma' is not available .* exports no SDMA completion wait"):
+        resolve({"MORI_ENABLE_SDMA": "1"})  # MORI's switch asks for it
+    assert resolve({"MORI_ENABLE_SDMA": "0"}).async_ll_transport == "p2p"
+    with pytest.raises(AsyncLLOptionError, match=r"MORI_ENABLE_SDMA='yes' is not allowed"):
+        resolve({"MORI_ENABLE_SDMA": "yes"})
+    with pytest.raises(AsyncLLOptionError, match=r"async_ll_transport='dma' is not allowed; allowed: 'p2p', "
+                                                 r"'copy_engine', 'sdma'"):  # fmt: skip
+        AsyncLLOptions(async_ll_transport="dma")
+
+
 def test_resolved_options_are_a_snapshot(monkeypatch):
     monkeypatch.setenv("MORI_ASYNCLL_EARLY_NOTIFY", "1")
     first = resolve()

@@ -275,7 +275,8 @@ def test_bad_inputs_raise_before_launch(pes):
     idx = [torch.zeros((n, 4), dtype=torch.int32, device="cuda") for _ in range(pes)]
     try:
         bad = [
-            (dict(input=[torch.zeros((n, 128), dtype=torch.bfloat16, device="cuda") for _ in x]), "columns"),
+            (dict(input=[torch.zeros((n, H + 16), dtype=torch.bfloat16, device="cuda") for _ in x]), "hidden size"),
+            (dict(input=[torch.zeros((n, 12), dtype=torch.bfloat16, device="cuda") for _ in x]), "multiple of 16 bytes"),
             (dict(input=[t.float().to(torch.float64) for t in x]), "dtype"),
             (dict(input=[t.t() for t in x]), "contiguous"),
             (dict(input=[t.cpu() for t in x]), "CUDA"),
