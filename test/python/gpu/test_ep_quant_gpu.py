@@ -11,7 +11,9 @@ E2M1 in software). Inputs: standard normal rows, and for the blockwise types "fo
 ±2·448 planted in every scale block (every block scaled, block 0's scale negated). Hidden sizes: 7168
 (128-element blocks), 4096 (not a multiple of the 56 blocks: 74-element blocks), 1040 (an odd multiple of
 16) and 112 (2-element blocks, trailing blocks empty). Outputs are poisoned before each combine; rows past
-a PE's tokens must stay poisoned. Each kind is also captured in a CUDA graph and replayed on new values.
+a PE's tokens must stay poisoned. Calls of a smaller hidden than the config's (2048 -> 1040, 112, 16) run
+the _anyhidden kernels, whose wire rows follow the call's hidden. Each kind is also captured in a CUDA
+graph and replayed on new values.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def all_configs(pes_counts=PES):
     for n in pes_counts:
         for kind, quant, hidden, _inputs, blocks in CASES:
             yield quant_config(n, kind, quant, hidden), blocks
+        for kind, quant in RUNTIME_CASES:
+            yield quant_config(n, kind, quant, RUNTIME_HIDDEN[0]), SCALE_BLOCKS
         yield quant_config(n, "IntraNode", "fp8_blockwise", 1040, tok=4), SCALE_BLOCKS  # the f32 refusal
 
 
@@ -147,14 +151,14 @@ def check_output(p: int, out_bf16, x: np.ndarray, copies: np.ndarray, quant: str
 class Round:
     """One PE set's tokens and routing, dispatched; the identity expert's rows ready to combine."""
 
-    def __init__(self, op, inputs: str, blocks: int, seed: int):
+    def __init__(self, op, inputs: str, blocks: int, seed: int, hidden: int | None = None):
         import torch
 
         from mori_compiler.ops import reference as ref
 
         c = op.config
         self.shape = _shape(c)
-        n_pes, H = c.world_size, c.hidden_dim
+        n_pes, H = c.world_size, hidden or c.hidden_dim  # the call's hidden (<= the config's)
         rng = np.random.default_rng(seed)
         self.ns = [int(v) for v in rng.integers(1, c.max_num_inp_token_per_rank + 1, n_pes)]
         self.idx_np = ref.make_routing("random", self.ns, self.shape, seed)
@@ -212,6 +216,31 @@ def test_quantized_combine(pes, case, monkeypatch):
                     want = ref.reference_combine_weights(rnd.w[p], rnd.idx_np[p], rnd.shape)
                     np.testing.assert_allclose(res[p][1][:n].cpu().numpy(), want, atol=1e-5, rtol=1e-5,
                                                err_msg=f"combine weights on PE {p}")  # fmt: skip
+    finally:
+        op.close()
+
+
+# Calls of a smaller hidden than the config's (2048: 37-element blocks) run the _anyhidden kernels, whose
+# wire rows are computed from the call's hidden: 1040 (19-element blocks), 112 (2), 16 (1; 40 blocks empty).
+RUNTIME_HIDDEN = (2048, 1040, 112, 16)
+RUNTIME_CASES = [("IntraNode", "fp8_blockwise"), ("IntraNodeLL", "fp4_blockwise"), ("AsyncLL", "fp8_blockwise"),
+                 ("IntraNode", "fp8_direct_cast")]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind, quant", RUNTIME_CASES, ids=lambda v: str(v))
+def test_quantized_combine_at_runtime_hidden(pes, kind, quant, monkeypatch):
+    from mori_compiler.ops import EpDispatchCombineOp
+
+    monkeypatch.setenv("MORI_FP8_COMBINE_SCALE_DIM", str(SCALE_BLOCKS))
+    op = EpDispatchCombineOp(quant_config(pes, kind, quant, RUNTIME_HIDDEN[0]))
+    try:
+        for seed, hidden in enumerate(RUNTIME_HIDDEN):
+            inputs = "force_scale_active" if quant.endswith("blockwise") else "randn"
+            rnd = Round(op, inputs, SCALE_BLOCKS, 20 + seed, hidden=hidden)
+            res = dispatch_and_combine(op, rnd, weights=False)
+            for p in range(pes):
+                assert res[p][0].shape[1] == hidden
+                check_output(p, res[p][0], rnd.x[p], rnd.copies[p], quant, SCALE_BLOCKS)
     finally:
         op.close()
 
