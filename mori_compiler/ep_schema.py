@@ -315,7 +315,7 @@ BUFFERS: tuple[Buffer, ...] = (
     Buffer("src_pos", lambda s: s.recv_capacity * 4, False, _ALL, "source position of each received row"),
     Buffer("fwd", lambda s: s.max_tokens_per_rank * s.top_k * 4, True, _ALL, "forward map [M, K]"),
     Buffer("total", lambda s: 16, True, _ALL, "rows received by the last dispatch (i32)"),
-    Buffer("status", lambda s: 16, True, _ALL, "tokens dropped for want of receive capacity (i32)"),
+    Buffer("status", lambda s: 16, True, _ALL, "dispatch status words, cumulative (i32 each): STATUS_WORDS"),
     Buffer("reg_x", lambda s: s.recv_capacity * _tok(s), False, _ALL, "registered combine input [R, H]"),
     Buffer("out_c", lambda s: s.max_tokens_per_rank * _tok(s), False, _ALL, "combine output [M, H]"),
     Buffer("out_cw", lambda s: s.max_tokens_per_rank * s.top_k * 4, False, _ALL, "combine output weights"),
@@ -376,6 +376,11 @@ BUFFERS: tuple[Buffer, ...] = (
 # nodes ("rdma") and bytes stored to or read from PEs of this node ("xgmi"), per leg; what each counts is
 # docs/ep-protocols.md §16's.
 TRAFFIC_COUNTERS = ("dispatch_rdma", "dispatch_xgmi", "combine_rdma", "combine_xgmi")
+# The dispatch kernels' status words (buffer ``status``, i32 each, in this order, cumulative since the op's
+# construction; relaxed local atomics, read by the host after the fact): ``overflow``, the (token, PE)
+# sends dropped because the receiver was full; ``invalid_ids``, the (token, k) slots of this PE's tokens
+# whose expert id is neither -1 (a legal drop) nor in [0, W * Er) (dropped too: a null forward entry).
+STATUS_WORDS = ("overflow", "invalid_ids")
 BUFFER_NAMES = frozenset(b.name for b in BUFFERS)
 
 
@@ -481,8 +486,16 @@ _DISPATCH = _TOKENS_IN + (
     _b("grid_ctr", "dispatch_grid"), _b("round_ctr"), _b("fwd"), _b("dest_ctr"), _b("total"), _b("status"),
 )  # fmt: skip
 
+# The routing replay (IntraNode, InterNodeV1; docs/ep-protocols.md §17): a [n, K] i32 forward map recorded by an
+# earlier dispatch (a routing handle's copy of ``fwd``), whose slots this dispatch takes instead of
+# reserving them; 0 (null): reserve as usual.
+_ROUTING = Param("routing")
+# InterNodeV1's replay also takes the slots of the records this PE forwarded as a proxy: a recorded copy of
+# ``i_pfwd`` ([hops][chunk_rows][K] i32); null with ``routing``.
+_ROUTING_PFWD = Param("routing_pfwd")
+
 KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
-    KernelSignature("dispatch", _DISPATCH, "IntraNode dispatch: one warp per token", "dispatch", "dispatch",
+    KernelSignature("dispatch", _DISPATCH + (_ROUTING,), "IntraNode dispatch: one warp per token", "dispatch", "dispatch",
                     frozenset({KernelType.IntraNode})),
     KernelSignature("dispatch_ll", _DISPATCH, "IntraNodeLL dispatch: one block per token", "dispatch_ll", "dispatch",
                     frozenset({KernelType.IntraNodeLL})),
@@ -521,7 +534,7 @@ KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
         _RDMA_BLOCKS, _b("out_x"), _b("out_w"), _b("out_s"), _b("out_idx"), _b("src_pos"), _b("slot_ctrs"),
         _b("signals"), _b("grid_ctr", "dispatch_grid"), _b("round_ctr"), _b("fwd"), _b("dest_ctr"), _b("total"),
         _b("status"), _b("stage", "i_stage"), _b("land", "i_land"), _b("flag", "i_flag"), _b("smap", "i_smap"),
-        _b("pfwd", "i_pfwd"), _b("traffic"),
+        _b("pfwd", "i_pfwd"), _b("traffic"), _ROUTING, _ROUTING_PFWD,
     ), "inter-node dispatch, step 2: chunked sends to the targets, receive-and-forward, same-node rows",
         "internode_dispatch", "dispatch", _INTER),
     KernelSignature("inter_combine", (

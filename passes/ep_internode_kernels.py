@@ -82,8 +82,8 @@ from mori_compiler.dialects import mori_comm, mori_shmem
 from mori_compiler.ep_schema import TRAFFIC_COUNTERS
 
 from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, TokenInputs, TokenSource, dispatch_round,
-                              open_kernel, reduce_tokens, route_token, send_row_to_peers, send_to_destinations,
-                              token_inputs, token_source)  # fmt: skip
+                              open_kernel, reduce_tokens, replay_or_reserve, route_token, send_row_to_peers,
+                              send_to_destinations, token_inputs, token_source)  # fmt: skip
 
 # The receiving side splits a chunk's records over CHUNK_SHARES warps (record q to share q % CHUNK_SHARES): a
 # warp pays one acquire (dispatch) or one release and count (combine) per share, not per record. Measured on
@@ -242,14 +242,15 @@ def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation |
     base = _round_base(f, rnd.round)
     rdma_blocks = _rdma_blocks(f, topo)
     (rw, nrw), (xw, nxw) = _warps(f, rdma_blocks)
+    replay = f.present(p.routing)  # a routing handle: every slot from its recorded forward maps
     in_rdma = b.cmpi("ult", f.bid_i, rdma_blocks)
     reserve = _reserve(f, topo, rnd.slot_ctr)
     with b.if_(in_rdma):
         _send_chunks(f, topo, inputs, rnd.par, base, rw, nrw)
-        _forward_records(f, topo, inputs, rnd.par, base, rw, nrw, reserve)
+        _forward_records(f, topo, inputs, rnd.par, base, rw, nrw, reserve, replay)
         mori_shmem.quiet(**b.at())
     with b.if_(b.xori(in_rdma, f.true)):
-        _send_same_node(f, topo, inputs, xw, nxw, reserve)
+        _send_same_node(f, topo, inputs, xw, nxw, reserve, replay)
     mori_comm.grid_barrier(p.grid_ctr, **b.at())
     first_warp = b.andi(rnd.b0, b.cmpi("eq", f.warp_in_block, f.c0x))
     with b.if_(first_warp):
@@ -325,9 +326,10 @@ def _row_meta_bytes(f: KernelFrame) -> ir.Value:
 
 
 def _forward_records(f: KernelFrame, topo: Topology, inputs: TokenInputs, par: ir.Value, base: ir.Value,
-                     first: ir.Value, count: ir.Value, reserve) -> None:  # fmt: skip
+                     first: ir.Value, count: ir.Value, reserve, replay: ir.Value) -> None:  # fmt: skip
     """One warp per (remote source hop, chunk, share): wait for the chunk, then forward its records
-    q = share, share + shares, ... to the destinations on this PE's hop group."""
+    q = share, share + shares, ... to the destinations on this PE's hop group (with ``replay``, to the
+    slots recorded in ``routing_pfwd`` at the record's place)."""
     b, p, cfg = f.b, f.params, f.cfg
     s = cfg.sizes
     wave = cfg.wave_size
@@ -347,8 +349,12 @@ def _forward_records(f: KernelFrame, topo: Topology, inputs: TokenInputs, par: i
             kept = b.addi(b.muli(_i64(f, hop), b.const_i64(s.chunk_rows)), slot64)  # [hop][record] of i_pfwd
             fwd_row = b.gep(p.pfwd, b.muli(kept, b.const_i64(cfg.top_k)), b.i32)
             accept = lambda pe: b.cmpi("eq", b.divui(pe, topo.b_hop_size), topo.my_hop)  # noqa: E731
-            route = route_token(f, b.index_cast(b.index, q), rinputs, reserve=reserve,
-                                ids=b.gep(record, rec.ids, b.i8), fwd_row=fwd_row, accept=accept)  # fmt: skip
+            recorded = lambda: b.gep(b.gep(p.routing_pfwd, b.muli(kept, b.const_i64(cfg.top_k)), b.i32),  # noqa: E731
+                                     f.lane, b.i32)  # fmt: skip
+            route = route_token(f, b.index_cast(b.index, q), rinputs,
+                                reserve=replay_or_reserve(f, replay, recorded, reserve),
+                                ids=b.gep(record, rec.ids, b.i8), fwd_row=fwd_row, accept=accept,
+                                count_invalid=False)  # (the source counted them)  # fmt: skip
             wv = b.if_else(f.is_k, [b.f32], lambda: [b.load(b.f32, b.gep(b.gep(record, rec.weights, b.i8), f.lane,
                            b.f32))], lambda: [b.const_f32(0.0)])[0]  # fmt: skip
             source = TokenSource(b.const_i64(0), record, wv)
@@ -372,15 +378,17 @@ def _chunk_shares(f: KernelFrame, topo: Topology, first: ir.Value, count: ir.Val
 
 
 def _send_same_node(f: KernelFrame, topo: Topology, inputs: TokenInputs, first: ir.Value, count: ir.Value,
-                    reserve) -> None:  # fmt: skip
-    """One warp per own token: IntraNode's route and copies, to the destinations on this node only."""
+                    reserve, replay: ir.Value) -> None:  # fmt: skip
+    """One warp per own token: IntraNode's route and copies, to the destinations on this node only (with
+    ``replay``, to the slots recorded in ``routing``, row t)."""
     b, p = f.b, f.params
     peer = _peer(f, topo)
     gc = b.const_i32(topo.group)
     my_node = b.divui(f.me, gc)
     with b.for_(first, b.index_cast(b.index, p.n), count) as t_x:
         accept = lambda pe: b.cmpi("eq", b.divui(pe, gc), my_node)  # noqa: E731
-        route = route_token(f, t_x, inputs, reserve=reserve, accept=accept)
+        recorded = lambda: b.gep(p.routing, b.addi(b.muli(b.index_cast(b.i32, t_x), f.K), f.lane), b.i32)  # noqa: E731
+        route = route_token(f, t_x, inputs, reserve=replay_or_reserve(f, replay, recorded, reserve), accept=accept)
         source = token_source(f, route, inputs)
         send_row_to_peers(f, route, source, inputs, f.c0i, peer=peer)
         send_to_destinations(f, route, source, inputs, f.c0i, rows=False, peer=peer)

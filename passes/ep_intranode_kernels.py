@@ -16,6 +16,12 @@ The protocols (docs/ep-protocols.md, IntraNode), with who writes, who waits, the
   (round r - 1 is complete, and no peer starts round r + 1 before our round-r count reaches it, which is
   after the clear and a release fence). The round counter is incremented on the device at the end, so
   CUDA-graph replay is correct.
+* dispatch replay (a routing handle, ``routing`` not null): every slot comes from the handle's recorded
+  forward map instead of ``reserve_slot`` (no atomics); everything else is the dispatch above (the same
+  stores, ``dest_ctr`` counts and handshake), so the outputs equal the recorded dispatch's. The slot
+  counter of the round is left untouched (it was cleared one round before, and the next round clears
+  it again); a replay is collective: every PE replays a handle of the same recorded round (a PE that
+  reserved while another replays would collide with the replayed slots).
 * combine, pull (zero-copy): the expert outputs are already in the registered symmetric buffer
   (``reg_x``); weights are copied next to them (``reg_w``); ``device_barrier`` (release/acquire across
   PEs); each warp sums, per token, the K source rows read directly from the peers (``accumulate_rows``,
@@ -37,7 +43,8 @@ from mori_compiler._mlir import ir
 from mori_compiler.dialects import mori_comm, mori_shmem
 
 from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, combine_row_stride, dispatch_completion,
-                              dispatch_round, open_kernel, reduce_tokens, reserve_on_peer, return_rows, route_token,
+                              dispatch_round, open_kernel, reduce_tokens, replay_or_reserve, reserve_on_peer,
+                              return_rows, route_token,
                               send_row_to_peers, send_to_destinations, token_inputs, token_source)  # fmt: skip
 
 
@@ -48,8 +55,10 @@ def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation |
     inputs = token_inputs(f)
     rnd = dispatch_round(f)
     n_x = b.index_cast(b.index, f.params.n)
+    replay = f.present(f.params.routing)
     with b.for_(f.gw, n_x, f.nw) as t_x:
-        route = route_token(f, t_x, inputs, reserve=reserve_on_peer(rnd.slot_ctr))
+        recorded = lambda: b.gep(f.params.routing, b.addi(b.muli(b.index_cast(b.i32, t_x), f.K), f.lane), b.i32)  # noqa: E731
+        route = route_token(f, t_x, inputs, reserve=replay_or_reserve(f, replay, recorded, reserve_on_peer(rnd.slot_ctr)))
         source = token_source(f, route, inputs)
         dbase = b.const_i32(0)  # IntraNode: a destination's rows start at 0
         send_row_to_peers(f, route, source, inputs, dbase)

@@ -16,8 +16,10 @@ later code uses, as a small named tuple):
   whether weights / scales are given.
 * ``dispatch_round(f) -> DispatchRound``: the round parity, the slot counter of this round, and the
   clearing of the other one (the IntraNode / IntraNodeLL double buffering).
+* ``replay_or_reserve(f, replay, recorded, reserve)``: a reservation that replays a routing handle's
+  recorded slots (no atomics) when ``replay`` holds.
 * ``route_token(f, token, inputs, reserve=..., capacity=, count_dest=) -> Route``: one token's
-  destinations (dedup per PE, slot reservation, overflow count, forward map); ``reserve(f, pe) -> slot``
+  destinations (dedup per PE, slot reservation, overflow and invalid-id counts, forward map); ``reserve(f, pe) -> slot``
   builds the reservation, ``reserve_on_peer(slot_ctr)`` is the remote one.
 * ``token_source(f, route, inputs) -> TokenSource``: the token's source row and this lane's weight.
 * ``send_row_to_peers(f, route, source, inputs, dbase)``: the row to every destination at once.
@@ -37,7 +39,8 @@ later code uses, as a small named tuple):
 Ordering each piece provides (who writes, who waits; docs/ep-protocols.md has the protocols whole):
 
 * ``route_token``: slot reservations are relaxed system-scope fetch-adds on the destination's counter;
-  the forward map and the overflow and per-destination counts are local relaxed stores/atomics. Nothing
+  the forward map and the overflow, invalid-id and per-destination counts are local relaxed
+  stores/atomics (the status words are read by the host after the call, never waited on). Nothing
   here is published: the kernel's completion (grid barrier + count handshake, or a device barrier)
   orders it.
 * ``send_*``: relaxed system-scope stores to the peers (``mori_shmem.p``, ``mori_comm.row_copy*``); they
@@ -386,10 +389,30 @@ def reserve_on_peer(slot_ctr: ir.Value) -> Callable[[KernelFrame, ir.Value], ir.
     return lambda f, pe: mori_comm.reserve_slot(slot_ctr, pe, **f.b.at())
 
 
+def replay_or_reserve(f: KernelFrame, replay: ir.Value, recorded: Callable[[], ir.Value],
+                      reserve: Callable[[KernelFrame, ir.Value], ir.Value]) -> Callable[[KernelFrame, ir.Value], ir.Value]:  # fmt: skip
+    """A reservation for ``route_token`` that replays a routing handle when ``replay`` (i1) holds: the slot
+    the recorded dispatch got, decoded from the recorded forward code at ``recorded()`` (this lane's
+    address, built only on that path), with no atomic; a null code (the recorded send overflowed) or one
+    naming another PE gives R, past the capacity, so the send is dropped and counted as then. Otherwise
+    ``reserve``."""
+    b = f.b
+
+    def take(f_: KernelFrame, pe: ir.Value) -> ir.Value:
+        def from_handle():
+            code = b.load(b.i32, recorded())
+            mine = b.cmpi("eq", b.divui(code, f.R), pe)  # (NULL = W * R decodes to W: never a destination)
+            return [b.select(mine, b.remui(code, f.R), f.R)]
+
+        return b.if_else(replay, [b.i32], from_handle, lambda: [reserve(f_, pe)])[0]
+
+    return take
+
+
 def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
                 reserve: Callable[[KernelFrame, ir.Value], ir.Value], capacity: ir.Value | None = None,
                 count_dest: bool = True, ids: ir.Value | None = None, fwd_row: ir.Value | None = None,
-                accept: Callable[[ir.Value], ir.Value] | None = None) -> Route:  # fmt: skip
+                accept: Callable[[ir.Value], ir.Value] | None = None, count_invalid: bool = True) -> Route:  # fmt: skip
     """Route token ``token`` (index; one warp, lanes < K hold one expert slot each): read the expert id
     (``idx``), drop invalid ids and duplicates per destination PE (the lowest k represents it), reserve
     a slot on the destination (``reserve(f, pe)`` returns it), drop and count (``status``) reservations at
@@ -397,7 +420,10 @@ def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
     with ``count_dest``, count the tokens sent to each PE (``dest_ctr``). The inter-node kernels route
     records: ``ids`` (the token's K ids, default row t of ``idx``), ``fwd_row`` (where its K forward codes
     go, default row t of ``fwd``) and ``accept(pe) -> i1`` (the destinations this warp serves; the others
-    get NULL and are no duplicates of anything)."""
+    get NULL and are no duplicates of anything). With ``count_invalid`` (every kernel's own tokens, once
+    each; not the inter-node forwarding of records another PE routed and counted), lanes whose id is
+    neither -1 nor a valid expert add 1 to the status word ``invalid_ids`` (a relaxed local atomic: the
+    host reads it after the fact, no host synchronization on the call)."""
     b, p = f.b, f.params
     t = b.index_cast(b.i32, token)
     slotidx = b.addi(b.muli(t, f.K), f.lane)
@@ -409,6 +435,11 @@ def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
     pe_raw = b.divsi(e, inputs.experts_per_rank)
     inrange = b.cmpi("slt", pe_raw, f.W)
     valid = b.andi(b.andi(nonneg, inrange), f.is_k)
+    if count_invalid:
+        legal = b.ori(b.andi(nonneg, inrange), b.cmpi("eq", e, b.const_i32(-1)))
+        with b.if_(b.andi(f.is_k, b.xori(legal, f.true))):
+            word = b.const_i32(ep_schema.STATUS_WORDS.index("invalid_ids"))
+            b.atomicrmw("add", b.gep(p.status, word, b.i32), f.c1i, "monotonic")
     if accept is not None:
         valid = b.andi(valid, accept(b.select(valid, pe_raw, f.c0i)))
     pe = b.select(valid, pe_raw, f.W)

@@ -14,6 +14,7 @@ __all__ = [
     "EpDispatchCombineConfig",
     "EpDispatchCombineKernelType",
     "EpDispatchCombineOp",
+    "EpDispatchRoutingHandle",
     "ep_bundle",
     "kernel_module_source",
     "validate_config",
@@ -25,4 +26,8 @@ def __getattr__(name: str):
         from .dispatch_combine import EpDispatchCombineOp
 
         return EpDispatchCombineOp
+    if name == "EpDispatchRoutingHandle":
+        from .routing_handle import EpDispatchRoutingHandle
+
+        return EpDispatchRoutingHandle
     raise AttributeError(f"module 'mori_compiler.ops' has no attribute '{name}'")

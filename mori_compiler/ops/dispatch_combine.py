@@ -3,8 +3,16 @@
 ``EpDispatchCombineOp(config)`` builds its kernels once (at construction, from the bundle cache: compiled
 there and then when the compiler is installed, else precompiled), allocates its buffers on the symmetric
 heap and launches on the current PyTorch stream. ``dispatch``/``combine`` never compile and never
-synchronize with the host (unless ``validate`` asks to check expert ids), so they can be captured in a
-CUDA graph after one eager call with the same tensors (the argument tables are uploaded then).
+synchronize with the host, so they can be captured in a CUDA graph after one eager call with the same
+tensors (the argument tables are uploaded then). Expert ids are validated on the device: every dispatch
+kernel counts the ids that are neither -1 nor an expert (and drops them) in a status word the host reads
+after the fact (``dispatch_status()``); ``validate="debug"`` synchronizes after each dispatch and raises
+on them instead (a host synchronization per call: the debugging mode, not the serving one).
+
+Features (docs/ep-protocols.md): ``call_local_expert_count=True`` fills ``local_expert_count`` (int32
+[Er] per PE, the received (token, k) pairs whose expert is local) on the stream, every kernel type;
+``return_routing=True`` / ``routing=h`` record and replay a dispatch's slot assignment
+(ops/routing_handle.py; IntraNode and InterNodeV1).
 
 Two ways to run, chosen by how shmem was initialized (mori_compiler.runtime.shmem):
 
@@ -50,10 +58,11 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from mori_compiler.ep_schema import INTERNODE, TRAFFIC_COUNTERS, combine_family, families
+from mori_compiler.ep_schema import INTERNODE, STATUS_WORDS, TRAFFIC_COUNTERS, KernelType, combine_family, families
 from mori_compiler.wire_quant import QUANT_COMBINE_DTYPE
 
 from . import standard_moe
+from .routing_handle import EpDispatchRoutingHandle, new_op_id
 from .bundle import ep_bundle, kernel_module_source, kernel_names, kernel_plan  # noqa: F401 (re-exported)
 from .config import (COMBINE_DTYPES, DISPATCH_DTYPES, DISPATCH_INPUT_DTYPES, IMPLEMENTED,  # noqa: F401 (re-exported)
                      MAX_BLOCKS, EpDispatchCombineConfig, EpDispatchCombineKernelType, _dtype_name, _is_int,
@@ -93,9 +102,18 @@ class EpDispatchCombineOp:
 
     ``asyncll``: for AsyncLL, the notification mode (an :class:`AsyncLLOptions`, or a dict of overrides of
     the ``MORI_ASYNCLL_*`` variables); resolved once here and compiled into this op's kernels.
+
+    ``validate``: expert ids are always checked on the device (the kernels count and drop the invalid
+    ones: ``dispatch_status()``). ``True`` (default) and ``False``: no host synchronization on any call.
+    ``"debug"``: after each dispatch (AsyncLL: each receive) the host synchronizes and raises a ValueError
+    naming the PE and the count of invalid ids it sent; this costs one host synchronization per dispatch
+    (the stream drains, so the launch of the next call no longer overlaps the kernels) and it refuses
+    CUDA-graph capture.
     """
 
-    def __init__(self, config: EpDispatchCombineConfig, *, target: str | None = None, validate: bool = True,
+    VALIDATE_MODES = (True, False, "debug")
+
+    def __init__(self, config: EpDispatchCombineConfig, *, target: str | None = None, validate=True,
                  asyncll=None):  # fmt: skip
         from .tuning import launch_config_mode
 
@@ -109,8 +127,11 @@ class EpDispatchCombineOp:
         from .ep_buffers import EpBuffers
         from .ep_launch import EpLaunches
 
+        if not any(validate is mode or (isinstance(mode, str) and validate == mode) for mode in self.VALIDATE_MODES):
+            raise ValueError(f"validate must be True, False or 'debug', got {validate!r}")
         self.config = config
         self.validate = validate
+        self.op_id = new_op_id()
         state = shmem.state()
         if state.n_pes != config.world_size:
             raise ValueError(f"config.world_size {config.world_size} differs from shmem_npes() {state.n_pes}")
@@ -155,6 +176,8 @@ class EpDispatchCombineOp:
         shmem.shmem_barrier_all()
         self._last_n = [0] * self.n_local
         self._pending: dict = {}  # AsyncLL: what a recv launch needs from its send (dtype, grid, results)
+        self._status_seen = [[0] * len(STATUS_WORDS) for _ in range(self.n_local)]  # debug mode: read last
+        self._local_counts = None  # per PE [Er] int32 and [R] row numbers 0..R-1: made on first use
 
     def _coresident_limit(self, leg: str, warps: int) -> int:
         """AUTO: the largest grid per PE of ``warps``-warp blocks that are all resident at once for ``leg``'s
@@ -260,44 +283,178 @@ class EpDispatchCombineOp:
                              f"{name} x {hidden})")  # fmt: skip
         return name, payload_kernel_dtype(name), hidden
 
-    def _check_indices(self, idx, what: str) -> None:
-        import torch
-
-        if not self.validate or torch.cuda.is_current_stream_capturing() or idx.numel() == 0:
-            return
-        c = self.config
-        hi = int(idx.max())
-        if hi >= c.world_size * c.num_experts_per_rank:
-            raise ValueError(f"{what} holds expert id {hi}; experts are [0, {c.world_size * c.num_experts_per_rank}) "
-                             "(-1 drops a slot)")  # fmt: skip
-        if int(idx.min()) < -1:
-            raise ValueError(f"{what} holds {int(idx.min())}; use -1 to drop a slot")
-
     # ---- dispatch ----------------------------------------------------------------------------------
     def dispatch(self, input, weights, scales, indices, block_num: int = -1, rdma_block_num: int = -1,
-                 warp_per_block: int = -1, call_local_expert_count: bool = False):  # fmt: skip
+                 warp_per_block: int = -1, call_local_expert_count: bool = False, *, routing=None,
+                 return_routing: bool = False):  # fmt: skip
         """Send every token to the PEs of its experts. Returns (out, out_weights, out_scales, out_indices,
-        total_recv) per PE (a tuple, or a list of tuples with virtual PEs). AsyncLL: send, then receive.
-        Inter-node types: ``rdma_block_num`` blocks (see internode_rdma_blocks) take the inter-node role."""
+        total_recv) per PE (a tuple, or a list of tuples with virtual PEs); with ``return_routing=True`` a
+        sixth element, the EpDispatchRoutingHandle recording this dispatch's slots (IntraNode, InterNodeV1), which
+        ``routing=`` replays (no slot atomics; collective: every PE replays the same recorded round).
+        ``call_local_expert_count=True``: ``local_expert_count`` is refilled after the dispatch, on the
+        stream. AsyncLL: send, then receive. Inter-node types: ``rdma_block_num`` blocks (see
+        internode_rdma_blocks) take the inter-node role. Never synchronizes the host (but see ``validate``)."""
+        self._check_flag(call_local_expert_count, "call_local_expert_count")
         if self.is_async:
+            self._routing_refusal(routing, return_routing, "dispatch")
             results = self.dispatch_send(input, weights, scales, indices, block_num, rdma_block_num, warp_per_block)
             self.dispatch_recv(block_num, warp_per_block, call_local_expert_count)
             return results
+        self._routing_refusal(routing, return_routing, "dispatch")
         dtype, tokens, results, (launches, blocks, rdma) = self._dispatch_inputs(
-            input, weights, scales, indices, block_num, rdma_block_num, warp_per_block)  # fmt: skip
+            input, weights, scales, indices, block_num, rdma_block_num, warp_per_block, routing)  # fmt: skip
+        replay = [{"routing": 0}] * self.n_local if routing is None else routing.kernel_arguments()
         if self.is_internode:
             rdma_blocks = internode_rdma_blocks(self.config, blocks, rdma)
             launches.launch("inter_stage", dtype, tokens, blocks)
-            launches.launch("inter_dispatch", dtype, [(pe, {**args, "rdma_blocks": rdma_blocks})
-                                                      for pe, args in tokens], blocks)  # fmt: skip
-            return results if self.virtual else results[0]
-        launches.launch(self._dispatch_family, dtype, tokens, blocks)
+            launches.launch("inter_dispatch", dtype, [(pe, {**args, "rdma_blocks": rdma_blocks, "routing_pfwd": 0, **r})
+                                                      for (pe, args), r in zip(tokens, replay)], blocks)  # fmt: skip
+        elif self.kernel_type == KernelType.IntraNode:
+            launches.launch(self._dispatch_family, dtype, [(pe, {**args, **r}) for (pe, args), r in zip(tokens, replay)],
+                            blocks)  # fmt: skip
+        else:
+            launches.launch(self._dispatch_family, dtype, tokens, blocks)
+        self._after_dispatch(call_local_expert_count)
+        if return_routing:
+            handle = self._record_routing([args["n"] for _, args in tokens])
+            results = [r + (handle,) for r in results]
         return results if self.virtual else results[0]
 
-    def _dispatch_inputs(self, input, weights, scales, indices, block_num, rdma_block_num, warp_per_block):
-        """Checks every PE's dispatch arguments; returns (dtype, [(pe, the dispatch kernels' call arguments
-        x, w, s, idx, n, hidden by name)], the per-PE result views, the call's geometry: _call_geometry's
-        (launches, grid blocks, rdma_block_num))."""
+    # ---- dispatch features: device-side validation, local expert count, routing handle ---------------
+    def _routing_refusal(self, routing, return_routing, what: str) -> None:
+        """A ValueError (before any launch) for a routing-handle request the kernel type cannot serve, or a
+        ``routing`` that is no handle."""
+        if routing is None and not return_routing:
+            return
+        if not isinstance(return_routing, bool):
+            raise ValueError(f"{what}: return_routing must be a bool, got {return_routing!r}")
+        field = "routing" if routing is not None else "return_routing"
+        if self.kernel_type not in (KernelType.IntraNode, KernelType.InterNodeV1):
+            raise ValueError(f"{what}: {field}= is not offered for the {self.kernel_type.name} kernel type (MORI's "
+                             "routing handle exists for IntraNode and InterNodeV1 only)")  # fmt: skip
+        if routing is not None and not isinstance(routing, EpDispatchRoutingHandle):
+            raise ValueError(f"{what}: routing must be an EpDispatchRoutingHandle (from dispatch(..., "
+                             f"return_routing=True)) or None, got {type(routing).__name__}")  # fmt: skip
+
+    def _record_routing(self, ns: list[int]) -> EpDispatchRoutingHandle:
+        """The handle of the dispatch just launched: clones of each PE's forward map [n * K] and received
+        count, on the stream (they hold the values once the dispatch has run; no host synchronization)."""
+        import torch
+
+        K = self.config.num_experts_per_token
+        fwd = [self._view("fwd", pe, (n * K,), torch.int32).clone() for pe, n in zip(self._pes(), ns)]
+        total = [self._view("total", pe, (1,), torch.int32).clone() for pe in self._pes()]
+        pfwd = [self._proxy_forward_map(pe).clone() for pe in self._pes()] if self.is_internode else None
+        return EpDispatchRoutingHandle(self.op_id, self.config, self._pes(), ns, fwd, total, pfwd)
+
+    def _proxy_forward_map(self, pe: int):
+        """InterNodeV1: PE pe's forward map of the records it forwarded as a proxy (``i_pfwd``, all of it)."""
+        import torch
+
+        s = self.sizes
+        return self._view("i_pfwd", pe, (s.hops * s.chunk_rows * s.top_k,), torch.int32)
+
+    def _use_routing(self, routing, ns: list[int]) -> None:
+        """combine(routing=h): the handle checked against the call, then its forward maps copied into the
+        op's (``fwd``; InterNodeV1 also ``i_pfwd``) on the stream, before the combine kernels."""
+        import torch
+
+        routing.check(self.op_id, self.config, self._pes(), ns, "combine")
+        K = self.config.num_experts_per_token
+        for i, (pe, fwd, n) in enumerate(zip(self._pes(), routing.fwd, routing.n)):
+            _copy_rows(fwd, self._view("fwd", pe, (n * K,), torch.int32))
+            if routing.pfwd is not None:
+                _copy_rows(routing.pfwd[i], self._proxy_forward_map(pe))
+
+    def _after_dispatch(self, call_local_expert_count) -> None:
+        """What follows a complete dispatch on the stream: the local expert count when asked, the debug
+        mode's check."""
+        if call_local_expert_count:
+            self._count_local_experts()
+        if self.validate == "debug":
+            self._debug_check()
+
+    @staticmethod
+    def _check_flag(value, name: str) -> None:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {value!r}")
+
+    def _count_local_experts(self) -> None:
+        """``local_expert_count`` of each PE: zeroed, then +1 per received (row < total, k) whose expert
+        id is one of this PE's (``out_idx // Er == pe``); torch ops on the current stream (a few small
+        kernels, no host synchronization, graph-capturable: the counts stay on the device)."""
+        import torch
+
+        c = self.config
+        R, Er = c.max_recv, c.num_experts_per_rank
+        counts, rows = self._local_count_tensors()
+        for pe, count in zip(self._pes(), counts):
+            out_idx = self._view("out_idx", pe, (R, c.num_experts_per_token), torch.int32)
+            expert = out_idx - pe * Er  # local experts are [0, Er)
+            received = (rows < self._view("total", pe, (1,), torch.int32)).unsqueeze(1)  # rows [0, total)
+            local = (expert >= 0) & (expert < Er) & received
+            count.zero_()
+            count.scatter_add_(0, (expert * local).flatten().long(), local.flatten().int())
+
+    def _local_count_tensors(self):
+        """(per PE the [Er] int32 count, the [R] int32 row numbers), allocated on first use (an eager call
+        comes before a graph capture, as for the argument tables)."""
+        import torch
+
+        if self._local_counts is None:
+            device = f"cuda:{torch.cuda.current_device()}"
+            c = self.config
+            self._local_counts = ([torch.zeros(c.num_experts_per_rank, dtype=torch.int32, device=device)
+                                   for _ in self._pes()],
+                                  torch.arange(c.max_recv, dtype=torch.int32, device=device))  # fmt: skip
+        return self._local_counts
+
+    @property
+    def local_expert_count(self):
+        """MORI's ``local_expert_count``: int32 [Er] (a list per PE with virtual PEs), what the last dispatch
+        with ``call_local_expert_count=True`` counted (zeros before the first): the received (token, k)
+        pairs whose expert k is on this PE. A view of a persistent buffer, valid once that dispatch ran."""
+        counts, _ = self._local_count_tensors()
+        return list(counts) if self.virtual else counts[0]
+
+    def _status_words(self) -> list[list[int]]:
+        """Every local PE's status words (STATUS_WORDS, cumulative), read after a synchronization."""
+        import torch
+
+        torch.cuda.synchronize()
+        words = len(STATUS_WORDS)
+        return [[int(v) for v in self._view("status", pe, (words,), torch.int32).cpu().tolist()] for pe in self._pes()]
+
+    def dispatch_status(self):
+        """Synchronizes; per PE a dict over ``ep_schema.STATUS_WORDS``, cumulative since construction:
+        ``overflow`` (sends dropped because a receiver was full), ``invalid_ids`` (this PE's (token, k)
+        slots whose expert id was neither -1 nor in [0, W * Er): dropped). A list with virtual PEs."""
+        status = [dict(zip(STATUS_WORDS, words)) for words in self._status_words()]
+        return status if self.virtual else status[0]
+
+    def _debug_check(self) -> None:
+        """validate="debug": synchronize and raise when a PE's dispatch sent invalid expert ids."""
+        import torch
+
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("validate='debug' synchronizes after each dispatch, which a CUDA graph capture "
+                               "cannot do: build the op with validate=True (the kernels still count invalid ids: "
+                               "dispatch_status())")  # fmt: skip
+        words = self._status_words()
+        seen, self._status_seen = self._status_seen, words
+        bad = STATUS_WORDS.index("invalid_ids")
+        c = self.config
+        for pe, now, before in zip(self._pes(), words, seen):
+            if now[bad] != before[bad]:
+                raise ValueError(f"dispatch: indices[{pe}] held {now[bad] - before[bad]} expert ids neither -1 nor in "
+                                 f"[0, {c.world_size * c.num_experts_per_rank}) (world_size x "
+                                 "num_experts_per_rank); those slots were dropped (validate='debug')")  # fmt: skip
+
+    def _dispatch_inputs(self, input, weights, scales, indices, block_num, rdma_block_num, warp_per_block,
+                         routing=None):  # fmt: skip
+        """Checks every PE's dispatch arguments (and the routing handle against them); returns (dtype,
+        [(pe, the dispatch kernels' call arguments x, w, s, idx, n, hidden by name)], the per-PE result
+        views, the call's geometry: _call_geometry's (launches, grid blocks, rdma_block_num))."""
         import torch
 
         c = self.config
@@ -315,7 +472,6 @@ class EpDispatchCombineOp:
                                  f"{c.max_num_inp_token_per_rank}")  # fmt: skip
             self._check_tensor(idx, f"indices[{pe}]", ndim=2, dtypes=(torch.int32,), shape0=n,
                                dim1=c.num_experts_per_token)  # fmt: skip
-            self._check_indices(idx, f"indices[{pe}]")
             if w is not None:
                 self._check_tensor(w, f"weights[{pe}]", ndim=2, dtypes=(torch.float32,), shape0=n,
                                    dim1=c.num_experts_per_token)  # fmt: skip
@@ -327,7 +483,6 @@ class EpDispatchCombineOp:
                     raise ValueError(f"scales[{pe}] element size {s.element_size()} != scale_type_size {c.scale_type_size}")
             if x.device.index != torch.cuda.current_device():
                 raise ValueError(f"input[{pe}] is on {x.device}, the op runs on cuda:{torch.cuda.current_device()}")
-            self._last_n[i] = n
             tokens.append((pe, {"x": x.data_ptr(), "w": 0 if w is None else w.data_ptr(),
                                 "s": 0 if s is None else s.data_ptr(), "idx": idx.data_ptr(), "n": n,
                                 "hidden": hidden}))  # fmt: skip
@@ -339,17 +494,26 @@ class EpDispatchCombineOp:
                 self._view("out_idx", pe, (R, K), torch.int32),
                 self._view("total", pe, (1,), torch.int32),
             ))  # fmt: skip
-        n_most = max(args["n"] for _, args in tokens)
-        geometry = self._call_geometry("dispatch", name, n_most, hidden, block_num, rdma_block_num, warp_per_block)
+        ns = [args["n"] for _, args in tokens]
+        geometry = self._call_geometry("dispatch", name, max(ns), hidden, block_num, rdma_block_num, warp_per_block)
+        if routing is not None:
+            routing.check(self.op_id, self.config, self._pes(), ns, "dispatch")
+        self._last_n = ns  # (only once every check passed: a refused call leaves the last routing)
         return dtype, tokens, results, geometry
 
     def dispatch_send(self, input, weights, scales, indices, block_num: int = -1, rdma_block_num: int = -1,
-                      warp_per_block: int = -1, call_local_expert_count: bool = False):  # fmt: skip
+                      warp_per_block: int = -1, call_local_expert_count: bool = False, *, routing=None,
+                      return_routing: bool = False):  # fmt: skip
         """AsyncLL: post every token to its destinations and return the output views (valid once
-        ``dispatch_recv()`` has run on the stream). Other kernel types: ``dispatch``."""
+        ``dispatch_recv()`` has run on the stream); the local expert count is the receive's
+        (``dispatch_recv(call_local_expert_count=True)``). Other kernel types: ``dispatch``."""
         if not self.is_async:
             return self.dispatch(input, weights, scales, indices, block_num, rdma_block_num, warp_per_block,
-                                 call_local_expert_count)  # fmt: skip
+                                 call_local_expert_count, routing=routing, return_routing=return_routing)  # fmt: skip
+        self._routing_refusal(routing, return_routing, "dispatch_send")
+        if call_local_expert_count is not False:
+            raise ValueError("dispatch_send: AsyncLL counts the local experts once the rows are received: pass "
+                             "call_local_expert_count=True to dispatch_recv()")  # fmt: skip
         self._phases.before_send("dispatch")
         dtype, tokens, results, (launches, blocks, _) = self._dispatch_inputs(
             input, weights, scales, indices, block_num, rdma_block_num, warp_per_block)  # fmt: skip
@@ -364,6 +528,7 @@ class EpDispatchCombineOp:
         if not self.is_async:
             raise RuntimeError(f"dispatch_recv is only used by the AsyncLL kernel type; {self.kernel_type.name}'s "
                                "dispatch_send (= dispatch) completes the whole exchange")  # fmt: skip
+        self._check_flag(call_local_expert_count, "call_local_expert_count")
         self._phases.before_recv("dispatch")
         dtype, hidden, launches, blocks = self._pending["dispatch"]
         if self.auto is None:
@@ -371,19 +536,25 @@ class EpDispatchCombineOp:
         calls = [(pe, {"hidden": hidden}) for pe in self._pes()]
         launches.launch("async_dispatch_recv", dtype, calls, blocks)
         self._phases.after_recv("dispatch")
+        self._after_dispatch(call_local_expert_count)  # (the exchange is whole: a debug error leaves none pending)
 
     # ---- combine -----------------------------------------------------------------------------------
     def combine(self, input, weights, indices, block_num: int = -1, rdma_block_num: int = -1,
-                warp_per_block: int = -1, use_external_inp_buf: int = -1, call_reset: bool = False):  # fmt: skip
+                warp_per_block: int = -1, use_external_inp_buf: int = -1, call_reset: bool = False, *,
+                routing=None):  # fmt: skip
         """Sum each token's rows back from its destination PEs. Returns (out [M, H], out_weights [M, K] or
-        None) per PE. AsyncLL: send, then receive. Inter-node types: see _internode_combine."""
+        None) per PE. AsyncLL: send, then receive. Inter-node types: see _internode_combine. ``routing``
+        (IntraNode, InterNodeV1): a routing handle whose forward maps the combine uses (copied into the op's on the
+        stream first); the rows are those the last dispatch laid out, which must be the handle's recorded
+        dispatch or a replay of it."""
+        self._routing_refusal(routing, False, "combine")
         if self.is_async:
             results = self.combine_send(input, weights, indices, block_num, rdma_block_num, warp_per_block,
                                         use_external_inp_buf, call_reset)  # fmt: skip
             self.combine_recv(block_num, warp_per_block)
             return results
         if self.is_internode:
-            return self._internode_combine(input, weights, indices, block_num, rdma_block_num, warp_per_block)
+            return self._internode_combine(input, weights, indices, block_num, rdma_block_num, warp_per_block, routing)
         c = self.config
         external = c.use_external_inp_buf if use_external_inp_buf in (-1, None) else bool(use_external_inp_buf)
         if external and not c.use_external_inp_buf:
@@ -394,6 +565,8 @@ class EpDispatchCombineOp:
                              "(zero-copy) reads the rows unquantized")  # fmt: skip
         dtype, rows, results, (launches, blocks, _) = self._combine_inputs(
             input, weights, indices, block_num, rdma_block_num, warp_per_block, zero_copy=not external)  # fmt: skip
+        if routing is not None:
+            self._use_routing(routing, [n for _, (_, _, n, _, _) in rows])
         calls = []
         for pe, (y, w, n, hidden, out_w) in rows:
             if external:
@@ -404,7 +577,7 @@ class EpDispatchCombineOp:
         launches.launch(combine_family(zero_copy=not external), dtype, calls, blocks)
         return results if self.virtual else results[0]
 
-    def _internode_combine(self, input, weights, indices, block_num, rdma_block_num, warp_per_block):
+    def _internode_combine(self, input, weights, indices, block_num, rdma_block_num, warp_per_block, routing=None):
         """The inter-node combine: the input rows and weights copied into the registered buffers (torch
         copies on the current stream; none where the input already is the registered buffer), then
         ``inter_combine`` and ``inter_combine_all``. Both forms of ``use_external_inp_buf`` are accepted:
@@ -416,6 +589,8 @@ class EpDispatchCombineOp:
                                                                               rdma_block_num, warp_per_block)
         rdma_blocks = internode_rdma_blocks(self.config, blocks, rdma)
         R, K = self.config.max_recv, self.config.num_experts_per_token
+        if routing is not None:
+            self._use_routing(routing, [n for _, (_, _, n, _, _) in rows])
         ws = self._per_pe(weights, "weights")
         combine_calls, sum_calls = [], []
         for i, (pe, (y, _, n, hidden, out_w)) in enumerate(rows):
@@ -469,12 +644,14 @@ class EpDispatchCombineOp:
         return dtype, rows, results, geometry
 
     def combine_send(self, input, weights, indices, block_num: int = -1, rdma_block_num: int = -1,
-                     warp_per_block: int = -1, use_external_inp_buf: int = -1, call_reset: bool = False):  # fmt: skip
+                     warp_per_block: int = -1, use_external_inp_buf: int = -1, call_reset: bool = False, *,
+                     routing=None):  # fmt: skip
         """AsyncLL: return every received row to its source PE; returns the (out, out_weights) views (valid
         once ``combine_recv()`` has run on the stream). Other kernel types: ``combine``."""
         if not self.is_async:
             return self.combine(input, weights, indices, block_num, rdma_block_num, warp_per_block,
-                                use_external_inp_buf, call_reset)  # fmt: skip
+                                use_external_inp_buf, call_reset, routing=routing)  # fmt: skip
+        self._routing_refusal(routing, False, "combine_send")
         self._phases.before_send("combine")
         dtype, rows, results, (launches, blocks, _) = self._combine_inputs(input, weights, indices, block_num,
                                                                            rdma_block_num, warp_per_block)

@@ -242,7 +242,8 @@ def test_dispatch_launches_stage_then_dispatch(fakes, kind):
         tokens = {"x": xs[pe].data_ptr(), "w": ws[pe].data_ptr(), "s": 0, "idx": ids[pe].data_ptr(),
                   "n": xs[pe].shape[0], "hidden": H}  # fmt: skip
         assert stage[pe] == tokens | buffer_arguments(op, "inter_stage", pe)
-        assert send[pe] == tokens | {"rdma_blocks": BLOCKS // 2} | buffer_arguments(op, "inter_dispatch", pe)
+        assert send[pe] == (tokens | {"rdma_blocks": BLOCKS // 2, "routing": 0, "routing_pfwd": 0}  # (no routing handle)
+                            | buffer_arguments(op, "inter_dispatch", pe))  # fmt: skip
     # The outputs are IntraNode's: views of the receive buffers, [R, H] rows in the input dtype.
     R = op.config.max_recv
     out_x, out_w, out_s, out_idx, total = results[1]
@@ -472,8 +473,9 @@ def test_intra_node_launches_are_unchanged(fakes, kind, family, external):
     (d, dispatch), (c, combine) = launched(op)
     push = "combine_push" if external else "combine_pull"
     assert (d, c) == (f"ep_{family}_bf16", f"ep_{push}_bf16")
-    assert dispatch[0] == {"x": xs[0].data_ptr(), "w": ws[0].data_ptr(), "s": 0, "idx": ids[0].data_ptr(),
-                           "n": 3, "hidden": H} | buffer_arguments(op, family, 0)  # fmt: skip
+    assert dispatch[0] == ({"x": xs[0].data_ptr(), "w": ws[0].data_ptr(), "s": 0, "idx": ids[0].data_ptr(),
+                           "n": 3, "hidden": H} | buffer_arguments(op, family, 0)
+                           | ({"routing": 0} if kind == "IntraNode" else {}))  # (no routing handle)  # fmt: skip
     inputs = {"inp": ys[1].data_ptr()} if external else {}
     assert combine[1] == inputs | {"inp_w": cws[1].data_ptr(), "n": 5, "hidden": H} | buffer_arguments(op, push, 1)
     assert len(FAKE_TORCH.copies) == (0 if external else W)  # the pull combine copies rows into reg_x only

@@ -24,7 +24,9 @@
 // CHECK-SAME: %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: i32 {mori.name = "rdma_blocks"}
 // CHECK-SAME: %arg13: !llvm.ptr {mori.name = "signals"}, %arg14: !llvm.ptr {mori.name = "grid_ctr"}, %arg15: !llvm.ptr {mori.name = "round_ctr"}
 // CHECK-SAME: %arg17: !llvm.ptr {mori.name = "dest_ctr"}, %arg18: !llvm.ptr {mori.name = "total"}
-// CHECK-SAME: %arg20: !llvm.ptr {mori.name = "stage"}, %arg21: !llvm.ptr {mori.name = "land"}, %arg22: !llvm.ptr {mori.name = "flag"}, %arg23: !llvm.ptr {mori.name = "smap"}, %arg24: !llvm.ptr {mori.name = "pfwd"}, %arg25: !llvm.ptr {mori.name = "traffic"}) kernel
+// CHECK-SAME: %arg20: !llvm.ptr {mori.name = "stage"}, %arg21: !llvm.ptr {mori.name = "land"}, %arg22: !llvm.ptr {mori.name = "flag"}, %arg23: !llvm.ptr {mori.name = "smap"}, %arg24: !llvm.ptr {mori.name = "pfwd"}, %arg25: !llvm.ptr {mori.name = "traffic"}, %arg26: !llvm.ptr {mori.name = "routing"}, %arg27: !llvm.ptr {mori.name = "routing_pfwd"}) kernel
+// A routing handle (routing = %arg26, routing_pfwd = %arg27) replays the recorded slots (docs/ep-protocols.md §17).
+// CHECK: %[[REPLAY:.*]] = llvm.icmp "ne" %arg26, %{{.*}} : !llvm.ptr
 // The inter-node role: the blocks below rdma_blocks.
 // CHECK: %[[RDMA:.*]] = arith.cmpi ult, %block_id_x, %{{.*}} : index
 // CHECK-NEXT: scf.if %[[RDMA]] {
@@ -139,7 +141,7 @@ module attributes {gpu.container_module} {
 // CHECK-SAME: %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: i32 {mori.name = "rdma_blocks"}
 // CHECK-SAME: %arg13: !llvm.ptr {mori.name = "signals"}, %arg14: !llvm.ptr {mori.name = "grid_ctr"}, %arg15: !llvm.ptr {mori.name = "round_ctr"}
 // CHECK-SAME: %arg17: !llvm.ptr {mori.name = "dest_ctr"}, %arg18: !llvm.ptr {mori.name = "total"}
-// CHECK-SAME: %arg20: !llvm.ptr {mori.name = "stage"}, %arg21: !llvm.ptr {mori.name = "land"}, %arg22: !llvm.ptr {mori.name = "flag"}, %arg23: !llvm.ptr {mori.name = "smap"}, %arg24: !llvm.ptr {mori.name = "pfwd"}, %arg25: !llvm.ptr {mori.name = "traffic"}) kernel
+// CHECK-SAME: %arg20: !llvm.ptr {mori.name = "stage"}, %arg21: !llvm.ptr {mori.name = "land"}, %arg22: !llvm.ptr {mori.name = "flag"}, %arg23: !llvm.ptr {mori.name = "smap"}, %arg24: !llvm.ptr {mori.name = "pfwd"}, %arg25: !llvm.ptr {mori.name = "traffic"}, %arg26: !llvm.ptr {mori.name = "routing"}, %arg27: !llvm.ptr {mori.name = "routing_pfwd"}) kernel
 // The inter-node role: the blocks below rdma_blocks.
 // CHECK: %[[RDMA:.*]] = arith.cmpi ult, %block_id_x, %{{.*}} : index
 // CHECK-NEXT: scf.if %[[RDMA]] {
@@ -253,7 +255,7 @@ module attributes {gpu.container_module} {
 // CHECK-SAME: %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: i32 {mori.name = "rdma_blocks"}
 // CHECK-SAME: %arg13: !llvm.ptr {mori.name = "signals"}, %arg14: !llvm.ptr {mori.name = "grid_ctr"}, %arg15: !llvm.ptr {mori.name = "round_ctr"}
 // CHECK-SAME: %arg17: !llvm.ptr {mori.name = "dest_ctr"}, %arg18: !llvm.ptr {mori.name = "total"}
-// CHECK-SAME: %arg20: !llvm.ptr {mori.name = "stage"}, %arg21: !llvm.ptr {mori.name = "land"}, %arg22: !llvm.ptr {mori.name = "flag"}, %arg23: !llvm.ptr {mori.name = "smap"}, %arg24: !llvm.ptr {mori.name = "pfwd"}, %arg25: !llvm.ptr {mori.name = "traffic"}) kernel
+// CHECK-SAME: %arg20: !llvm.ptr {mori.name = "stage"}, %arg21: !llvm.ptr {mori.name = "land"}, %arg22: !llvm.ptr {mori.name = "flag"}, %arg23: !llvm.ptr {mori.name = "smap"}, %arg24: !llvm.ptr {mori.name = "pfwd"}, %arg25: !llvm.ptr {mori.name = "traffic"}, %arg26: !llvm.ptr {mori.name = "routing"}, %arg27: !llvm.ptr {mori.name = "routing_pfwd"}) kernel
 // The inter-node role: the blocks below rdma_blocks.
 // CHECK: %[[RDMA:.*]] = arith.cmpi ult, %block_id_x, %{{.*}} : index
 // CHECK-NEXT: scf.if %[[RDMA]] {

@@ -8,19 +8,31 @@
 
 // The default IntraNode bundle for bf16 (world 8, hidden 7168 = 14336-byte rows, top-k 8, 32 experts
 // per rank, wave64): dispatch, zero-copy combine (pull) and external-buffer combine (push), in op order,
-// with their parameter lists as ep_schema.KERNELS names them (19, 12 and 15 parameters, each named by its
+// with their parameter lists as ep_schema.KERNELS names them (20, 12 and 15 parameters, each named by its
 // mori.name attribute; the token count n and the call's hidden are the i32s) and the block size (8 warps of 64 lanes).
 // CHECK-LABEL: gpu.module @bundle
 // CHECK-NOT: "mori_ep.dispatch"
 // CHECK-NOT: "mori_ep.combine"
 // CHECK-LABEL: gpu.func @ep_dispatch_bf16(
-// CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "x"}, %arg1: !llvm.ptr {mori.name = "w"}, %arg2: !llvm.ptr {mori.name = "s"}, %arg3: !llvm.ptr {mori.name = "idx"}, %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: !llvm.ptr {mori.name = "out_x"}, %arg7: !llvm.ptr {mori.name = "out_w"}, %arg8: !llvm.ptr {mori.name = "out_s"}, %arg9: !llvm.ptr {mori.name = "out_idx"}, %arg10: !llvm.ptr {mori.name = "src_pos"}, %arg11: !llvm.ptr {mori.name = "slot_ctrs"}, %arg12: !llvm.ptr {mori.name = "signals"}, %arg13: !llvm.ptr {mori.name = "grid_ctr"}, %arg14: !llvm.ptr {mori.name = "round_ctr"}, %arg15: !llvm.ptr {mori.name = "fwd"}, %arg16: !llvm.ptr {mori.name = "dest_ctr"}, %arg17: !llvm.ptr {mori.name = "total"}, %arg18: !llvm.ptr {mori.name = "status"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
+// CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "x"}, %arg1: !llvm.ptr {mori.name = "w"}, %arg2: !llvm.ptr {mori.name = "s"}, %arg3: !llvm.ptr {mori.name = "idx"}, %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: !llvm.ptr {mori.name = "out_x"}, %arg7: !llvm.ptr {mori.name = "out_w"}, %arg8: !llvm.ptr {mori.name = "out_s"}, %arg9: !llvm.ptr {mori.name = "out_idx"}, %arg10: !llvm.ptr {mori.name = "src_pos"}, %arg11: !llvm.ptr {mori.name = "slot_ctrs"}, %arg12: !llvm.ptr {mori.name = "signals"}, %arg13: !llvm.ptr {mori.name = "grid_ctr"}, %arg14: !llvm.ptr {mori.name = "round_ctr"}, %arg15: !llvm.ptr {mori.name = "fwd"}, %arg16: !llvm.ptr {mori.name = "dest_ctr"}, %arg17: !llvm.ptr {mori.name = "total"}, %arg18: !llvm.ptr {mori.name = "status"}, %arg19: !llvm.ptr {mori.name = "routing"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
 // Round parity selects the slot counter (slot_ctrs = %arg11); valid representatives reserve a slot on
 // their destination PE, the warp copies the row to all its destinations at once (14336 bytes; lane k
 // names destination k: its row address, its PE and whether it sends), then the grid and the PEs meet.
 // CHECK: %[[ROW:.*]] = arith.constant 14336 : i64
 // CHECK: %{{.*}} = llvm.load %arg14 : !llvm.ptr -> i64
 // CHECK: %[[CTR:.*]] = llvm.getelementptr %arg11[%{{.*}}] : (!llvm.ptr, i32) -> !llvm.ptr, i32
+// A routing handle (routing = %arg19, not null) replays recorded slots. Expert ids neither -1 nor valid
+// add 1 to status word 1 (invalid_ids; status = %arg18), a relaxed local atomic the host reads later.
+// CHECK: %[[REPLAY:.*]] = llvm.icmp "ne" %arg19, %{{.*}} : !llvm.ptr
+// CHECK: %[[BAD:.*]] = llvm.getelementptr %arg18[%c1_i32{{.*}}] : (!llvm.ptr, i32) -> !llvm.ptr, i32
+// CHECK-NEXT: llvm.atomicrmw add %[[BAD]], %{{.*}} monotonic : !llvm.ptr, i32
+// The slot: the handle's recorded code of (t, k) decoded (code % R, R = 32768; R when it names another
+// PE or is null: dropped), with no atomic; else the reservation.
+// CHECK: scf.if %[[REPLAY]] -> (i32) {
+// CHECK: llvm.getelementptr %arg19[%{{.*}}] : (!llvm.ptr, i32) -> !llvm.ptr, i32
+// CHECK: arith.remui %{{.*}}, %c32768_i32 : i32
+// CHECK-NOT: "mori_comm.reserve_slot"
+// CHECK: } else {
 // CHECK: %{{.*}} = "mori_comm.reserve_slot"(%[[CTR]], %{{.*}}) : (!llvm.ptr, i32) -> i32
 // CHECK: %[[DST:.*]] = llvm.getelementptr %arg6[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i8
 // CHECK-NEXT: "mori_comm.row_copy_to_peers"(%[[DST]], %{{.*}}, %[[ROW]], %{{.*}}, %{{.*}}) {max_peers = 8 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()

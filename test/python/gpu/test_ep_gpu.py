@@ -281,7 +281,7 @@ def test_bad_inputs_raise_before_launch(pes):
             (dict(input=[t.t() for t in x]), "contiguous"),
             (dict(input=[t.cpu() for t in x]), "CUDA"),
             (dict(indices=[t.long() for t in idx]), "dtype"),
-            (dict(indices=[t + 10_000 for t in idx]), "expert id"),
+            # (invalid expert ids are counted on the device, not refused: test_ep_dispatch_features_gpu.py)
             (dict(input=[torch.zeros((9, H), dtype=torch.bfloat16, device="cuda")] * pes,
                   indices=[torch.zeros((9, 4), dtype=torch.int32, device="cuda")] * pes), "more than"),
             (dict(input=x[:1]), "list of"),
