@@ -44,8 +44,8 @@ from mori_compiler.dialects import mori_comm, mori_shmem
 
 from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, combine_row_stride, dispatch_completion,
                               dispatch_round, open_kernel, reduce_tokens, replay_or_reserve, reserve_on_peer,
-                              return_rows, route_token,
-                              send_row_to_peers, send_to_destinations, token_inputs, token_source)  # fmt: skip
+                              return_rows, route_token, send_row_to_peers, send_to_destinations, token_inputs,
+                              token_source)  # fmt: skip
 
 
 def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | None = None) -> ir.Operation:
