@@ -80,6 +80,41 @@ irdl.dialect @mori_comm {
     %dtype = irdl.any_of(%bf16, %f32)
     irdl.attributes { "dtype" = %dtype }
   }
+  // Quantizing row copy (warp): the bf16 row source[0:elems] (local; elems a multiple of 8) written as a
+  // wire row at the symmetric `dest` on PE `pe`: the payload in `format` (fp8 e4m3 OCP/FNUZ, or fp8_e4m3:
+  // the target's variant: a byte per element; fp4 e2m1: two per byte, element 2j in the low nibble), then,
+  // when scale_blocks S >= 1
+  // (blockwise), S f32 block scales at the 16-byte aligned end of the payload, block 0's negated when any
+  // block was scaled. scale_blocks 0: a direct cast (fp8 only). Layout: mori_compiler/ep_schema.py.
+  irdl.operation @quantize_row {
+    %ptr = irdl.is !llvm.ptr
+    %i64 = irdl.is i64
+    %i32 = irdl.is i32
+    irdl.operands(dest: %ptr, source: %ptr, elems: %i64, pe: %i32)
+    %ocp = irdl.is "fp8_e4m3fn"
+    %fnuz = irdl.is "fp8_e4m3fnuz"
+    %fp4 = irdl.is "fp4_e2m1"
+    %native = irdl.is "fp8_e4m3"
+    %format = irdl.any_of(%ocp, %fnuz, %fp4, %native)
+    %scale_blocks = irdl.any
+    irdl.attributes { "format" = %format, "scale_blocks" = %scale_blocks }
+  }
+  // Dequantizing accumulation (warp): out[first:first+count] (bf16) = bf16(sum_k dequant(sources[k])),
+  // fp32 sums, elements [first, first + count) of wire rows of `elems` elements (first and count
+  // multiples of 8; `out` is the output row's start). Each source's block scales apply only when its
+  // stored scale[0] is negative.
+  irdl.operation @accumulate_quantized_rows {
+    %ptr = irdl.is !llvm.ptr
+    %i64 = irdl.is i64
+    irdl.operands(out: %ptr, first: %i64, count: %i64, elems: %i64, sources: variadic %ptr)
+    %ocp = irdl.is "fp8_e4m3fn"
+    %fnuz = irdl.is "fp8_e4m3fnuz"
+    %fp4 = irdl.is "fp4_e2m1"
+    %native = irdl.is "fp8_e4m3"
+    %format = irdl.any_of(%ocp, %fnuz, %fp4, %native)
+    %scale_blocks = irdl.any
+    irdl.attributes { "format" = %format, "scale_blocks" = %scale_blocks }
+  }
   // The PE of this PE's node with the local rank of `pe`: (me / group_size) * group_size + pe % group_size.
   // Every same-node (P2P) access of the inter-node kernels names its peer through it.
   irdl.operation @node_pe {

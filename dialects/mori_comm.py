@@ -19,6 +19,10 @@ count_signal      a warp exchanges counts with every PE, with flow      ``__mori
 grid_barrier      all blocks of this PE's grid meet                     ``__mori_comm_grid_barrier``
 device_barrier    block b of every PE meets block b of every other PE   ``__mori_comm_device_barrier_w{W}``
 accumulate_rows   a warp sums K rows in fp32                            ``__mori_comm_accumulate_rows_{dtype}_k{K}``
+quantize_row      a warp writes a bf16 row to a peer as a wire row      ``__mori_comm_quantize_row_{E}_s{S}``
+                  (fp8 / fp4, blockwise scales)
+accumulate_       a warp sums K wire rows in fp32 into a bf16 row       ``__mori_comm_accumulate_quantized_rows_``
+quantized_rows                                                          ``{E}_s{S}_k{K}``
 node_pe           the PE of this node with a given local rank (pure)    ``__mori_comm_node_pe_g{G}``
 node_count_signal count_signal among the G PEs of this PE's node        ``__mori_comm_count_signal_w{W}_g{G}``
 node_device_      device_barrier among the G PEs of this PE's node      ``__mori_comm_device_barrier_w{W}_g{G}``
@@ -187,6 +191,59 @@ def accumulate_rows(out, elems, sources, *, dtype: str, loc=None, ip=None) -> ir
     return _create("accumulate_rows", [out, elems, *sources], {"dtype": ir.StringAttr.get(dtype)}, loc=loc, ip=ip)
 
 
+WIRE_FORMATS = ("fp8_e4m3fn", "fp8_e4m3fnuz", "fp4_e2m1", "fp8_e4m3")  # fp8_e4m3: the target's variant
+MAX_SCALE_BLOCKS = 2**16  # one block per element of the largest row (ep_schema.MAX_HIDDEN_DIM)
+
+
+def quantize_row(dest, source, elems, pe, *, format: str, scale_blocks: int, loc=None, ip=None) -> ir.Operation:
+    """``mori_comm.quantize_row(dest, source, elems: i64, pe: i32) {format, scale_blocks = S}``: write the
+    local bf16 row ``source[0:elems]`` as a wire row at the symmetric ``dest`` on PE ``pe``.
+
+    Wire row (``ep_schema.wire_*``, the model: ops/quant_reference.py): the payload, one ``format`` code
+    per element (``fp8_e4m3fn``/``fp8_e4m3fnuz``: a byte each, ``fp8_e4m3`` the target's variant of the two,
+    as the target-neutral EP kernels write it; ``fp4_e2m1``: element 2j in the low nibble of byte j); with
+    S >= 1 (blockwise) S f32 scales follow at the payload's 16-byte aligned end. Blocks
+    are ``ceil(elems / S)`` elements; a block whose amax (NaN ignored) exceeds the format's max (448 OCP,
+    240 FNUZ, 6 fp4) is multiplied by ``max / amax`` before the cast and stores ``amax / max``, others
+    store 1.0; block 0's scale is stored negated when any block was scaled (the reader's flag). fp8 casts
+    saturate like HIP's: finite values clamp to ±max then round to nearest even, ±inf become NaN (the fp8
+    conversion instruction of the target: sm_90 ``cvt.rn.satfinite.e4m3x2.f32``, AMDGPU
+    ``v_cvt_pk_fp8_f32``). fp4 rounds to nearest even and saturates at ±6 (gfx950
+    ``v_cvt_scalef32_pk_fp4_f32`` at scale 1, sm_90 integer arithmetic); NaN has no fp4 code (the model
+    refuses it; the software path writes a signed zero). S = 0: a direct cast (fp8 only).
+
+    Who: a warp (identical operands); ``elems`` a multiple of 8 (16-byte bf16 vectors). Order: plain
+    stores to the peer's mapped memory, published like row_copy's by the caller's release fence.
+
+    Helper: ``__mori_comm_quantize_row_{E}_s{S}`` (E: the element type, e4m3fn, e4m3fnuz or e2m1;
+    ``mori_shmem_ptr``); the lowering's ``chip`` option
+    picks the conversion instructions and must run the format (gfx942: FNUZ; gfx950, gfx1250, sm_90:
+    OCP; fp4: gfx950 and sm_90).
+    """
+    attrs = {"format": ir.StringAttr.get(format), "scale_blocks": _i64(scale_blocks)}
+    return _create("quantize_row", [dest, source, elems, pe], attrs, loc=loc, ip=ip)
+
+
+def accumulate_quantized_rows(out, first, count, elems, sources, *, format: str, scale_blocks: int, loc=None,
+                              ip=None) -> ir.Operation:  # fmt: skip
+    """``mori_comm.accumulate_quantized_rows(out, first: i64, count: i64, elems: i64, sources...) {format,
+    scale_blocks = S}``: ``out[first:first+count] = bf16(sum_k dequant(sources[k])[first:first+count])``.
+
+    ``sources`` are wire rows of ``elems`` elements (quantize_row's layout, the same format and S);
+    ``out`` is the bf16 output row (elements from 0); ``first`` and ``count`` are multiples of 8 (a slice
+    of whole 16-byte output vectors). A source's scales apply (``|scale[block]|`` times the decoded
+    value) only when its stored scale[0] is negative, else it decodes as a plain cast. Summed in fp32 in
+    source order, rounded once to bf16.
+
+    Who: a warp, lane-strided 8-element units. Order: none of its own: the caller has acquired the
+    sources (e.g. after a device_barrier). A row of zeros is a valid source of zeros (scale[0] = 0).
+
+    Helper: ``__mori_comm_accumulate_quantized_rows_{E}_s{S}_k{K}`` (no ABI call).
+    """
+    attrs = {"format": ir.StringAttr.get(format), "scale_blocks": _i64(scale_blocks)}
+    return _create("accumulate_quantized_rows", [out, first, count, elems, *sources], attrs, loc=loc, ip=ip)
+
+
 def node_pe(pe, *, group_size: int, loc=None, ip=None) -> ir.Value:
     """``mori_comm.node_pe(pe: i32) {group_size = G} -> i32``: ``(me / G) * G + pe % G``, the PE of this PE's
     node (G consecutive PEs) with the local rank of ``pe``; ``pe`` itself when it is on this node.
@@ -266,7 +323,7 @@ def extra_verify(op: ir.Operation) -> list[str]:
     short = name.split(".", 1)[1]
     ints = int_attributes(op)
     rules = OpRules(op)
-    if rules.non_integer(op, ints):
+    if rules.non_integer(op, ints, ("dtype", "format")):
         return rules.errors
     need = rules.need
 
@@ -280,6 +337,14 @@ def extra_verify(op: ir.Operation) -> list[str]:
              f"(one lane per destination), got {ints['max_peers']}")  # fmt: skip
     if short == "accumulate_rows":
         need(len(op.operands) >= 3, "needs at least one source row")
+    if short == "accumulate_quantized_rows":
+        need(len(op.operands) >= 5, "needs at least one source row")
+    if "scale_blocks" in ints:
+        sb = ints["scale_blocks"]
+        need(0 <= sb <= MAX_SCALE_BLOCKS, f"attribute 'scale_blocks' must be in [0, {MAX_SCALE_BLOCKS}], got {sb}")
+        fmt = op.attributes["format"].value if "format" in op.attributes else None
+        need(not (fmt == "fp4_e2m1" and sb == 0), "attribute 'scale_blocks' must be >= 1 for format 'fp4_e2m1' "
+             "(fp4 is blockwise only: there is no fp4 direct cast)")  # fmt: skip
     if "group_size" in ints:
         g = ints["group_size"]
         need(1 <= g <= MAX_LANE_PEERS and not g & (g - 1), f"attribute 'group_size' must be a power of two in "

@@ -12,6 +12,9 @@
 //   the copy passes; needs early_notify), each 0 or 1.
 // Every op may also carry any_hidden (0 or 1): 1 builds its kernels' variant for any hidden up to the
 // attribute's (the call's hidden is a kernel argument; the kernel names end in _anyhidden).
+// The bf16 combines (combine, combine_send, combine_recv) may carry the wire quantization of their rows
+// in two optional attributes (IRDL has none: declared in dialects/mori_ep.py): quant (none,
+// fp8_direct_cast, fp8_blockwise, fp4_blockwise) and scale_blocks (the blockwise scales per row, else 0).
 // Config attributes are integers or strings; dialects/mori_ep.py checks their ranges and relations.
 // Semantics of each op: docs/ep-protocols.md.
 // (Each attribute has its own irdl.any: IRDL unifies uses of one constraint value.)

@@ -27,6 +27,11 @@ The inter-node ops also carry ``gpu_per_node`` (G, a power of two dividing world
 PEs one send target serves: G for V1/V1LL's rail proxy, 1 for V0), ``send_all`` (1 for V1LL: every token
 to every remote node) and ``num_qp`` (queue pairs per peer, in [1, MAX_QP]).
 
+The combines of QUANT_OPS may carry the wire quantization of their bf16 rows, two optional attributes
+(absent: no quantization, so that every other config's text, the bundle key's input, is unchanged):
+``quant`` (wire_quant.QUANT_TYPES) and ``scale_blocks`` (>= 1 exactly when blockwise); a quantizing combine
+is bf16 and not zero-copy; the other ops refuse them.
+
 Every op may carry ``any_hidden`` (0 or 1, default 0): 1 builds the variant ``..._anyhidden`` of its kernels,
 whose rows are the call's ``hidden`` (an i32 kernel argument, elements <= ``hidden``) instead of the
 attribute's; the rows stay whole 16-byte vectors (the host checks). The AsyncLL halves carry the notification mode as ``early_notify``/``fused_recv`` (0 or 1, fused needs
@@ -37,7 +42,7 @@ The dtypes and the limits that size device structures come from the EP schema
 
 from __future__ import annotations
 
-from mori_compiler import ep_schema
+from mori_compiler import ep_schema, wire_quant
 from mori_compiler.targets import MAX_BLOCK_THREADS
 from mori_compiler._mlir import ir
 
@@ -57,6 +62,9 @@ HALF_OPS = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")  #
 INTERNODE_OPS = ("internode_stage", "internode_dispatch", "internode_combine", "internode_combine_all")
 COMBINE_OPS = ("combine", "combine_send", "combine_recv", "internode_combine", "internode_combine_all")
 EP_OPS = ("dispatch", "combine", "dispatch_ll") + HALF_OPS + INTERNODE_OPS
+QUANT_OPS = ("combine", "combine_send", "combine_recv")  # the combines with a wire quantization
+# Optional: absent means quant "none" (so the text of every other config, the bundle key's input, is unchanged).
+QUANT_ATTRIBUTES = ("quant", "scale_blocks")
 MAX_QP = ep_schema.MAX_QP_PER_PE
 
 
@@ -87,9 +95,15 @@ def extra_verify(op: ir.Operation) -> list[str]:
     short = name.split(".", 1)[1]
     ints, strs = int_attributes(op), string_attributes(op)
     rules = OpRules(op)
-    if rules.non_integer(op, ints):
+    if rules.non_integer(op, ints, ("dtype", "quant")):
         return rules.errors
     need = rules.need
+    if short in QUANT_OPS:
+        _quant_rules(short, ints, strs, need)
+    else:
+        for attr in QUANT_ATTRIBUTES:
+            need(attr not in op.attributes, f"attribute '{attr}' is only for the combines {', '.join(QUANT_OPS)} "
+                 "(the wire quantization of their rows)")  # fmt: skip
 
     if "world_size" in ints:
         need(1 <= ints["world_size"] <= MAX_WORLD_SIZE, f"attribute 'world_size' must be in [1, {MAX_WORLD_SIZE}], "
@@ -150,6 +164,34 @@ def extra_verify(op: ir.Operation) -> list[str]:
     return rules.errors
 
 
+def _quant_rules(short: str, ints: dict, strs: dict, need) -> None:
+    """The combine's wire quantization: a known quant type, of the bf16 combine only, not zero-copy, with
+    scale blocks exactly when blockwise."""
+    if "quant" not in strs and "quant" not in ints and "scale_blocks" not in ints:
+        return  # no wire quantization
+    quant = strs.get("quant")
+    if quant not in wire_quant.QUANT_TYPES:
+        need(False, f"attribute 'quant' must be one of {', '.join(map(repr, wire_quant.QUANT_TYPES))}, got {quant!r}")
+        return
+    blocks = ints.get("scale_blocks")
+    if blocks is None:
+        need(False, f"attribute 'quant' {quant!r} needs the attribute 'scale_blocks' (0, or the blockwise scale "
+             "blocks)")  # fmt: skip
+        return
+    if quant in wire_quant.BLOCKWISE_QUANT_TYPES:
+        need(1 <= blocks <= ep_schema.MAX_HIDDEN_DIM, f"attribute 'scale_blocks' must be in [1, "
+             f"{ep_schema.MAX_HIDDEN_DIM}] for quant {quant!r}, got {blocks}")  # fmt: skip
+    else:
+        need(blocks == 0, f"attribute 'scale_blocks' must be 0 for quant {quant!r} (no block scales), got {blocks}")
+    if quant == "none":
+        return
+    dtype = wire_quant.QUANT_COMBINE_DTYPE
+    need(strs.get("dtype") == dtype, f"attribute 'quant' {quant!r} needs dtype '{dtype}' (only the bf16 combine is "
+         f"quantized), got {strs.get('dtype')!r}")  # fmt: skip
+    need(ints.get("zero_copy", 0) == 0, f"attribute 'quant' {quant!r} needs zero_copy = 0 (rows are quantized as they "
+         "are pushed; the zero-copy combine reads them in place)")  # fmt: skip
+
+
 def _internode_rules(ints: dict, need) -> None:
     """The topology attributes of an inter-node op: G a power of two dividing world_size, hop_size G or 1,
     send_all 0 or 1 (only with hop_size G: V1LL), num_qp in [1, MAX_QP]."""
@@ -167,7 +209,8 @@ def _internode_rules(ints: dict, need) -> None:
         need(1 <= qp <= MAX_QP, f"attribute 'num_qp' must be in [1, {MAX_QP}], got {qp}")
 
 
-# Attributes any EP op may carry (default 0 when absent), checked by extra_verify.
-OPTIONAL_ATTRIBUTES = frozenset({"any_hidden"})
+# Attributes an EP op may carry besides its IRDL ones, checked by extra_verify: any_hidden (any op, default
+# 0) and the wire quantization (QUANT_ATTRIBUTES, only the QUANT_OPS; absent: none).
+OPTIONAL_ATTRIBUTES = frozenset({"any_hidden", *QUANT_ATTRIBUTES})
 DIALECT = Dialect("mori_ep", "mori_ep.irdl.mlir", extra_verify, OPTIONAL_ATTRIBUTES)
 DIALECT_NAME = DIALECT.name

@@ -5,7 +5,7 @@ runtime layer (``mori_compiler.runtime``) works on machines that only run precom
 
 Layers, lowest first (a module may import only from its own layer or lower ones):
 
-1. base: ``mori_compiler.errors``, ``.env``, ``.targets``, ``._mlir``
+1. base: ``mori_compiler.errors``, ``.env``, ``.targets``, ``._mlir``, ``.ep_schema``, ``.wire_quant``
 2. ``mori_compiler.lib_bitcode``: the device ABI table, the state layout, the device library
 3. ``mori_compiler.dialects``: IRDL dialects and their Python builders
 4. ``mori_compiler.passes``: lowering passes and the LLVM-level stages

@@ -31,6 +31,8 @@ import enum
 from collections.abc import Callable
 from collections import namedtuple
 
+from mori_compiler.wire_quant import wire_row_bytes
+
 TOKEN_BYTES = {"bf16": 2, "f32": 4, "fp8_e4m3fn": 1, "fp8_e4m3fnuz": 1}
 DISPATCH_DTYPES = ("bf16", "f32", "fp8_e4m3fn", "fp8_e4m3fnuz")
 COMBINE_DTYPES = ("bf16", "f32")
@@ -79,8 +81,8 @@ SIZE_ATTRIBUTES = ("world_size", "hidden", "top_k", "experts_per_rank", "max_tok
 
 class EpSizes(namedtuple("EpSizes", ("world_size", "hidden", "top_k", "experts_per_rank", "max_tokens_per_rank",
                                      "max_recv_per_rank", "token_bytes", "scale_bytes", "external_input",
-                                     "gpu_per_node", "hop_size"),
-                         defaults=(2, 0, True, 0, 0))):  # fmt: skip
+                                     "gpu_per_node", "hop_size", "combine_quant", "scale_blocks"),
+                         defaults=(2, 0, True, 0, 0, "none", 0))):  # fmt: skip
     """The compile-time sizes of one EP configuration, in the kernels' terms.
 
     W world_size, H hidden, K top_k, Er experts_per_rank, M max_tokens_per_rank, Rp max_recv_per_rank
@@ -90,22 +92,26 @@ class EpSizes(namedtuple("EpSizes", ("world_size", "hidden", "top_k", "experts_p
     staging buffers are sized only when used); for the inter-node kernel types, gpu_per_node (G; 0: one
     node) and hop_size (the PEs one inter-node send reaches through one target: G for InterNodeV1/V1LL,
     whose target is the rail-aligned proxy of a node, 1 for InterNode, which sends to each remote PE;
-    0: no inter-node sends). An immutable tuple (``collections.namedtuple``: cheaper to
+    0: no inter-node sends); combine_quant and scale_blocks, the bf16 combine's wire quantization
+    (mori_compiler/wire_quant.py; its wire rows size the push staging and AsyncLL combine rows, see
+    ``combine_row_bytes``). An immutable tuple (``collections.namedtuple``: cheaper to
     import than a dataclass or ``typing``; the schema is on the warm-start path).
     """
 
     __slots__ = ()
 
     @classmethod
-    def from_config(cls, cfg) -> "EpSizes":
-        """From a MORI ``EpDispatchCombineConfig`` (duck-typed)."""
+    def from_config(cls, cfg, scale_blocks: int = 0) -> "EpSizes":
+        """From a MORI ``EpDispatchCombineConfig`` (duck-typed); ``scale_blocks``: a blockwise
+        ``quant_type``'s scale blocks per row (read from the environment by ops/config.py)."""
         return cls(world_size=cfg.world_size, hidden=cfg.hidden_dim, top_k=cfg.num_experts_per_token,
                    experts_per_rank=cfg.num_experts_per_rank, max_tokens_per_rank=cfg.max_num_inp_token_per_rank,
                    max_recv_per_rank=recv_per_rank(cfg.max_num_inp_token_per_rank, cfg.max_total_recv_tokens,
                                                    cfg.world_size),
                    token_bytes=cfg.max_token_type_size, scale_bytes=cfg.scale_dim * cfg.scale_type_size,
                    external_input=bool(cfg.use_external_inp_buf),
-                   **internode_sizes(KernelType(cfg.kernel_type), cfg.gpu_per_node))  # fmt: skip
+                   **internode_sizes(KernelType(cfg.kernel_type), cfg.gpu_per_node),
+                   combine_quant=getattr(cfg, "quant_type", "none"), scale_blocks=scale_blocks)  # fmt: skip
 
     @classmethod
     def from_attributes(cls, ints: dict, dtype: str) -> "EpSizes":
@@ -113,7 +119,8 @@ class EpSizes(namedtuple("EpSizes", ("world_size", "hidden", "top_k", "experts_p
         and its dtype."""
         return cls(**{name: ints[name] for name in SIZE_ATTRIBUTES}, token_bytes=TOKEN_BYTES[dtype],
                    scale_bytes=ints.get("scale_bytes", 0), gpu_per_node=ints.get("gpu_per_node", 0),
-                   hop_size=ints.get("hop_size", 0))  # fmt: skip
+                   hop_size=ints.get("hop_size", 0), combine_quant=ints.get("quant", "none"),
+                   scale_blocks=ints.get("scale_blocks", 0))  # fmt: skip
 
     @classmethod
     def for_routing(cls, world_size: int, top_k: int, experts_per_rank: int, max_tokens_per_rank: int,
@@ -142,6 +149,14 @@ class EpSizes(namedtuple("EpSizes", ("world_size", "hidden", "top_k", "experts_p
     @property
     def row_bytes(self) -> int:  # one token row at the widest dtype
         return self.hidden * self.token_bytes
+
+    @property
+    def combine_row_bytes(self) -> int:
+        """One push-staging / AsyncLL combine row: the widest token row, or a wider wire row of the bf16
+        combine's quantization (small rows: the block scales can outweigh the payload)."""
+        if self.combine_quant == "none":
+            return self.row_bytes
+        return max(self.row_bytes, wire_row_bytes(self.combine_quant, self.hidden, self.scale_blocks))
 
     @property
     def async_slots(self) -> int:  # AsyncLL records per PE: per round parity (2) and source PE (W), Rp each
@@ -304,14 +319,15 @@ BUFFERS: tuple[Buffer, ...] = (
     Buffer("reg_x", lambda s: s.recv_capacity * _tok(s), False, _ALL, "registered combine input [R, H]"),
     Buffer("out_c", lambda s: s.max_tokens_per_rank * _tok(s), False, _ALL, "combine output [M, H]"),
     Buffer("out_cw", lambda s: s.max_tokens_per_rank * s.top_k * 4, False, _ALL, "combine output weights"),
-    Buffer("zero_row", lambda s: max(_tok(s), 4 * s.top_k, 16), True, _ALL, "a row of zeros (absent sources)"),
+    Buffer("zero_row", lambda s: max(s.combine_row_bytes, 4 * s.top_k, 16), True, _ALL,
+           "a row of zeros (absent sources)"),
     # AsyncLL: per round parity and source PE, Rp records to receive and Rp rows to combine.
     Buffer("a_rx", lambda s: s.async_slots * _tok(s), False, _ASYNC, "receive records: rows"),
     Buffer("a_rw", lambda s: s.async_slots * s.top_k * 4, False, _ASYNC, "receive records: weights"),
     Buffer("a_rs", lambda s: max(s.async_slots * s.scale_bytes, 16), False, _ASYNC, "receive records: scales"),
     Buffer("a_ridx", lambda s: s.async_slots * s.top_k * 4, False, _ASYNC, "receive records: expert ids"),
     Buffer("a_rpos", lambda s: s.async_slots * 4, False, _ASYNC, "receive records: source positions"),
-    Buffer("a_cx", lambda s: s.async_slots * _tok(s), False, _ASYNC, "combine region: rows"),
+    Buffer("a_cx", lambda s: s.async_slots * s.combine_row_bytes, False, _ASYNC, "combine region: rows"),
     Buffer("a_cw", lambda s: s.async_slots * s.top_k * 4, False, _ASYNC, "combine region: weights"),
     Buffer("rmap", lambda s: s.recv_capacity * 4, False, _ASYNC, "output row -> src_pe * Rp + record"),
     Buffer("a_cnt", lambda s: 2 * s.world_size * 4, True, _ASYNC, "slot counters [2][W]"),
@@ -326,7 +342,8 @@ BUFFERS: tuple[Buffer, ...] = (
     Buffer("round_ctr", lambda s: 16, True, _HANDSHAKE, "dispatch round (u64, advanced on the device)"),
     Buffer("dest_ctr", lambda s: 4 * s.world_size, True, _HANDSHAKE, "tokens sent to each PE this round"),
     Buffer("reg_w", lambda s: s.recv_capacity * s.top_k * 4, False, _HANDSHAKE, "registered combine weights"),
-    Buffer("stage_x", lambda s: _push_rows(s) * _tok(s), False, _SYNC, "push-combine staging rows [W*M, H]"),
+    Buffer("stage_x", lambda s: _push_rows(s) * s.combine_row_bytes, False, _SYNC,
+           "push-combine staging rows [W*M, H]"),
     Buffer("stage_w", lambda s: _push_rows(s) * s.top_k * 4, False, _SYNC, "push-combine staging weights"),
     Buffer("combine_grid", lambda s: 16, True, _SYNC, "push-combine grid barrier words"),
     Buffer("bar_slots", lambda s: 8 * MAX_BLOCKS * s.world_size, True, _HANDSHAKE, "device barrier [MAX_BLOCKS][W]"),
@@ -563,3 +580,4 @@ def kernel_signature(kernel_name: str) -> tuple[KernelSignature, str]:
             if family in KERNELS:
                 return KERNELS[family], dtype
     raise KeyError(kernel_name)
+

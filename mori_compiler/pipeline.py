@@ -40,6 +40,7 @@ def mlir_stage_pipelines(options: CompileOptions) -> list[tuple[str, str]]:
     blocks = f"wave-size={wave} vectors-per-lane={2 if t.is_nvptx else 1}"
     if t.is_amdgpu:
         blocks += " global-address-space=true loop-destinations=true"
+    blocks += f" chip={t.name}"  # the wire quantization's conversion instructions
     stages = [
         ("ep", f"mori-ep-to-kernels{{{kernels}}},mori-comm-to-calls{{{blocks}}}"),
         ("abi", "mori-virtual-pe-args,mori-shmem-to-abi" if options.virtual_pes else "mori-shmem-to-abi"),

@@ -24,11 +24,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from mori_compiler import wire_quant
 from mori_compiler._mlir import ir, nested_ops
 from mori_compiler.dialects import mori_shmem
 from mori_compiler.dialects.builder import Builder, generated_location, new_function
 from mori_compiler.errors import MoriCompilerError
 
+from . import comm_quant
 from .helper_functions import Helper, replace_by_helper_calls
 
 PREFIX = "__mori_comm_"
@@ -633,6 +635,41 @@ def _lower_accumulate_rows(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
                            p.vectors_per_lane)  # fmt: skip
 
 
+def _wire_codec(op: ir.Operation, p: "MoriCommToCalls") -> tuple[comm_quant.WireCodec, int]:
+    """The target's conversions for the op's wire format (refused where the target does not run it)."""
+    fmt, blocks = op.attributes["format"].value, _int_attr(op, "scale_blocks")
+    if not p.chip:
+        raise MoriCompilerError(f"'{op.name}' needs the pass option chip (the target, e.g. chip=sm_90): the wire "
+                                f"conversions are the target's instructions", op.location)  # fmt: skip
+    if p.chip not in wire_quant.WIRE_FP8_OF_TARGET:
+        raise MoriCompilerError(f"pass 'mori-comm-to-calls' option chip={p.chip!r} is not a known target (allowed: "
+                                f"{', '.join(wire_quant.WIRE_FP8_OF_TARGET)})", op.location)  # fmt: skip
+    if fmt == "fp8_e4m3":  # the target's variant (the target-neutral EP kernels name it so)
+        fmt = wire_quant.WIRE_FP8_OF_TARGET[p.chip]
+    if fmt == "fp4_e2m1":
+        if p.chip not in wire_quant.FP4_TARGETS:
+            raise MoriCompilerError(f"'{op.name}' attribute 'format' fp4_e2m1 is not supported on {p.chip} (fp4 wire "
+                                    f"rows: {', '.join(wire_quant.FP4_TARGETS)})", op.location)  # fmt: skip
+    elif fmt != wire_quant.WIRE_FP8_OF_TARGET[p.chip]:
+        raise MoriCompilerError(f"'{op.name}' attribute 'format' {fmt} is not {p.chip}'s fp8 (its conversion "
+                                f"instructions make {wire_quant.WIRE_FP8_OF_TARGET[p.chip]})", op.location)  # fmt: skip
+    return comm_quant.WireCodec(p.chip, fmt), blocks
+
+
+def _lower_quantize_row(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
+    codec, blocks = _wire_codec(op, p)
+    return comm_quant.quantize_row(f"{PREFIX}quantize_row_{codec.tag}_s{blocks}", _function, codec, blocks,
+                                   p.wave_size, p.global_address_space)  # fmt: skip
+
+
+def _lower_accumulate_quantized_rows(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
+    codec, blocks = _wire_codec(op, p)
+    k = len(op.operands) - 4
+    return comm_quant.accumulate_quantized_rows(f"{PREFIX}accumulate_quantized_rows_{codec.tag}_s{blocks}_k{k}",
+                                                _function, codec, blocks, k, p.wave_size,
+                                                p.global_address_space)  # fmt: skip
+
+
 # op → the helper its call goes to (by the op's variant and the pass options).
 LOWERINGS: dict[str, Callable[[ir.Operation, "MoriCommToCalls"], Helper]] = {
     "mori_comm.row_copy": _lower_row_copy,
@@ -648,6 +685,8 @@ LOWERINGS: dict[str, Callable[[ir.Operation, "MoriCommToCalls"], Helper]] = {
     "mori_comm.node_device_barrier": _lower_node_device_barrier,
     "mori_comm.chunk_send": lambda op, p: chunk_send(f"{PREFIX}chunk_send"),
     "mori_comm.chunk_wait": lambda op, p: chunk_wait(f"{PREFIX}chunk_wait"),
+    "mori_comm.quantize_row": _lower_quantize_row,
+    "mori_comm.accumulate_quantized_rows": _lower_accumulate_quantized_rows,
 }
 
 
@@ -663,7 +702,9 @@ class MoriCommToCalls:
     and accumulate_rows address their rows as ``!llvm.ptr<1>``, casting the generic pointers they get:
     AMDGPU global memory, where every buffer and peer row lives; the pipeline sets it for AMDGPU);
     loop-destinations (row_copy_to_peers loops over its K destinations instead of unrolling them: compact
-    code; the pipeline sets it for AMDGPU, while sm_90 keeps the unrolled form it was measured with).
+    code; the pipeline sets it for AMDGPU, while sm_90 keeps the unrolled form it was measured with);
+    chip (the target, e.g. gfx942 or sm_90: the wire conversions of quantize_row and
+    accumulate_quantized_rows are its instructions, passes/comm_quant.py; those ops need it).
     """
 
     name: ClassVar[str] = "mori-comm-to-calls"
@@ -671,6 +712,7 @@ class MoriCommToCalls:
     vectors_per_lane: int = 1
     global_address_space: bool = False
     loop_destinations: bool = False
+    chip: str = ""
 
     def __call__(self, op: ir.Operation, pass_=None) -> None:
         if self.wave_size not in (32, 64):

@@ -42,9 +42,10 @@ from __future__ import annotations
 from mori_compiler._mlir import ir
 from mori_compiler.dialects import mori_comm, mori_shmem
 
-from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, dispatch_completion, dispatch_round,
-                              open_kernel, reduce_tokens, replay_or_reserve, reserve_on_peer, return_rows, route_token,
-                              send_row_to_peers, send_to_destinations, token_inputs, token_source)  # fmt: skip
+from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, combine_row_stride, dispatch_completion,
+                              dispatch_round, open_kernel, reduce_tokens, replay_or_reserve, reserve_on_peer,
+                              return_rows, route_token, send_row_to_peers, send_to_destinations, token_inputs,
+                              token_source)  # fmt: skip
 
 
 def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | None = None) -> ir.Operation:
@@ -165,9 +166,11 @@ def combine_push_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operati
     mori_comm.device_barrier(p.bar_slots, p.bar_epochs, world_size=cfg.world_size, max_blocks=cfg.max_blocks,
                              **b.at())  # fmt: skip
 
+    stage = combine_row_stride(f, rowc)  # staging rows: the call's rows, or its wire rows when quantizing
+
     def source_row(s: ForwardEntry) -> tuple[ir.Value, ir.Value]:
         srow64 = b.extui(b.i64, b.addi(b.muli(s.pe, M), s.t))  # our staging row on PE pe: pe * M + t
-        return b.gep(p.stage_x, b.muli(srow64, rowc), b.i8), b.gep(p.stage_w, b.muli(srow64, kb), b.i8)
+        return b.gep(p.stage_x, b.muli(srow64, stage), b.i8), b.gep(p.stage_w, b.muli(srow64, kb), b.i8)
 
     reduce_tokens(f, rowc, source_row, uniform=uniform_addressing, narrow=uniform_addressing)
     b.gpu_return()

@@ -30,6 +30,11 @@ later code uses, as a small named tuple):
   ``source_row(entry: ForwardEntry) -> (row, weight_row)`` gives source k's addresses.
 * ``return_rows(f, locate, dst_x, dst_w, rowc, has_iw)``: every received row back to its owner;
   ``locate(i) -> (owner, dest_row)``.
+* ``WireRows`` (``cfg.wire``, a quantizing bf16 combine's, else None) and ``combine_row_stride(f, rowc)``:
+  the combine's wire quantization (mori_compiler/wire_quant.py): ``return_rows`` quantizes each row as it
+  writes it to the owner (``mori_comm.quantize_row``) and ``reduce_tokens`` dequantizes in its fp32 sum
+  (``mori_comm.accumulate_quantized_rows``); the staging / combine-region rows are then wire rows,
+  ``combine_row_stride`` bytes apart (the callers' ``source_row`` address them so).
 
 Ordering each piece provides (who writes, who waits; docs/ep-protocols.md has the protocols whole):
 
@@ -62,7 +67,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from mori_compiler import ep_schema
+from mori_compiler import ep_schema, wire_quant
 from mori_compiler._mlir import ir
 from mori_compiler.dialects import mori_comm, mori_ep, mori_shmem
 from mori_compiler.dialects.builder import Builder, generated_location, new_kernel
@@ -92,6 +97,9 @@ class EpKernelConfig(NamedTuple):
     # 1: the kernel takes any hidden <= the config's (its rows at the call's ``hidden``, a runtime value);
     # 0: the config's hidden only (rows of constant size: the code measured and pinned by the ISA tests).
     any_hidden: int = 0
+    # The bf16 combine's wire quantization (wire_quant.QUANT_TYPES) and its scale blocks per row.
+    quant: str = "none"
+    scale_blocks: int = 0
 
     @property
     def elem_bytes(self) -> int:
@@ -124,11 +132,59 @@ class EpKernelConfig(NamedTuple):
         NVPTX maxntid, and the launcher uses it."""
         return (self.warps_per_block * self.wave_size, 1, 1)
 
+    @property
+    def wire(self) -> "WireRows | None":
+        """The combine's wire rows when it quantizes, else None."""
+        return None if self.quant == "none" else WireRows(self.quant, self.scale_blocks)
+
     @classmethod
     def from_op(cls, op: ir.Operation) -> "EpKernelConfig":
         ints = mori_ep.int_attributes(op)
         fields = {f: ints[f] for f in cls._fields if f in ints}
-        return cls(dtype=op.attributes["dtype"].value, **fields)
+        quant = op.attributes["quant"].value if "quant" in op.attributes else "none"
+        return cls(dtype=op.attributes["dtype"].value, quant=quant, **fields)
+
+
+class WireRows(NamedTuple):
+    """A quantizing combine's wire rows (layout: mori_compiler/wire_quant.py): ``quant`` and its scale
+    blocks per row. The kernels are target-neutral: their fp8 rows are ``fp8_e4m3``, the target's variant
+    (mori-comm-to-calls resolves it: FNUZ on gfx942, OCP elsewhere)."""
+
+    quant: str
+    scale_blocks: int
+
+    @property
+    def format(self) -> str:
+        return "fp4_e2m1" if self.quant == "fp4_blockwise" else "fp8_e4m3"
+
+    @property
+    def blocks(self) -> int:
+        """Scale blocks per row (0: the direct cast)."""
+        return self.scale_blocks if self.quant in wire_quant.BLOCKWISE_QUANT_TYPES else 0
+
+    def elems(self, f: "KernelFrame") -> ir.Value:
+        """The call's row in bf16 elements (i64)."""
+        return f.b.shrui(f.row, f.b.const_i64(1))
+
+    def stride(self, f: "KernelFrame") -> ir.Value:
+        """Bytes between wire rows of the call's row (i64, a multiple of 16): wire_quant.wire_row_bytes, a
+        constant in the config-hidden variant."""
+        b = f.b
+        if not f.cfg.any_hidden:
+            return b.const_i64(wire_quant.wire_row_bytes(self.quant, f.cfg.hidden, self.blocks))
+        c15, m16 = b.const_i64(15), b.const_i64(-16)
+        elems = self.elems(f)
+        payload = b.shrui(elems, b.const_i64(1)) if self.format == "fp4_e2m1" else elems
+        size = b.andi(b.addi(payload, c15), m16)
+        if self.blocks:
+            size = b.andi(b.addi(b.addi(size, b.const_i64(4 * self.blocks)), c15), m16)
+        return size
+
+
+def combine_row_stride(f: "KernelFrame", rowc: ir.Value) -> ir.Value:
+    """Bytes between the rows a combine stages (push staging, AsyncLL combine region): its wire rows when
+    it quantizes, else the call's rows ``rowc``."""
+    return rowc if f.cfg.wire is None else f.cfg.wire.stride(f)
 
 
 class Params:
@@ -587,9 +643,15 @@ def reduce_tokens(f: KernelFrame, rowc: ir.Value,
             boff = b.muli(v0_64, b.const_i64(16))
             nv64 = b.index_cast(b.i64, b.subi(v1, v0))
             elems = b.muli(nv64, b.const_i64(per_vec))
-            offs = [b.gep(src, boff, b.i8) for src in srcs]
-            orow = b.gep(out, b.addi(b.muli(t64, rowc), boff), b.i8)
-            mori_comm.accumulate_rows(orow, elems, offs, dtype=cfg.dtype, **b.at())
+            if cfg.wire is None:
+                offs = [b.gep(src, boff, b.i8) for src in srcs]
+                orow = b.gep(out, b.addi(b.muli(t64, rowc), boff), b.i8)
+                mori_comm.accumulate_rows(orow, elems, offs, dtype=cfg.dtype, **b.at())
+            else:  # wire rows: the slice [v0, v1) of vectors, dequantized from whole source rows
+                first = b.muli(v0_64, b.const_i64(per_vec))
+                mori_comm.accumulate_quantized_rows(b.gep(out, b.muli(t64, rowc), b.i8), first, elems,
+                                                    cfg.wire.elems(f), srcs, format=cfg.wire.format,
+                                                    scale_blocks=cfg.wire.blocks, **b.at())  # fmt: skip
             want_w = f.present(out_w)
             first_slice = b.cmpi("eq", sl_x, f.c0x)
             lane_w = b.andi(b.andi(want_w, f.is_k), first_slice)
@@ -607,17 +669,25 @@ def return_rows(f: KernelFrame, locate: Callable[[ir.Value], tuple[ir.Value, ir.
     """Every received row i < ``*total`` (one warp each; ``inp`` row i) goes back to its owner:
     ``locate(i)`` returns (owner PE, destination row); the warp copies the row into that row of ``dst_x``
     on the owner (``mori_comm.row_copy``) and, when ``has_iw``, lanes < K store its weights (``inp_w``)
-    into ``dst_w`` (relaxed system-scope stores, published by the caller's later barrier)."""
+    into ``dst_w`` (relaxed system-scope stores, published by the caller's later barrier). A quantizing
+    combine (``cfg.wire``) writes wire rows instead (``mori_comm.quantize_row``; ``dst_x`` rows
+    ``combine_row_stride`` bytes apart): quantized on the write, as MORI does."""
     b, p = f.b, f.params
+    wire = f.cfg.wire
+    stride = combine_row_stride(f, rowc)
+    elems = None if wire is None else wire.elems(f)
     tot_x = b.index_cast(b.index, b.load(b.i32, p.total))
     with b.for_(f.gw, tot_x, f.nw) as i_x:
         i = b.index_cast(b.i32, i_x)
         i64 = b.extui(b.i64, i)
         owner, drow = locate(i)
         drow64 = b.extui(b.i64, drow)
-        dst = b.gep(dst_x, b.muli(drow64, rowc), b.i8)
+        dst = b.gep(dst_x, b.muli(drow64, stride), b.i8)
         src = b.gep(p.inp, b.muli(i64, rowc), b.i8)
-        mori_comm.row_copy(dst, src, rowc, owner, **b.at())
+        if wire is None:
+            mori_comm.row_copy(dst, src, rowc, owner, **b.at())
+        else:
+            mori_comm.quantize_row(dst, src, elems, owner, format=wire.format, scale_blocks=wire.blocks, **b.at())
         with b.if_(b.andi(has_iw, f.is_k)):
             wi = b.addi(b.muli(i, f.K), f.lane)
             wv = b.load(b.f32, b.gep(p.inp_w, wi, b.f32))

@@ -60,9 +60,10 @@ from mori_compiler.dialects import mori_comm, mori_shmem
 from mori_compiler.dialects.builder import generated_location, new_global
 from mori_compiler.ep_schema import KERNELS, OP_FAMILIES
 
-from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, TokenInputs, dispatch_completion,
-                              dispatch_round, open_kernel, reduce_tokens, reserve_on_peer, return_rows,
-                              route_token, row_vectors, send_to_destinations, token_inputs, token_source)  # fmt: skip
+from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, TokenInputs, combine_row_stride,
+                              dispatch_completion, dispatch_round, open_kernel, reduce_tokens, reserve_on_peer,
+                              return_rows, route_token, row_vectors, send_to_destinations, token_inputs,
+                              token_source)  # fmt: skip
 
 LL_UNROLL = 4  # 16-byte vectors each data lane loads before storing them to every destination
 
@@ -474,10 +475,12 @@ def async_combine_recv_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.O
         _post(f, r, p.csig, lambda: value)
     _wait_all(f, r, p.csig, r.round, fused=fused_recv)
 
+    region = combine_row_stride(f, rowc)  # combine-region rows: the call's rows, or its wire rows
+
     def source_row(s: ForwardEntry) -> tuple[ir.Value, ir.Value]:
         # The rows of the token's destination pe are in our combine region [r % 2][pe][slot].
         cr64 = b.extui(b.i64, b.addi(b.muli(b.addi(r.parW, s.pe), r.Rp), s.slot))
-        return b.gep(p.cx, b.muli(cr64, rowc), b.i8), b.gep(p.cw, b.muli(cr64, kb), b.i8)
+        return b.gep(p.cx, b.muli(cr64, region), b.i8), b.gep(p.cw, b.muli(cr64, kb), b.i8)
 
     reduce_tokens(f, rowc, source_row, uniform=uniform_addressing, narrow=uniform_addressing)
     _advance_round(f, r, 1)

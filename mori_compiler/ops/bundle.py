@@ -20,8 +20,12 @@ from collections import namedtuple
 
 from mori_compiler.ep_schema import (INTERNODE, LEGS, MAX_BLOCKS, SIZE_ATTRIBUTES, EpSizes, KernelSignature, families,
                                      internode_attributes, leg_dtypes)
+from mori_compiler.wire_quant import BLOCKWISE_QUANT_TYPES, QUANT_COMBINE_DTYPE
 
-from .config import EpDispatchCombineConfig, EpDispatchCombineKernelType, validate_config
+from .config import EpDispatchCombineConfig, EpDispatchCombineKernelType, quant_scale_blocks, validate_config
+
+# The combine ops that carry a wire quantization (dialects/mori_ep.py QUANT_OPS; bf16 rows, push or AsyncLL).
+_QUANT_OPS = ("combine", "combine_send", "combine_recv")
 
 
 class PlannedKernel(namedtuple("PlannedKernel", ("signature", "dtype", "any_hidden"), defaults=(0,))):
@@ -78,8 +82,17 @@ class EpModulePlan(namedtuple("EpModulePlan", ("gpu_module", "ops"))):
         return [op.kernel.name for op in self.ops]
 
 
+def _quant_attributes(kernel: PlannedKernel, cfg: EpDispatchCombineConfig, scale_blocks: int) -> list:
+    """``quant``/``scale_blocks`` of a combine op: the config's quantization for the bf16 push and AsyncLL
+    combines; none (no attributes) for the zero-copy and f32 ones (a quantizing op refuses those calls)."""
+    quant = getattr(cfg, "quant_type", "none")
+    if quant == "none" or kernel.dtype != QUANT_COMBINE_DTYPE or kernel.signature.zero_copy == 1:
+        return []  # absent: no quantization (the text of an unquantized config is unchanged)
+    return [("quant", quant), ("scale_blocks", scale_blocks if quant in BLOCKWISE_QUANT_TYPES else 0)]
+
+
 def _op_attributes(kernel: PlannedKernel, sizes: EpSizes, cfg: EpDispatchCombineConfig, wave_size: int,
-                   asyncll) -> tuple:  # fmt: skip
+                   asyncll, scale_blocks: int = 0) -> tuple:  # fmt: skip
     """The attributes of ``kernel``'s mori_ep op (dialects/mori_ep.py says what each means): the sizes, the
     launch geometry and dtype; the scale bytes on the dispatch leg; the combine's form; the topology of the
     inter-node kernel types (ep_schema.internode_attributes); the barrier's block bound for the kernels
@@ -100,6 +113,8 @@ def _op_attributes(kernel: PlannedKernel, sizes: EpSizes, cfg: EpDispatchCombine
         attrs.append(("max_blocks", MAX_BLOCKS))
     if EpDispatchCombineKernelType.AsyncLL in sig.kinds:
         attrs += list(asyncll.ir_attributes().items())
+    if sig.op in _QUANT_OPS:
+        attrs += _quant_attributes(kernel, cfg, scale_blocks)
     return tuple((name, value if isinstance(value, str) else operator.index(value)) for name, value in attrs)
 
 
@@ -114,24 +129,29 @@ def _module_name(kind: EpDispatchCombineKernelType) -> str:
             EpDispatchCombineKernelType.IntraNodeLL: "mori_ep_intranode_ll"}.get(kind, "mori_ep_intranode")  # fmt: skip
 
 
-def module_plan(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None) -> EpModulePlan:
+def module_plan(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None,
+                scale_blocks: int | None = None) -> EpModulePlan:
     """The mori_ep module of every kernel this config can launch (one bundle, one module load): one op per
     kernel of ``kernel_plan(cfg)``, its attributes the config's EpSizes. For AsyncLL, ``asyncll`` (an
     AsyncLLOptions; default: resolved from the environment, as ep_bundle does) sets the halves'
-    notification mode. The config is not validated here (ep_bundle does that first)."""
+    notification mode. ``scale_blocks``: a blockwise quantization's scale blocks per row (default:
+    ``$MORI_FP8_COMBINE_SCALE_DIM``, read now). The config is not validated here (ep_bundle does that
+    first)."""
     if asyncll is None and EpDispatchCombineKernelType(cfg.kernel_type) == EpDispatchCombineKernelType.AsyncLL:
         from .asyncll import resolve
 
         asyncll = resolve()
     sizes = cfg.sizes
-    ops = tuple(EpOpPlan(k, _op_attributes(k, sizes, cfg, wave_size, asyncll)) for k in kernel_plan(cfg))
+    blocks = quant_scale_blocks(cfg, scale_blocks)
+    ops = tuple(EpOpPlan(k, _op_attributes(k, sizes, cfg, wave_size, asyncll, blocks)) for k in kernel_plan(cfg))
     return EpModulePlan(_module_name(EpDispatchCombineKernelType(cfg.kernel_type)), ops)
 
 
-def kernel_module_source(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None) -> str:
-    """The text of ``module_plan(cfg, wave_size, asyncll)``: the op-level IR the bundle key is computed
-    from, and what ``mori-opt`` takes."""
-    return module_plan(cfg, wave_size, asyncll).source()
+def kernel_module_source(cfg: EpDispatchCombineConfig, wave_size: int, asyncll=None,
+                         scale_blocks: int | None = None) -> str:
+    """The text of ``module_plan(cfg, wave_size, asyncll, scale_blocks)``: the op-level IR the bundle key is
+    computed from, and what ``mori-opt`` takes."""
+    return module_plan(cfg, wave_size, asyncll, scale_blocks).source()
 
 
 # The name in the locations of the ops build_kernel_module makes (diagnostics say "generated by ...").
@@ -173,13 +193,14 @@ def _bitcode_paths(bitcode) -> tuple[str, ...]:
 
 
 def ep_bundle(config: EpDispatchCombineConfig, target: str, *, virtual_pes: bool, asyncll=None, cache_root=None,
-              bitcode=None):  # fmt: skip
+              bitcode=None, scale_blocks: int | None = None):  # fmt: skip
     """The kernel bundle ``EpDispatchCombineOp`` loads for ``config`` on ``target``: from the cache, or
     compiled now where the compiler is installed. The one place that maps a config to its bundle, so that
     precompiling scripts build exactly what the op will look up. ``asyncll``: the AsyncLL notification
     mode (default: resolved from the environment); ignored by the other kernel types. ``bitcode``: a path,
     or a tuple of paths, of device bitcode (e.g. MORI's ``libmori_shmem_device.bc``) linked instead of the
-    project's device library; None leaves the choice to ``CompileOptions``. A cached bundle is verified
+    project's device library; None leaves the choice to ``CompileOptions``. ``scale_blocks``: a blockwise
+    ``quant_type``'s scale blocks per row (default: ``$MORI_FP8_COMBINE_SCALE_DIM``). A cached bundle is verified
     (target, kernel table, code-object hash) before it is returned; see mori_compiler/cache.py."""
     from mori_compiler.cache import get_bundle
     from mori_compiler.errors import MoriCompilerError
@@ -191,7 +212,7 @@ def ep_bundle(config: EpDispatchCombineConfig, target: str, *, virtual_pes: bool
     if cache_root is not None and not isinstance(cache_root, (str, os.PathLike)):
         raise MoriCompilerError(f"ep_bundle: cache_root must be None or a path, got {cache_root!r}")
     gpu_target = get_target(target)
-    validate_config(config, gpu_target.wave_size)
+    validate_config(config, gpu_target.wave_size, gpu_target.name)
     kind = EpDispatchCombineKernelType(config.kernel_type)
     if kind == EpDispatchCombineKernelType.AsyncLL:
         from .asyncll import AsyncLLOptions, resolve
@@ -199,7 +220,7 @@ def ep_bundle(config: EpDispatchCombineConfig, target: str, *, virtual_pes: bool
         asyncll = resolve() if asyncll is None else asyncll
         if not isinstance(asyncll, AsyncLLOptions):
             raise MoriCompilerError(f"ep_bundle: asyncll must be None or an AsyncLLOptions, got {asyncll!r}")
-    plan = module_plan(config, gpu_target.wave_size, asyncll)
+    plan = module_plan(config, gpu_target.wave_size, asyncll, scale_blocks)
     choice = {} if bitcode is None else {"bitcode": _bitcode_paths(bitcode)}
     options = CompileOptions(target=gpu_target.name, virtual_pes=virtual_pes, **choice)
     # Keyed by the plan's text (unchanged keys, precompiled bundles found), compiled from the built module.

@@ -23,6 +23,8 @@ from mori_compiler.ep_schema import (COMBINE_DTYPES, DISPATCH_DTYPES, DISPATCH_I
                                      MAX_QP_PER_PE, MAX_HIDDEN_DIM, MAX_SCALE_DIM, MAX_TOKENS_PER_RANK, MAX_WORLD_SIZE, TOKEN_BYTES,
                                      INTERNODE, EpDispatchCombineKernelType, EpSizes, families, recv_per_rank,
                                      topology_problems)
+from mori_compiler.wire_quant import (BLOCKWISE_QUANT_TYPES, DEFAULT_COMBINE_SCALE_DIM, FP4_TARGETS,
+                                     FP8_COMBINE_SCALE_DIM_ENV, QUANT_COMBINE_DTYPE, QUANT_TYPES, WIRE_FP8_OF_TARGET)
 from mori_compiler.targets import MAX_BLOCK_THREADS
 
 _TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "fp8_e4m3fn",
@@ -67,8 +69,9 @@ class EpDispatchCombineConfig:
 
     @property
     def sizes(self) -> EpSizes:
-        """The kernels' sizes of this configuration (the EP schema's ``EpSizes``)."""
-        return EpSizes.from_config(self)
+        """The kernels' sizes of this configuration (the EP schema's ``EpSizes``); a blockwise quant_type's
+        scale blocks from ``$MORI_FP8_COMBINE_SCALE_DIM`` (read now)."""
+        return EpSizes.from_config(self, quant_scale_blocks(self))
 
 
 # The kernel types with kernels: those the EP schema gives a dispatch.
@@ -156,7 +159,7 @@ _RULES: dict[str, _Rule] = {
     "gpu_per_node": _Rule("int", 1, MAX_GPU_PER_NODE, why="describes the machine; the intra-node kernels do not read it"),
     "rdma_block_num": _Rule("int", 0, MAX_BLOCKS - 1, why="the inter-node role's blocks; 0: the op chooses"),
     "num_qp_per_pe": _Rule("int", 1, MAX_QP_PER_PE, why="queue pairs per peer of the inter-node kernel types"),
-    "quant_type": _Rule("str", allowed=("none",), why="not implemented in this version"),
+    "quant_type": _Rule("str", allowed=QUANT_TYPES, why="the combine's wire quantization"),
 }
 
 
@@ -182,7 +185,7 @@ def _field_problem(name: str, value, rule: _Rule, wave_size: int) -> str | None:
         if not isinstance(value, str):
             return f"{shown} must be a str, not {type(value).__name__}"
         if value not in rule.allowed:
-            return f"{shown} is {rule.why or 'not allowed'} (only {', '.join(map(repr, rule.allowed))})"
+            return f"{shown} is not allowed{why}; allowed: {', '.join(map(repr, rule.allowed))}"
     elif rule.kind == "kernel_type":
         names = ", ".join(k.name for k in EpDispatchCombineKernelType)
         if not _is_int(value):
@@ -243,7 +246,81 @@ def config_problems(cfg: EpDispatchCombineConfig, wave_size: int) -> list[str]:
     if ok("kernel_type"):
         kind = EpDispatchCombineKernelType(cfg.kernel_type)
         problems += (_internode_problems if kind in INTERNODE else _intranode_problems)(cfg, kind, ok)
+        if ok("quant_type", "use_external_inp_buf", "max_token_type_size"):
+            problems += _quant_problems(cfg, kind)
     return problems
+
+
+# The kernel types whose combine may quantize, and with which quant types (MORI's host rules,
+# python/mori/ops/dispatch_combine.py: blockwise only IntraNode/IntraNodeLL, fp8_blockwise also AsyncLL;
+# fp8_direct_cast IntraNode push and AsyncLL; the inter-node combines are not quantized in this version).
+QUANT_KINDS = {
+    EpDispatchCombineKernelType.IntraNode: ("fp8_direct_cast", "fp8_blockwise", "fp4_blockwise"),
+    EpDispatchCombineKernelType.IntraNodeLL: ("fp8_direct_cast", "fp8_blockwise", "fp4_blockwise"),
+    EpDispatchCombineKernelType.AsyncLL: ("fp8_direct_cast", "fp8_blockwise"),
+}
+
+
+def _quant_problems(cfg: EpDispatchCombineConfig, kind: EpDispatchCombineKernelType) -> list[str]:
+    """The kernel-type rules of a wire quantization (target rules: quant_target_problems)."""
+    q = cfg.quant_type
+    if q == "none":
+        return []
+    allowed = QUANT_KINDS.get(kind, ())
+    if q not in allowed:
+        where = ", ".join(k.name for k, types in QUANT_KINDS.items() if q in types)
+        return [f"config.quant_type {q!r} is not supported by kernel type {kind.name} (quantized combines of {q!r}: "
+                f"{where})"]  # fmt: skip
+    problems = []
+    if kind != EpDispatchCombineKernelType.AsyncLL and not cfg.use_external_inp_buf:
+        problems.append(f"config.quant_type {q!r} needs config.use_external_inp_buf=True: rows are quantized as "
+                        f"they are pushed into the owner's staging buffer; the zero-copy combine reads the expert "
+                        f"output unquantized (MORI ignores the quantization there; refused here)")  # fmt: skip
+    if cfg.max_token_type_size < 2:
+        problems.append(f"config.quant_type {q!r} quantizes the {QUANT_COMBINE_DTYPE} combine, but "
+                        f"config.max_token_type_size {cfg.max_token_type_size} has no {QUANT_COMBINE_DTYPE} "
+                        f"rows (allowed: 2 or 4)")  # fmt: skip
+    return problems
+
+
+def quant_target_problems(cfg: EpDispatchCombineConfig, target: str) -> list[str]:
+    """What a wire quantization needs of the target: its conversion instructions (fp4_blockwise:
+    gfx950, or sm_90 in software; fp8: every target, FNUZ on gfx942, OCP elsewhere)."""
+    q = getattr(cfg, "quant_type", "none")
+    if q == "fp4_blockwise" and target not in FP4_TARGETS:
+        return [f"config.quant_type 'fp4_blockwise' is not supported on target {target} (fp4 combines: "
+                f"{', '.join(FP4_TARGETS)})"]  # fmt: skip
+    if q != "none" and target not in WIRE_FP8_OF_TARGET:
+        return [f"config.quant_type {q!r}: target {target} has no wire quantization"]
+    return []
+
+
+def combine_scale_blocks() -> int:
+    """The blockwise combines' scale blocks per token: ``$MORI_FP8_COMBINE_SCALE_DIM`` (an integer in
+    [1, MAX_HIDDEN_DIM]), default 56. Read once where an op is built and compiled into its kernels (part of
+    the bundle key); a bad value is a ConfigError naming the variable."""
+    import os
+
+    raw = os.environ.get(FP8_COMBINE_SCALE_DIM_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_COMBINE_SCALE_DIM
+    try:
+        value = int(raw.strip(), 10)
+    except ValueError:
+        raise ConfigError([f"{FP8_COMBINE_SCALE_DIM_ENV}={raw!r} is not an integer (expected an integer in "
+                           f"[1, {MAX_HIDDEN_DIM}])"]) from None  # fmt: skip
+    if not 1 <= value <= MAX_HIDDEN_DIM:
+        raise ConfigError([f"{FP8_COMBINE_SCALE_DIM_ENV}={raw!r} must be in [1, {MAX_HIDDEN_DIM}] (scale blocks per "
+                           f"token)"])  # fmt: skip
+    return value
+
+
+def quant_scale_blocks(cfg: EpDispatchCombineConfig, scale_blocks: int | None = None) -> int:
+    """The scale blocks compiled into ``cfg``'s combine: for a blockwise quant type ``scale_blocks``
+    (default: ``combine_scale_blocks()``), else 0."""
+    if getattr(cfg, "quant_type", "none") not in BLOCKWISE_QUANT_TYPES:
+        return 0
+    return combine_scale_blocks() if scale_blocks is None else scale_blocks
 
 
 def _internode_problems(cfg: EpDispatchCombineConfig, kind: EpDispatchCombineKernelType, ok) -> list[str]:
@@ -280,8 +357,11 @@ def _intranode_problems(cfg: EpDispatchCombineConfig, kind: EpDispatchCombineKer
     return problems
 
 
-def validate_config(cfg: EpDispatchCombineConfig, wave_size: int) -> None:
-    """Raise a ConfigError listing every field of ``cfg`` the kernels cannot support (see ``_RULES``)."""
+def validate_config(cfg: EpDispatchCombineConfig, wave_size: int, target: str | None = None) -> None:
+    """Raise a ConfigError listing every field of ``cfg`` the kernels cannot support (see ``_RULES``), and,
+    with ``target``, what the target cannot run (``quant_target_problems``)."""
     problems = config_problems(cfg, wave_size)
+    if not problems and target is not None:
+        problems = quant_target_problems(cfg, target)
     if problems:
         raise ConfigError(problems)

@@ -59,6 +59,7 @@ import dataclasses
 import struct
 
 from mori_compiler.ep_schema import INTERNODE, STATUS_WORDS, TRAFFIC_COUNTERS, KernelType, combine_family, families
+from mori_compiler.wire_quant import QUANT_COMBINE_DTYPE
 
 from . import standard_moe
 from .routing_handle import EpDispatchRoutingHandle, new_op_id
@@ -138,13 +139,13 @@ class EpDispatchCombineOp:
         if not self.virtual and shmem.shmem_mype() != config.rank:
             raise ValueError(f"config.rank {config.rank} differs from shmem_mype() {shmem.shmem_mype()}")
         self.target = get_target(target or ("sm_90" if state.driver.backend in ("nvvm", "cuda") else "gfx942"))
-        validate_config(config, self.target.wave_size)
+        validate_config(config, self.target.wave_size, self.target.name)
         self.kernel_type = EpDispatchCombineKernelType(config.kernel_type)
         self.asyncll = None
         if self.kernel_type == EpDispatchCombineKernelType.AsyncLL:
             self.asyncll = asyncll if isinstance(asyncll, AsyncLLOptions) else resolve(**(asyncll or {}))
             self._phases = PhaseTracker()
-        self.sizes = config.sizes
+        self.sizes = config.sizes  # (reads MORI_FP8_COMBINE_SCALE_DIM once: the kernels and buffers use it)
         self.auto = None
         warp_counts = [config.warp_num_per_block]
         if auto_mode:  # each call's geometry from the tuning tables (ops/auto_launch.py)
@@ -154,7 +155,8 @@ class EpDispatchCombineOp:
             warp_counts = self.auto.warp_counts()
         # The warps per block are compiled in: a bundle per warp count a call may get, over one set of buffers.
         bundles = {w: ep_bundle(dataclasses.replace(config, warp_num_per_block=w), self.target.name,
-                                virtual_pes=self.virtual, asyncll=self.asyncll) for w in warp_counts}  # fmt: skip
+                                virtual_pes=self.virtual, asyncll=self.asyncll, scale_blocks=self.sizes.scale_blocks)
+                   for w in warp_counts}  # fmt: skip
         self.bundle = bundles[config.warp_num_per_block]
         plan = kernel_plan(config)
         if not self.is_async and not self.is_internode:
@@ -558,6 +560,9 @@ class EpDispatchCombineOp:
         if external and not c.use_external_inp_buf:
             raise ValueError("use_external_inp_buf=1 needs the op built with config.use_external_inp_buf=True "
                              "(the push staging buffer)")  # fmt: skip
+        if not external and c.quant_type != "none":  # refused, not silently unquantized
+            raise ValueError(f"config.quant_type {c.quant_type!r} needs the push combine: use_external_inp_buf=0 "
+                             "(zero-copy) reads the rows unquantized")  # fmt: skip
         dtype, rows, results, (launches, blocks, _) = self._combine_inputs(
             input, weights, indices, block_num, rdma_block_num, warp_per_block, zero_copy=not external)  # fmt: skip
         if routing is not None:
@@ -615,6 +620,9 @@ class EpDispatchCombineOp:
             y, w, idx = ys[i], ws[i], ids[i]
             name, dtype, hidden = self._token_dtype(y, f"input[{pe}]", COMBINE_DTYPES, "combine", seen)
             seen = (name, hidden)
+            if c.quant_type != "none" and name != QUANT_COMBINE_DTYPE:
+                raise ValueError(f"config.quant_type {c.quant_type!r} quantizes bf16 combines; input[{pe}] is "
+                                 f"{y.dtype} (combine bf16 rows, or build an op with quant_type 'none')")  # fmt: skip
             self._check_tensor(idx, f"indices[{pe}]", ndim=2, dtypes=(torch.int32,), dim1=c.num_experts_per_token)
             n = idx.shape[0]
             if n != self._last_n[i]:

@@ -37,6 +37,13 @@ no NaN code). The oracle's fp4 bound ``blockMax/6*U + 0.05*|U*x| + 0.01`` is exa
 there, and a kernel that scales every block instead would be within it. Packing (torch ``float4_e2m1fn_x2`` / OCP MX order): byte ``j`` holds element ``2j`` in its low
 nibble and element ``2j+1`` in its high nibble; an odd H pads the last high nibble with +0.
 
+The kernels (mori_comm.quantize_row / accumulate_quantized_rows, lowered in passes/comm_quant.py; the
+layout's one owner is mori_compiler/wire_quant.py) implement exactly these rules, the fp4 one included
+(the fp8 rule with max 6 is our reading, not a documented MORI rule: kernels and model agree on it, and
+the oracle's bound holds for it). Finite inputs give the same bits; the code of a NaN is the hardware's
+(sm_90's conversion writes 0x7f whatever the sign; the model's OCP NaN keeps it), and a NaN fp4 input,
+which the model refuses, becomes a signed zero in the kernels.
+
 Values are passed as float32 NumPy arrays (bf16 expert outputs converted to float32); bits come back as
 uint8. The f32 arithmetic (scale, multiply, sum in copy order) is what the kernels do; a kernel summing in
 another order may differ in the last f32 bit before the bf16 output rounding.
@@ -44,10 +51,10 @@ another order may differ in the last f32 bit before the bf16 output rounding.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from mori_compiler.wire_quant import DEFAULT_COMBINE_SCALE_DIM, FP8_COMBINE_SCALE_DIM_ENV, QUANT_TYPES
+from mori_compiler.ops.config import combine_scale_blocks
 from mori_compiler.ops.reference import canonical_dtype, combine_tolerance, from_bits, quantize, to_bits
 
 __all__ = [
@@ -58,9 +65,7 @@ __all__ = [
     "quantized_combine_bound", "check_quantized_combine",
 ]  # fmt: skip
 
-FP8_COMBINE_SCALE_DIM_ENV = "MORI_FP8_COMBINE_SCALE_DIM"
-DEFAULT_SCALE_DIM = 56
-QUANT_TYPES = ("none", "fp8_direct_cast", "fp8_blockwise", "fp4_blockwise")
+DEFAULT_SCALE_DIM = DEFAULT_COMBINE_SCALE_DIM
 FP8_NAMES = ("fp8_e4m3fn", "fp8_e4m3fnuz")
 FP8_MAX = {"fp8_e4m3fn": 448.0, "fp8_e4m3fnuz": 240.0}
 FP4_MAX = 6.0
@@ -69,17 +74,9 @@ FP4_E2M1_VALUES.flags.writeable = False
 
 
 def fp8_combine_scale_dim() -> int:
-    """``scale_dim`` of the blockwise combines: ``$MORI_FP8_COMBINE_SCALE_DIM`` (an integer >= 1), default 56."""
-    raw = os.environ.get(FP8_COMBINE_SCALE_DIM_ENV)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_SCALE_DIM
-    try:
-        value = int(raw.strip(), 10)
-    except ValueError:
-        raise ValueError(f"{FP8_COMBINE_SCALE_DIM_ENV}={raw!r} is not an integer (expected an integer >= 1)") from None
-    if value < 1:
-        raise ValueError(f"{FP8_COMBINE_SCALE_DIM_ENV}={raw!r} must be >= 1")
-    return value
+    """``scale_dim`` of the blockwise combines: ``$MORI_FP8_COMBINE_SCALE_DIM`` (an integer in [1, 65536]),
+    default 56 (the op's reader, ops/config.py ``combine_scale_blocks``; a bad value is a ValueError)."""
+    return combine_scale_blocks()
 
 
 def _fp8_name(fp8_name) -> str:

@@ -131,6 +131,8 @@ _EVERY_BLOCK = """module attributes {gpu.container_module} {
       "mori_comm.node_device_barrier"(%d, %s) {world_size = 8 : i64, group_size = 4 : i64, max_blocks = 80 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
       %sent = "mori_comm.chunk_send"(%d, %s, %n, %n, %d, %n, %npe, %slot) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, i64, i32, i32) -> i64
       %got = "mori_comm.chunk_wait"(%d, %sent) : (!llvm.ptr, i64) -> i32
+      "mori_comm.quantize_row"(%d, %s, %n, %pe) {format = "fp4_e2m1", scale_blocks = 56 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+      "mori_comm.accumulate_quantized_rows"(%d, %n, %n, %n, %s, %d) {format = "fp4_e2m1", scale_blocks = 56 : i64} : (!llvm.ptr, i64, i64, i64, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
   }
@@ -152,7 +154,8 @@ def _documented_abi(mori_comm, op: str) -> str:
     return doc + "".join(getattr(mori_comm, other).__doc__ for other in re.findall(r"(\w+)'s ABI calls", doc))
 
 
-@pytest.mark.parametrize("options", ["wave-size=64", "wave-size=32 global-address-space=true loop-destinations=true"])
+@pytest.mark.parametrize("options", ["wave-size=64 chip=gfx950",
+                                     "wave-size=32 global-address-space=true loop-destinations=true chip=sm_90"])
 def test_each_helper_calls_the_abi_functions_its_op_documents(options):
     """Each helper's symbol is one its op's documentation in dialects/mori_comm.py names (exactly one op's),
     and the ABI functions it reaches (after mori-shmem-to-abi) are the ones that documentation names (for
@@ -174,7 +177,7 @@ def test_each_helper_calls_the_abi_functions_its_op_documents(options):
         op = owners[0]
         doc = _documented_abi(mori_comm, op)
         calls = nested_ops(fn, lambda inner: inner.name == "llvm.call")
-        assert calls or op == "accumulate_rows", symbol
+        assert calls or op in ("accumulate_rows", "accumulate_quantized_rows"), symbol
         for callee in {c.attributes["callee"].value for c in calls}:
             assert callee in doc, f"{symbol} calls {callee}, which mori_comm.{op}'s documentation does not name"
         seen.add(op)

@@ -70,7 +70,8 @@ def test_int_fields_refuse_values_out_of_range(name):
         ({"kernel_type": 4.0}, "config.kernel_type 4.0 must be an EpDispatchCombineKernelType"),
         ({"kernel_type": 9}, "config.kernel_type 9 is not a kernel type; allowed: IntraNode, InterNode"),
         ({"kernel_type": "AsyncLL"}, "config.kernel_type 'AsyncLL' must be an EpDispatchCombineKernelType"),
-        ({"quant_type": "fp8_direct_cast"}, "config.quant_type 'fp8_direct_cast' is not implemented in this version (only 'none')"),
+        ({"quant_type": "fp8"}, "config.quant_type 'fp8' is not allowed (the combine's wire quantization); allowed: "
+         "'none', 'fp8_direct_cast', 'fp8_blockwise', 'fp4_blockwise'"),
         ({"quant_type": 0}, "config.quant_type 0 must be a str, not int"),
         ({"data_type": 5}, "config.data_type 5 is not a supported dtype; allowed: torch.bfloat16"),
         ({"data_type": "float16"}, "config.data_type 'float16' is not a supported dtype"),

@@ -173,8 +173,8 @@ def test_sm90_ptx_has_all_kernels_and_no_local_memory(bundle, virtual_pes):
          r"IntraNodeLL needs >= 2 warps per block"),
         ({"kernel_type": EpDispatchCombineKernelType.InterNodeV1, "gpu_per_node": 3}, 64,
          r"config\.gpu_per_node 3 must be a power of two"),
-        ({"quant_type": "fp8_direct_cast"}, 64,
-         r"quant_type 'fp8_direct_cast' is not implemented in this version \(only 'none'\)"),
+        ({"quant_type": "fp8_direct_cast", "kernel_type": EpDispatchCombineKernelType.InterNodeV1}, 64,
+         r"config\.quant_type 'fp8_direct_cast' is not supported by kernel type InterNodeV1"),
     ],
     ids=["top-k-64-wave64", "top-k-32-wave32", "world-48", "world-33-wave32", "hidden-7000", "ll-one-warp",
          "internode-v1", "quant-fp8"],  # fmt: skip

@@ -205,7 +205,7 @@ func.func @device_barrier_operand(%d: !llvm.ptr, %n: i64) {
 // -----
 // An op the dialect does not have: the message lists the ops it has.
 func.func @unknown(%d: !llvm.ptr) {
-  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: unknown op 'mori_comm.broadcast'; the mori_comm dialect has: accumulate_rows, chunk_send, chunk_wait, count_signal, device_barrier, grid_barrier, node_count_signal, node_device_barrier, node_pe, reserve_slot, row_copy, row_copy_to_peers{{$}}
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: unknown op 'mori_comm.broadcast'; the mori_comm dialect has: accumulate_quantized_rows, accumulate_rows, chunk_send, chunk_wait, count_signal, device_barrier, grid_barrier, node_count_signal, node_device_barrier, node_pe, quantize_row, reserve_slot, row_copy, row_copy_to_peers{{$}}
   "mori_comm.broadcast"(%d) : (!llvm.ptr) -> ()
   return
 }
@@ -314,5 +314,37 @@ func.func @chunk_wait_result(%d: !llvm.ptr, %n: i64) {
 func.func @chunk_wait_attribute(%d: !llvm.ptr, %n: i64) {
   // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:8: 'mori_comm.chunk_wait' unknown attribute 'world_size' (allowed: none)
   %c = "mori_comm.chunk_wait"(%d, %n) {world_size = 8 : i64} : (!llvm.ptr, i64) -> i32
+  return
+}
+
+// -----
+// quantize_row: `format` is one of the wire formats.
+func.func @quantize_row_format(%d: !llvm.ptr, %n: i64, %pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.quantize_row' attribute 'format' must be one of
+  "mori_comm.quantize_row"(%d, %d, %n, %pe) {format = "fp8", scale_blocks = 0 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+  return
+}
+
+// -----
+// quantize_row: fp4 is blockwise only.
+func.func @quantize_row_fp4_direct(%d: !llvm.ptr, %n: i64, %pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.quantize_row' attribute 'scale_blocks' must be >= 1 for format 'fp4_e2m1' (fp4 is blockwise only: there is no fp4 direct cast)
+  "mori_comm.quantize_row"(%d, %d, %n, %pe) {format = "fp4_e2m1", scale_blocks = 0 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+  return
+}
+
+// -----
+// quantize_row: `scale_blocks` is in [0, 65536].
+func.func @quantize_row_blocks(%d: !llvm.ptr, %n: i64, %pe: i32) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.quantize_row' attribute 'scale_blocks' must be in [0, 65536], got -1
+  "mori_comm.quantize_row"(%d, %d, %n, %pe) {format = "fp8_e4m3fn", scale_blocks = -1 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+  return
+}
+
+// -----
+// accumulate_quantized_rows: at least one source row.
+func.func @accumulate_quantized_none(%o: !llvm.ptr, %n: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.accumulate_quantized_rows' needs at least one source row
+  "mori_comm.accumulate_quantized_rows"(%o, %n, %n, %n) {format = "fp8_e4m3fn", scale_blocks = 56 : i64} : (!llvm.ptr, i64, i64, i64) -> ()
   return
 }

@@ -106,3 +106,19 @@ func.func @internode(%d: !llvm.ptr, %s: !llvm.ptr, %n: i64, %m: i64, %pe: i32, %
   %got = "mori_comm.chunk_wait"(%s, %sent) : (!llvm.ptr, i64) -> i32
   return %got : i32
 }
+
+// -----
+
+// Wire quantization: quantize_row (dest, source, elems, pe) and accumulate_quantized_rows (out, first,
+// count, elems, sources...), with their format and scale_blocks.
+// CHECK-LABEL: func.func @wire(
+// CHECK-SAME: %[[D:[^:]+]]: !llvm.ptr, %[[S:[^:]+]]: !llvm.ptr, %[[N:[^:]+]]: i64, %[[PE:[^:]+]]: i32)
+// CHECK: "mori_comm.quantize_row"(%[[D]], %[[S]], %[[N]], %[[PE]]) {format = "fp8_e4m3fn", scale_blocks = 0 : i64}
+// CHECK: "mori_comm.quantize_row"(%[[S]], %[[D]], %[[N]], %[[PE]]) {format = "fp4_e2m1", scale_blocks = 56 : i64}
+// CHECK: "mori_comm.accumulate_quantized_rows"(%[[D]], %[[N]], %[[N]], %[[N]], %[[S]], %[[D]]) {format = "fp8_e4m3fnuz", scale_blocks = 7 : i64} : (!llvm.ptr, i64, i64, i64, !llvm.ptr, !llvm.ptr) -> ()
+func.func @wire(%d: !llvm.ptr, %s: !llvm.ptr, %n: i64, %pe: i32) {
+  "mori_comm.quantize_row"(%d, %s, %n, %pe) {format = "fp8_e4m3fn", scale_blocks = 0 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+  "mori_comm.quantize_row"(%s, %d, %n, %pe) {format = "fp4_e2m1", scale_blocks = 56 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+  "mori_comm.accumulate_quantized_rows"(%d, %n, %n, %n, %s, %d) {format = "fp8_e4m3fnuz", scale_blocks = 7 : i64} : (!llvm.ptr, i64, i64, i64, !llvm.ptr, !llvm.ptr) -> ()
+  return
+}

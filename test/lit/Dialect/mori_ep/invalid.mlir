@@ -41,7 +41,7 @@ module attributes {gpu.container_module} {
 module attributes {gpu.container_module} {
   gpu.module @ep {
     // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 2]]:5: 'mori_ep.dispatch' missing attribute 'scale_bytes'
-    // CHECK-NEXT: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch' unknown attribute 'scale_dim' (allowed: 'world_size', 'hidden', 'dtype', 'top_k', 'experts_per_rank', 'max_tokens_per_rank', 'max_recv_per_rank', 'scale_bytes', 'warps_per_block', 'wave_size', 'any_hidden')
+    // CHECK-NEXT: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch' unknown attribute 'scale_dim' (allowed: 'world_size', 'hidden', 'dtype', 'top_k', 'experts_per_rank', 'max_tokens_per_rank', 'max_recv_per_rank', 'scale_bytes', 'warps_per_block', 'wave_size', 'any_hidden', 'quant', 'scale_blocks')
     "mori_ep.dispatch"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_dim = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64} : () -> ()
   }
 }
@@ -199,5 +199,23 @@ module attributes {gpu.container_module} {
     // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 2]]:5: 'mori_ep.combine_send' missing attribute 'early_notify'
     // CHECK-NEXT: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine_send' missing attribute 'fused_recv'
     "mori_ep.combine_send"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64} : () -> ()
+  }
+}
+
+// -----
+// The wire quantization (optional quant / scale_blocks): only on the combines, a known quant type, scale
+// blocks exactly when blockwise, bf16 rows, not the zero-copy combine.
+module attributes {gpu.container_module} {
+  gpu.module @ep {
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.dispatch' attribute 'quant' is only for the combines combine, combine_send, combine_recv
+    "mori_ep.dispatch"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, scale_bytes = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, quant = "fp8_direct_cast"} : () -> ()
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine' attribute 'quant' must be one of 'none', 'fp8_direct_cast', 'fp8_blockwise', 'fp4_blockwise', got 'int8'
+    "mori_ep.combine"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, zero_copy = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, max_blocks = 1024 : i64, quant = "int8", scale_blocks = 0 : i64} : () -> ()
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine' attribute 'scale_blocks' must be in [1, 65536] for quant 'fp8_blockwise', got 0
+    "mori_ep.combine"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, zero_copy = 0 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, max_blocks = 1024 : i64, quant = "fp8_blockwise", scale_blocks = 0 : i64} : () -> ()
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine' attribute 'quant' 'fp8_direct_cast' needs zero_copy = 0
+    "mori_ep.combine"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "bf16", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, zero_copy = 1 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, max_blocks = 1024 : i64, quant = "fp8_direct_cast", scale_blocks = 0 : i64} : () -> ()
+    // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:5: 'mori_ep.combine_recv' attribute 'quant' 'fp8_blockwise' needs dtype 'bf16' (only the bf16 combine is quantized), got 'f32'
+    "mori_ep.combine_recv"() {world_size = 8 : i64, hidden = 7168 : i64, dtype = "f32", top_k = 8 : i64, experts_per_rank = 32 : i64, max_tokens_per_rank = 128 : i64, max_recv_per_rank = 128 : i64, warps_per_block = 8 : i64, wave_size = 64 : i64, early_notify = 0 : i64, fused_recv = 0 : i64, quant = "fp8_blockwise", scale_blocks = 56 : i64} : () -> ()
   }
 }

@@ -1,0 +1,414 @@
+"""The wire-quantization helpers of ``mori-comm-to-calls``: quantize_row and accumulate_quantized_rows.
+
+A wire row (layout: ``mori_compiler.wire_quant``; formats and reader rules: ops/quant_reference.py, which these
+helpers reproduce bit for bit where the hardware allows, see below) is written by one warp from a local
+bf16 row and summed, K rows at a time, by one warp into a bf16 row. Both work in units of 8 elements
+(one 16-byte bf16 vector): a unit is 8 fp8 bytes or 4 fp4 bytes of payload.
+
+Conversions per target (``WireCodec``; the op's ``format`` must be the target's, the lowering checks):
+
+* fp8 encode: first HIP's saturation in f32 (finite values clamped to ±max, ±inf to NaN, NaN kept), then
+  the target's round-to-nearest-even conversion: sm_90 ``cvt.rn.satfinite.e4m3x2.f32``
+  (``nvvm.convert.f32x2.to.f8x2``; its own saturation never triggers after the clamp), AMDGPU
+  ``v_cvt_pk_fp8_f32`` (``rocdl.cvt.pk.fp8.f32``: FNUZ on gfx942, OCP on gfx950/gfx1250). The NaN code is
+  the hardware's (sm_90: 0x7f; the model's OCP NaN keeps the sign: 0x7f | sign); finite inputs agree.
+* fp8 decode: sm_90 ``cvt.rn.f16x2.e4m3x2`` then f16 -> f32 (exact), AMDGPU ``v_cvt_pk_f32_fp8``.
+* fp4 encode: gfx950 ``v_cvt_scalef32_pk_fp4_f32`` at scale 1.0 (the block multiplier is applied before,
+  in f32, as in the model; element 2j assumed in the low nibble like the instruction's src0, compile-only
+  here), sm_90 in integer arithmetic: the E2M1 magnitude code is the number of rounding thresholds
+  (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) the magnitude passes, ``>`` at the thresholds whose tie goes down
+  to an even code and ``>=`` where it goes up, which is round to nearest even and saturation at 6 (±inf:
+  ±6); the sign bit is copied (-0.1 -> 0x8). NaN (refused by the model) becomes a signed zero.
+* fp4 decode: gfx950 ``v_cvt_scalef32_pk_f32_fp4`` at scale 1.0 (two codes per instruction); sm_90
+  integer arithmetic (a code's f32 bits: exponent e = code >> 1 & 3 gives ``(e + 126) << 23 | m << 22``,
+  e = 0 gives 0 or 0.5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mori_compiler import wire_quant
+from mori_compiler._mlir import ir
+from mori_compiler.dialects import mori_shmem
+from mori_compiler.dialects.builder import Builder
+
+from .helper_functions import Helper
+
+_CMPF = {"oeq": 1, "ogt": 2, "oge": 3, "olt": 4}
+_FP4_UP = ((0.25, "ogt"), (0.75, "oge"), (1.25, "ogt"), (1.75, "oge"), (2.5, "ogt"), (3.5, "oge"), (5.0, "ogt"))
+UNIT = wire_quant.WIRE_ELEMS_PER_UNIT  # elements per unit (a 16-byte bf16 vector)
+
+
+# ---- small f32 / vector operations (generic ops: the typed builder has the integer ones) -----------------
+
+
+def _one(b: Builder, name: str, operands, ty, attributes=None) -> ir.Value:
+    """The result of one generic op ``name`` of result type ``ty``."""
+    return b.op(name, operands, (ty,), attributes).results[0]
+
+
+def _i64_attr(value: int) -> ir.Attribute:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+
+
+def _i32_attr(value: int) -> ir.Attribute:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(32), value)
+
+
+def _mulf(b: Builder, x, y):
+    return _one(b, "arith.mulf", (x, y), x.type)
+
+
+def _divf(b: Builder, x, y):
+    return _one(b, "arith.divf", (x, y), x.type)
+
+
+def _negf(b: Builder, x):
+    return _one(b, "arith.negf", (x,), x.type)
+
+
+def _cmpf(b: Builder, pred: str, x, y):
+    return _one(b, "arith.cmpf", (x, y), b.i1, {"predicate": _i64_attr(_CMPF[pred])})
+
+
+def _fabs(b: Builder, x):
+    # The sign bit cleared (integer ops: the NVVM lowering refuses llvm.intr.fabs, which it sends to libdevice).
+    return b.bitcast(b.f32, b.andi(b.bitcast(b.i32, x), b.const_i32(0x7FFFFFFF)))
+
+
+def _maxnum(b: Builder, acc, x):
+    """max(acc, x) for a non-NaN ``acc``: a NaN ``x`` compares false and is ignored, like fmaxf."""
+    return b.select(_cmpf(b, "ogt", x, acc), x, acc)
+
+
+def _extract(b: Builder, vec, i: int, elem):
+    return _one(b, "llvm.extractelement", (vec, b.const_i32(i)), elem)
+
+
+def _vector_of(b: Builder, values, elem):
+    vec = _one(b, "llvm.mlir.undef", (), b.vector(len(values), elem))
+    for i, v in enumerate(values):
+        vec = _one(b, "llvm.insertelement", (vec, v, b.const_i32(i)), vec.type)
+    return vec
+
+
+def _load_bf16_unit(b: Builder, src, unit) -> list[ir.Value]:
+    """The 8 bf16 elements of unit ``unit`` (i64) of the row ``src`` as f32 values."""
+    raw = b.load(b.vector(4, b.i32), b.gep(src, b.muli(unit, b.const_i64(16)), b.i8), alignment=16)
+    wide = b.extf(b.vector(UNIT, b.f32), b.bitcast(b.vector(UNIT, b.bf16), raw))
+    return [_extract(b, wide, i, b.f32) for i in range(UNIT)]
+
+
+def _warp_max_f32(b: Builder, value, wave: int):
+    width = b.const_i32(wave)
+    offset = wave // 2
+    while offset >= 1:
+        value = _maxnum(b, value, b.shuffle("xor", value, b.const_i32(offset), width)[0])
+        offset //= 2
+    return value
+
+
+# ---- conversions per target ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WireCodec:
+    """The conversion instructions of one target (``chip``) for one wire ``format``."""
+
+    chip: str
+    format: str
+
+    @property
+    def tag(self) -> str:
+        """The format in helper symbols: its element type (e4m3fn, e4m3fnuz, e2m1)."""
+        return self.format.rpartition("_")[2]
+
+    @property
+    def nvptx(self) -> bool:
+        return self.chip.startswith("sm_")
+
+    @property
+    def is_fp4(self) -> bool:
+        return self.format == "fp4_e2m1"
+
+    @property
+    def qmax(self) -> float:
+        return wire_quant.FP4_WIRE_MAX if self.is_fp4 else wire_quant.FP8_WIRE_MAX[self.format]
+
+    def unit_bytes(self) -> int:
+        return UNIT // 2 if self.is_fp4 else UNIT
+
+    # fp8 -------------------------------------------------------------------------------------------------
+    def _hip_saturate(self, b: Builder, x):
+        top, bottom = b.const_f32(self.qmax), b.const_f32(-self.qmax)
+        c = b.select(_cmpf(b, "ogt", x, top), top, x)  # NaN compares false: kept
+        c = b.select(_cmpf(b, "olt", c, bottom), bottom, c)
+        inf = _cmpf(b, "oeq", _fabs(b, x), b.const_f32(float("inf")))
+        return b.select(inf, b.const_f32(float("nan")), c)
+
+    def _fp8_pair(self, b: Builder, lo, hi, old=None, high_word=False):
+        """Two saturated values as two fp8 bytes (lo in the lower byte)."""
+        if self.nvptx:  # cvt.rn.satfinite.e4m3x2.f32 d, a, b puts a in the upper byte
+            attrs = {"dstTy": ir.TypeAttr.get(ir.Type.parse("f8E4M3FN")), "relu": ir.BoolAttr.get(False),
+                     "rnd": ir.Attribute.parse("#nvvm.fp_rnd_mode<rn>"),
+                     "sat": ir.Attribute.parse("#nvvm.sat_mode<satfinite>")}  # fmt: skip
+            pair = _one(b, "nvvm.convert.f32x2.to.f8x2", (hi, lo), ir.IntegerType.get_signless(16), attrs)
+            return b.extui(b.i32, pair)
+        return _one(b, "rocdl.cvt.pk.fp8.f32", (lo, hi, old if old is not None else b.const_i32(0)), b.i32,
+                    {"wordSel": ir.BoolAttr.get(high_word)})  # fmt: skip
+
+    def fp8_encode4(self, b: Builder, values) -> ir.Value:
+        """Four f32 values as four fp8 bytes of an i32 (value 0 in the lowest byte)."""
+        v = [self._hip_saturate(b, x) for x in values]
+        if self.nvptx:
+            lo, hi = self._fp8_pair(b, v[0], v[1]), self._fp8_pair(b, v[2], v[3])
+            return b.ori(lo, b.shli(hi, b.const_i32(16)))
+        return self._fp8_pair(b, v[2], v[3], old=self._fp8_pair(b, v[0], v[1]), high_word=True)
+
+    def fp8_decode4(self, b: Builder, word) -> list[ir.Value]:
+        """The four fp8 bytes of an i32 (lowest first) as f32 values."""
+        out = []
+        if self.nvptx:
+            i16 = ir.IntegerType.get_signless(16)
+            attrs = {"srcType": ir.TypeAttr.get(ir.Type.parse("f8E4M3FN")), "relu": ir.BoolAttr.get(False)}
+            for half in (word, b.shrui(word, b.const_i32(16))):
+                pair = b.bitcast(b.vector(2, b.i8), b.trunci(i16, half))
+                h2 = _one(b, "nvvm.convert.f8x2.to.f16x2", (pair,), b.vector(2, ir.F16Type.get()), attrs)
+                f2 = b.extf(b.vector(2, b.f32), h2)
+                out += [_extract(b, f2, 0, b.f32), _extract(b, f2, 1, b.f32)]
+            return out
+        for high in (False, True):
+            f2 = _one(b, "rocdl.cvt.pk.f32.fp8", (word,), b.vector(2, b.f32), {"wordSel": ir.BoolAttr.get(high)})
+            out += [_extract(b, f2, 0, b.f32), _extract(b, f2, 1, b.f32)]
+        return out
+
+    # fp4 -------------------------------------------------------------------------------------------------
+    def _fp4_code(self, b: Builder, x) -> ir.Value:
+        """Software E2M1 code (i32, 4 bits) of an f32 value: RNE, saturating, sign copied."""
+        a = _fabs(b, x)
+        code = b.const_i32(0)
+        for threshold, pred in _FP4_UP:
+            code = b.addi(code, b.extui(b.i32, _cmpf(b, pred, a, b.const_f32(threshold))))
+        sign = b.andi(b.shrui(b.bitcast(b.i32, x), b.const_i32(28)), b.const_i32(8))
+        return b.ori(code, sign)
+
+    def fp4_encode8(self, b: Builder, values) -> ir.Value:
+        """Eight f32 values as eight E2M1 codes of an i32 (value 2j in the low nibble of byte j)."""
+        if not self.nvptx:  # gfx950: byte j from the instruction, scale 1.0
+            word, one = b.const_i32(0), b.const_f32(1.0)
+            for j in range(UNIT // 2):
+                word = _one(b, "rocdl.cvt.scalef32.pk.fp4.f32", (word, values[2 * j], values[2 * j + 1], one), b.i32,
+                            {"dstSelIndex": _i32_attr(j)})  # fmt: skip
+            return word
+        word = b.const_i32(0)
+        for i, x in enumerate(values):
+            word = b.ori(word, b.shli(self._fp4_code(b, x), b.const_i32(4 * i)))
+        return word
+
+    def fp4_decode8(self, b: Builder, word) -> list[ir.Value]:
+        """The eight E2M1 codes of an i32 (lowest nibble first) as f32 values."""
+        out = []
+        if not self.nvptx:  # gfx950: byte j's two codes by the instruction, scale 1.0 (exact)
+            one = b.const_f32(1.0)
+            for j in range(UNIT // 2):
+                f2 = _one(b, "rocdl.cvt.scalef32.pk.f32.fp4", (word, one), b.vector(2, b.f32),
+                          {"srcSelIndex": _i32_attr(j)})  # fmt: skip
+                out += [_extract(b, f2, 0, b.f32), _extract(b, f2, 1, b.f32)]
+            return out
+        c1, c3, c7 = b.const_i32(1), b.const_i32(3), b.const_i32(15)
+        for i in range(UNIT):
+            code = b.andi(b.shrui(word, b.const_i32(4 * i)), c7)
+            e = b.andi(b.shrui(code, c1), c3)
+            m = b.andi(code, c1)
+            normal = b.ori(b.shli(b.addi(e, b.const_i32(126)), b.const_i32(23)), b.shli(m, b.const_i32(22)))
+            sub = b.select(b.cmpi("ne", m, b.const_i32(0)), b.const_i32(0x3F000000), b.const_i32(0))
+            mag = b.select(b.cmpi("eq", e, b.const_i32(0)), sub, normal)
+            bits = b.ori(mag, b.shli(b.andi(code, b.const_i32(8)), b.const_i32(28)))
+            out.append(b.bitcast(b.f32, bits))
+        return out
+
+    # units -----------------------------------------------------------------------------------------------
+    def store_unit(self, b: Builder, values, dst) -> None:
+        """Encode 8 f32 values and store the unit's payload bytes at ``dst``."""
+        if self.is_fp4:
+            b.store(self.fp4_encode8(b, values), dst, alignment=4)
+            return
+        words = [self.fp8_encode4(b, values[:4]), self.fp8_encode4(b, values[4:])]
+        b.store(_vector_of(b, words, b.i32), dst, alignment=8)
+
+    def load_unit(self, b: Builder, src) -> list[ir.Value]:
+        """The 8 decoded f32 values of the unit payload at ``src``."""
+        if self.is_fp4:
+            return self.fp4_decode8(b, b.load(b.i32, src, alignment=4))
+        pair = b.load(b.vector(2, b.i32), src, alignment=8)
+        return self.fp8_decode4(b, _extract(b, pair, 0, b.i32)) + self.fp8_decode4(b, _extract(b, pair, 1, b.i32))
+
+
+# ---- row geometry (the runtime twin of wire_quant.wire_*) -------------------------------------------------
+
+
+def _scale_offset(b: Builder, codec: WireCodec, elems) -> ir.Value:
+    payload = b.divui(elems, b.const_i64(2)) if codec.is_fp4 else elems  # elems is a multiple of 8
+    return b.andi(b.addi(payload, b.const_i64(15)), b.const_i64(-16))
+
+
+def _block_elems(b: Builder, elems, scale_blocks: int) -> ir.Value:
+    s = b.const_i64(scale_blocks)
+    return b.divui(b.subi(b.addi(elems, s), b.const_i64(1)), s)
+
+
+def _unit_blocks(b: Builder, e0, blk_elems) -> list[ir.Value]:
+    """The scale block (i32) of each of the 8 elements from ``e0`` (i64): one 32-bit division, then a step
+    per element (consecutive elements cross at most one block boundary, whatever the block size). Rows
+    have at most 2**16 elements (ep_schema.MAX_HIDDEN_DIM), so 32 bits hold every index."""
+    e, size = b.trunci(b.i32, e0), b.trunci(b.i32, blk_elems)
+    c1 = b.const_i32(1)
+    blk = b.divui(e, size)
+    nxt = b.muli(b.addi(blk, c1), size)  # the first element of the next block
+    blocks = [blk]
+    for i in range(1, UNIT):
+        cross = b.cmpi("uge", b.addi(e, b.const_i32(i)), nxt)
+        blk = b.select(cross, b.addi(blk, c1), blk)
+        nxt = b.select(cross, b.addi(nxt, size), nxt)
+        blocks.append(blk)
+    return blocks
+
+
+def _cast(b: Builder, value, global_space: bool):
+    return b.addrspacecast(b.ptr_global, value) if global_space else value
+
+
+# ---- the helpers -----------------------------------------------------------------------------------------
+
+
+def quantize_row(symbol: str, function, codec: WireCodec, scale_blocks: int, wave: int, global_space: bool) -> Helper:
+    # One warp. Direct cast: lane-strided units, load 8 bf16, saturate + convert, store the unit's bytes.
+    # (Each unit's element blocks: _unit_blocks, one 32-bit division per unit.)
+    # Blockwise (S blocks of B = ceil(elems / S)): (1) a warp-uniform loop over the blocks: each lane's
+    # strided max of |x| over the block, the warp's max by an xor butterfly; lane l keeps the amax of
+    # blocks r * wave + l (r < ceil(S / wave) registers); (2) each lane's blocks' scale (amax / max or 1)
+    # stored after the payload, block 0's negated when any block of the row was scaled (a ballot), and
+    # their multipliers (max / amax or 1); (3) warp-uniform rounds of units (every lane in every round:
+    # the multipliers of each element's block are read from lane blk % wave with shuffles), the values
+    # multiplied, converted and stored. Plain stores to the peer's row: the caller's release fence
+    # publishes them.
+    @function(symbol, "ptr ptr i64 i32")
+    def helper(b, dst, src, elems, pe):
+        peer = _cast(b, mori_shmem.ptr(dst, pe, **b.at()), global_space)
+        src = _cast(b, src, global_space)
+        lane32 = b.index_cast(b.i32, b.lane_id())
+        lane = b.extui(b.i64, lane32)
+        w64 = b.const_i64(wave)
+        nunits = b.divui(elems, b.const_i64(UNIT))
+        ubytes = b.const_i64(codec.unit_bytes())
+        if scale_blocks == 0:
+            with b.for_(b.index_cast(b.index, lane), b.index_cast(b.index, nunits), b.const_index(wave)) as u:
+                u64 = b.index_cast(b.i64, u)
+                codec.store_unit(b, _load_bf16_unit(b, src, u64), b.gep(peer, b.muli(u64, ubytes), b.i8))
+            b.return_()
+            return
+        regs = -(-scale_blocks // wave)
+        blk_elems = _block_elems(b, elems, scale_blocks)
+        zero = b.const_f32(0.0)
+
+        def block_amax(bi, *held):
+            bi64 = b.index_cast(b.i64, bi)
+            start = b.muli(bi64, blk_elems)
+            end = b.minui(b.addi(start, blk_elems), elems)
+
+            def lane_max(e, acc):
+                x = b.extf(b.f32, b.load(b.bf16, b.gep(src, b.index_cast(b.i64, e), b.bf16)))
+                return [_maxnum(b, acc, _fabs(b, x))]
+
+            (mine,) = b.for_iter(b.index_cast(b.index, b.addi(start, lane)), b.index_cast(b.index, end),
+                                 b.const_index(wave), [zero], lane_max)  # fmt: skip
+            amax = _warp_max_f32(b, mine, wave)
+            return [b.select(b.cmpi("eq", bi64, b.addi(b.const_i64(r * wave), lane)), amax, held[r])
+                    for r in range(regs)]  # fmt: skip
+
+        amaxes = b.for_iter(b.const_index(0), b.const_index(scale_blocks), b.const_index(1), [zero] * regs,
+                            block_amax)  # fmt: skip
+        qmax = b.const_f32(codec.qmax)
+        one = b.const_f32(1.0)
+        scaled = [_cmpf(b, "ogt", a, qmax) for a in amaxes]
+        any_lane = scaled[0]
+        for s in scaled[1:]:
+            any_lane = b.ori(any_lane, s)
+        any_scaled = b.cmpi("ne", b.ballot(any_lane, wave), b.const_i64(0))
+        soff = _scale_offset(b, codec, elems)
+        mults = []
+        for r, (a, on) in enumerate(zip(amaxes, scaled)):
+            blk = b.addi(b.const_i64(r * wave), lane)
+            scale = b.select(on, _divf(b, a, qmax), one)
+            scale = b.select(b.andi(any_scaled, b.cmpi("eq", blk, b.const_i64(0))), _negf(b, scale), scale)
+            mults.append(b.select(on, _divf(b, qmax, a), one))
+            with b.if_(b.cmpi("ult", blk, b.const_i64(scale_blocks))):
+                b.store(scale, b.gep(peer, b.addi(soff, b.muli(blk, b.const_i64(4))), b.i8), alignment=4)
+        width = b.const_i32(wave)
+        wave32 = b.const_i32(wave)
+        with b.for_(b.const_index(0), b.index_cast(b.index, nunits), b.const_index(wave)) as u0:
+            u = b.addi(b.index_cast(b.i64, u0), lane)
+            inside = b.cmpi("ult", u, nunits)
+            u_safe = b.select(inside, u, b.const_i64(0))  # a lane past the end reads unit 0, stores nothing
+            values = _load_bf16_unit(b, src, u_safe)
+            scaled_values = []
+            for x, blk in zip(values, _unit_blocks(b, b.muli(u_safe, b.const_i64(UNIT)), blk_elems)):
+                owner = b.remui(blk, wave32)
+                reg = b.divui(blk, wave32)
+                mult = b.shuffle("idx", mults[0], owner, width)[0]
+                for r in range(1, regs):
+                    other = b.shuffle("idx", mults[r], owner, width)[0]
+                    mult = b.select(b.cmpi("eq", reg, b.const_i32(r)), other, mult)
+                scaled_values.append(_mulf(b, x, mult))
+            with b.if_(inside):
+                codec.store_unit(b, scaled_values, b.gep(peer, b.muli(u, ubytes), b.i8))
+        b.return_()
+
+    return helper
+
+
+def accumulate_quantized_rows(symbol: str, function, codec: WireCodec, scale_blocks: int, k: int, wave: int,
+                              global_space: bool) -> Helper:  # fmt: skip
+    # One warp, lane-strided units of the slice [first, first + count): per unit, each source's payload
+    # decoded, multiplied by |scale[block]| when that source's scale[0] < 0 (a per-row, warp-uniform
+    # branch; a plain cast otherwise), summed in fp32 in source order from 0.0, rounded once to bf16 and
+    # stored as one 16-byte vector. No ordering of its own: the caller acquired the sources.
+    @function(symbol, "ptr i64 i64 i64" + " ptr" * k)
+    def helper(b, out, first, count, elems, *sources):
+        out = _cast(b, out, global_space)
+        sources = [_cast(b, s, global_space) for s in sources]
+        lane = b.index_cast(b.i64, b.lane_id())
+        unit = b.const_i64(UNIT)
+        ubytes = b.const_i64(codec.unit_bytes())
+        u_first = b.divui(first, unit)
+        u_end = b.divui(b.addi(first, count), unit)
+        one = b.const_f32(1.0)
+        if scale_blocks:
+            soff = _scale_offset(b, codec, elems)
+            blk_elems = _block_elems(b, elems, scale_blocks)
+            active = [_cmpf(b, "olt", b.load(b.f32, b.gep(s, soff, b.i8), alignment=4), b.const_f32(0.0))
+                      for s in sources]  # fmt: skip
+        lower = b.index_cast(b.index, b.addi(u_first, lane))
+        with b.for_(lower, b.index_cast(b.index, u_end), b.const_index(wave)) as ux:
+            u = b.index_cast(b.i64, ux)
+            e0 = b.muli(u, unit)
+            if scale_blocks:
+                blocks = [b.muli(b.extui(b.i64, blk), b.const_i64(4)) for blk in _unit_blocks(b, e0, blk_elems)]
+            acc = [b.const_f32(0.0)] * UNIT
+            for j, s in enumerate(sources):
+                vals = codec.load_unit(b, b.gep(s, b.muli(u, ubytes), b.i8))
+                if scale_blocks:
+                    def scales(s=s):
+                        return [_fabs(b, b.load(b.f32, b.gep(s, b.addi(soff, off), b.i8), alignment=4))
+                                for off in blocks]  # fmt: skip
+
+                    factors = b.if_else(active[j], [b.f32] * UNIT, scales, lambda: [one] * UNIT)
+                    vals = [_mulf(b, v, f) for v, f in zip(vals, factors)]
+                acc = [b.addf(a, v) for a, v in zip(acc, vals)]
+            packed = b.truncf(b.vector(UNIT, b.bf16), _vector_of(b, acc, b.f32))
+            b.store(b.bitcast(b.vector(4, b.i32), packed), b.gep(out, b.muli(u, b.const_i64(16)), b.i8),
+                    alignment=16)  # fmt: skip
+        b.return_()
+
+    return helper

@@ -1,0 +1,77 @@
+// RUN: mori-opt %s -p 'mori-comm-to-calls{wave-size=32 chip=sm_90}' | FileCheck %s
+// RUN: mori-opt %s -p 'mori-comm-to-calls{wave-size=64 chip=gfx950 global-address-space=true}' | FileCheck %s --check-prefix=AMD
+// RUN: not mori-opt %s -p 'mori-comm-to-calls{wave-size=32}' 2>&1 | FileCheck %s --check-prefix=NOCHIP
+// RUN: not mori-opt %s -p 'mori-comm-to-calls{wave-size=32 chip=sm_80}' 2>&1 | FileCheck %s --check-prefix=BADCHIP
+
+// The wire-quantization blocks become one helper per (format, scale blocks[, sources]) variant, called
+// with the op's operands. They need the target (chip): its conversion instructions make the wire codes.
+// NOCHIP: error: {{.*}}'mori_comm.quantize_row' needs the pass option chip (the target, e.g. chip=sm_90)
+// BADCHIP: error: {{.*}}option chip='sm_80' is not a known target (allowed: gfx942, gfx950, gfx1250, sm_90)
+
+// (Helpers are placed at the top of the module, the latest first.)
+// accumulate_quantized_rows, fp8 blockwise, K = 2: each source's scale[0] sign decides (a warp-uniform
+// scf.if) whether its scales are loaded; 8 fp32 sums per unit, one bf16 rounding, a 16-byte store.
+// CHECK-LABEL: func.func @__mori_comm_accumulate_quantized_rows_e4m3fn_s56_k2(
+// CHECK-SAME: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64, %{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr)
+// CHECK: arith.cmpf olt
+// CHECK: arith.cmpf olt
+// CHECK: scf.for
+// CHECK: nvvm.convert.f8x2.to.f16x2
+// CHECK: scf.if {{.*}} -> (f32, f32, f32, f32, f32, f32, f32, f32)
+// CHECK: arith.truncf {{.*}} : vector<8xf32> to vector<8xbf16>
+// CHECK: llvm.store {{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
+
+// quantize_row, fp4 blockwise (56 blocks, wave 32: two amax registers per lane): a loop over the blocks with the warp's
+// max (xor butterfly of 5 shuffles), the ballot of "any block scaled", the scales stored after the
+// payload (block 0 negated when any was), then warp-uniform rounds of units reading each element's
+// multiplier from its block's owner lane (idx shuffles).
+// CHECK-LABEL: func.func @__mori_comm_quantize_row_e2m1_s56(
+// CHECK: scf.for {{.*}} iter_args
+// CHECK-COUNT-5: gpu.shuffle  xor
+// CHECK: arith.negf
+// CHECK: llvm.store {{.*}} {alignment = 4 : i64} : f32, !llvm.ptr
+// CHECK: gpu.shuffle  idx
+// CHECK: arith.mulf
+// CHECK: llvm.store {{.*}} {alignment = 4 : i64} : i32, !llvm.ptr
+// CHECK: return
+
+// quantize_row, fp8 direct cast (sm_90): the peer row once, lane-strided units of 8 bf16 elements
+// (one 16-byte load), HIP's saturation (clamp to +-448, inf -> NaN), two NVVM conversions per 4 elements
+// (the pair's second value first: the instruction puts its first operand in the upper byte), 8 bytes stored.
+// CHECK-LABEL: func.func @__mori_comm_quantize_row_e4m3fn_s0(
+// CHECK: "mori_shmem.ptr"
+// CHECK: scf.for
+// CHECK: llvm.load {{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
+// CHECK: arith.constant 4.480000e+02 : f32
+// CHECK: arith.constant 0x7FC00000 : f32
+// CHECK: nvvm.convert.f32x2.to.f8x2 {{.*}} {rnd = #nvvm.fp_rnd_mode<rn>, sat = #nvvm.sat_mode<satfinite>} : i16(f8E4M3FN)
+// CHECK: llvm.store {{.*}} {alignment = 8 : i64} : vector<2xi32>, !llvm.ptr
+// CHECK-NOT: gpu.shuffle
+// CHECK: return
+
+// CHECK-LABEL: gpu.func @k(
+// CHECK: call @__mori_comm_quantize_row_e4m3fn_s0(
+// CHECK: call @__mori_comm_quantize_row_e2m1_s56(
+// CHECK: call @__mori_comm_accumulate_quantized_rows_e4m3fn_s56_k2(
+// CHECK-NOT: mori_comm.
+
+// AMDGPU (gfx950): the ROCDL conversions, rows addressed as global memory.
+// AMD-LABEL: func.func @__mori_comm_accumulate_quantized_rows_e4m3fn_s56_k2(
+// AMD: rocdl.cvt.pk.f32.fp8 {{.*}}[false]
+// AMD: rocdl.cvt.pk.f32.fp8 {{.*}}[true]
+// AMD-LABEL: func.func @__mori_comm_quantize_row_e2m1_s56(
+// AMD-COUNT-4: rocdl.cvt.scalef32.pk.fp4.f32
+// AMD-LABEL: func.func @__mori_comm_quantize_row_e4m3fn_s0(
+// AMD: llvm.addrspacecast {{.*}} : !llvm.ptr to !llvm.ptr<1>
+// AMD: rocdl.cvt.pk.fp8.f32 {{.*}}[false]
+// AMD: rocdl.cvt.pk.fp8.f32 {{.*}}[true]
+module attributes {gpu.container_module} {
+  gpu.module @m {
+    gpu.func @k(%d: !llvm.ptr, %s: !llvm.ptr, %n: i64, %pe: i32) kernel {
+      "mori_comm.quantize_row"(%d, %s, %n, %pe) {format = "fp8_e4m3fn", scale_blocks = 0 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+      "mori_comm.quantize_row"(%d, %s, %n, %pe) {format = "fp4_e2m1", scale_blocks = 56 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
+      "mori_comm.accumulate_quantized_rows"(%d, %n, %n, %n, %s, %d) {format = "fp8_e4m3fn", scale_blocks = 56 : i64} : (!llvm.ptr, i64, i64, i64, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+  }
+}
