@@ -87,6 +87,8 @@ def all_configs(pes_counts=PES):
             yield quant_config(n, kind, quant, hidden), blocks
         for kind, quant in RUNTIME_CASES:
             yield quant_config(n, kind, quant, RUNTIME_HIDDEN[0]), SCALE_BLOCKS
+        for kind, quant in GRAPH_CASES:
+            yield quant_config(n, kind, quant, graph_hidden(kind)), SCALE_BLOCKS
         yield quant_config(n, "IntraNode", "fp8_blockwise", 1040, tok=4), SCALE_BLOCKS  # the f32 refusal
 
 
@@ -249,6 +251,10 @@ GRAPH_CASES = [("IntraNode", "fp8_blockwise"), ("IntraNodeLL", "fp4_blockwise"),
                ("AsyncLL", "fp8_blockwise"), ("AsyncLL", "fp8_direct_cast")]  # fmt: skip
 
 
+def graph_hidden(kind: str) -> int:
+    return 4096 if kind != "IntraNode" else 7168
+
+
 @pytest.mark.parametrize("kind, quant", GRAPH_CASES, ids=lambda v: str(v))
 def test_quantized_combine_graph_replay(pes, kind, quant, monkeypatch):
     """dispatch + identity expert + quantized combine captured once, replayed on new token values (written
@@ -257,7 +263,7 @@ def test_quantized_combine_graph_replay(pes, kind, quant, monkeypatch):
 
     from mori_compiler.ops import EpDispatchCombineOp
 
-    hidden = 4096 if kind != "IntraNode" else 7168
+    hidden = graph_hidden(kind)
     monkeypatch.setenv("MORI_FP8_COMBINE_SCALE_DIM", str(SCALE_BLOCKS))
     op = EpDispatchCombineOp(quant_config(pes, kind, quant, hidden))
     try:
