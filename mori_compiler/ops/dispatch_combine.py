@@ -386,7 +386,7 @@ class EpDispatchCombineOp:
         import torch
 
         c = self.config
-        R, Er = c.max_recv, c.num_experts_per_rank
+        R, Er = self.sizes.recv_capacity, c.num_experts_per_rank
         counts, rows = self._local_count_tensors()
         for pe, count in zip(self._pes(), counts):
             out_idx = self._view("out_idx", pe, (R, c.num_experts_per_token), torch.int32)
@@ -406,7 +406,7 @@ class EpDispatchCombineOp:
             c = self.config
             self._local_counts = ([torch.zeros(c.num_experts_per_rank, dtype=torch.int32, device=device)
                                    for _ in self._pes()],
-                                  torch.arange(c.max_recv, dtype=torch.int32, device=device))  # fmt: skip
+                                  torch.arange(self.sizes.recv_capacity, dtype=torch.int32, device=device))  # fmt: skip
         return self._local_counts
 
     @property
@@ -486,7 +486,7 @@ class EpDispatchCombineOp:
             tokens.append((pe, {"x": x.data_ptr(), "w": 0 if w is None else w.data_ptr(),
                                 "s": 0 if s is None else s.data_ptr(), "idx": idx.data_ptr(), "n": n,
                                 "hidden": hidden}))  # fmt: skip
-            R, K = c.max_recv, c.num_experts_per_token
+            R, K = self.sizes.recv_capacity, c.num_experts_per_token
             results.append((
                 self._view("out_x", pe, (R * hidden * x.element_size(),), torch.uint8).view(x.dtype).view(R, hidden),
                 self._view("out_w", pe, (R, K), torch.float32),
@@ -588,7 +588,7 @@ class EpDispatchCombineOp:
         dtype, rows, results, (launches, blocks, rdma) = self._combine_inputs(input, weights, indices, block_num,
                                                                               rdma_block_num, warp_per_block)
         rdma_blocks = internode_rdma_blocks(self.config, blocks, rdma)
-        R, K = self.config.max_recv, self.config.num_experts_per_token
+        R, K = self.sizes.recv_capacity, self.config.num_experts_per_token
         if routing is not None:
             self._use_routing(routing, [n for _, (_, _, n, _, _) in rows])
         ws = self._per_pe(weights, "weights")
@@ -628,8 +628,9 @@ class EpDispatchCombineOp:
             if n != self._last_n[i]:
                 raise ValueError(f"indices[{pe}] has {n} tokens but the last dispatch sent {self._last_n[i]}; combine "
                                  "takes the routing given to dispatch")  # fmt: skip
-            if y.shape[0] > c.max_recv:
-                raise ValueError(f"input[{pe}] has {y.shape[0]} rows, more than the receive capacity {c.max_recv}")
+            if y.shape[0] > self.sizes.recv_capacity:
+                raise ValueError(f"input[{pe}] has {y.shape[0]} rows, more than the receive capacity "
+                                 f"{self.sizes.recv_capacity}")  # fmt: skip
             if w is not None:
                 self._check_tensor(w, f"weights[{pe}]", ndim=2, dtypes=(torch.float32,), dim1=c.num_experts_per_token)
             out_w = {} if w is not None else {"out_w": 0}  # the output weights buffer, or null
@@ -742,8 +743,8 @@ class EpDispatchCombineOp:
         if pe is None and self.virtual:
             return [self.get_registered_combine_input_buffer(dtype, hidden, pe=p) for p in self._pes()]
         pe = self._pes()[0] if pe is None else pe
-        raw = self._view("reg_x", pe, (c.max_recv * hidden * size,), torch.uint8)
-        return raw.view(dtype).view(c.max_recv, hidden)
+        raw = self._view("reg_x", pe, (self.sizes.recv_capacity * hidden * size,), torch.uint8)
+        return raw.view(dtype).view(self.sizes.recv_capacity, hidden)
 
     def get_dispatch_src_token_pos(self):
         """Synchronizes; int32 [total_recv] with srcRank * (W * M) + srcTok for every received row."""
@@ -753,7 +754,7 @@ class EpDispatchCombineOp:
         out = []
         for pe in self._pes():
             total = int(self._view("total", pe, (1,), torch.int32)[0])
-            out.append(self._view("src_pos", pe, (self.config.max_recv,), torch.int32)[:total].clone())
+            out.append(self._view("src_pos", pe, (self.sizes.recv_capacity,), torch.int32)[:total].clone())
         return out if self.virtual else out[0]
 
     def dispatch_overflow(self):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from mori_compiler.ep_schema import EpSizes, KernelType, buffers_for
 
 ALIGNMENT = 256  # bytes: every buffer starts on a 256-byte boundary (16-byte vectors, and cache lines)
+MAX_CACHED_VIEWS = 1024  # views kept per op (their shapes depend on the call's hidden only); more start over
 
 
 class EpBuffers:
@@ -23,6 +24,7 @@ class EpBuffers:
 
         self.pes = list(pes)
         self.virtual = virtual
+        self._views: dict = {}  # (name, pe, shape, dtype) -> the tensor: made once (tens of µs each), reused
         table = buffers_for(kind, sizes)
         self.sizes = {buf.name: size for buf, size in table}
         self.handles: dict[str, int] | None = {}
@@ -50,10 +52,20 @@ class EpBuffers:
         return shmem.shmem_ptr_p2p(handle, 0, pe) if self.virtual else handle
 
     def view(self, name: str, pe: int, shape, dtype):
-        """A tensor view of buffer ``name`` on PE ``pe`` (its start, ``shape`` elements of ``dtype``)."""
+        """A tensor view of buffer ``name`` on PE ``pe`` (its start, ``shape`` elements of ``dtype``). The same
+        tensor object for the same arguments: the op's outputs are views of persistent buffers (as MORI's), and
+        making a view through the CUDA array interface costs tens of µs, per PE and output, on every call."""
+        key = (name, pe, shape if isinstance(shape, tuple) else tuple(shape), dtype)
+        found = self._views.get(key)
+        if found is not None and self.handles is not None:
+            return found
         from mori_compiler.runtime import shmem
 
-        return shmem.shmem_tensor(self._handle(name), shape, dtype, pe=pe if self.virtual else None)
+        made = shmem.shmem_tensor(self._handle(name), shape, dtype, pe=pe if self.virtual else None)
+        if len(self._views) >= MAX_CACHED_VIEWS:
+            self._views.clear()
+        self._views[key] = made
+        return made
 
     @property
     def freed(self) -> bool:
@@ -64,6 +76,7 @@ class EpBuffers:
         from mori_compiler.runtime import shmem
 
         handles, self.handles = self.handles, None
+        self._views.clear()
         if handles is None or shmem.current_state() is None:
             return
         import torch

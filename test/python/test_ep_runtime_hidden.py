@@ -90,3 +90,17 @@ def test_pes_with_different_hidden_sizes_are_refused(fakes):
     with pytest.raises(ValueError, match=r"same dtype and hidden size \(bf16 x 16 vs bf16 x 32\)"):
         op.dispatch(xs, ws, None, ids)
     assert launched(op) == []
+
+
+def test_output_views_are_made_once_per_shape(fakes):
+    # Making a view through the CUDA array interface costs tens of µs per PE and output on every call: the
+    # op's buffers hand out the same view for the same (buffer, PE, shape, dtype), and none after close().
+    op, heap = fakes(config("IntraNode", gpu_per_node=8, use_external_inp_buf=False))
+    first, _ = _dispatch(op, H)
+    again, _ = _dispatch(op, H)
+    smaller, _ = _dispatch(op, H // 2)
+    assert first[1][0].data_ptr() == again[1][0].data_ptr() and first[1][4] is again[1][4]  # total: one view
+    assert smaller[1][0].shape == (op.config.max_recv, H // 2)
+    op.close()
+    with pytest.raises(RuntimeError, match=r"freed \(close\(\) was called\)"):
+        op.buffers.view("total", 1, (1,), FAKE_TORCH.int32)
