@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from mori_compiler._mlir import ir
 from mori_compiler.targets import MIN_WAVE_SIZE
+from mori_compiler.wire_quant import MAX_COMBINE_SCALE_DIM
 
 from .dialect_base import Dialect, OpRules
 from .irdl_spec import int_attributes
@@ -192,7 +193,7 @@ def accumulate_rows(out, elems, sources, *, dtype: str, loc=None, ip=None) -> ir
 
 
 WIRE_FORMATS = ("fp8_e4m3fn", "fp8_e4m3fnuz", "fp4_e2m1", "fp8_e4m3")  # fp8_e4m3: the target's variant
-MAX_SCALE_BLOCKS = 2**16  # one block per element of the largest row (ep_schema.MAX_HIDDEN_DIM)
+MAX_SCALE_BLOCKS = MAX_COMBINE_SCALE_DIM  # the quantizing lanes keep their blocks' maxima in registers
 
 
 def quantize_row(dest, source, elems, pe, *, format: str, scale_blocks: int, loc=None, ip=None) -> ir.Operation:

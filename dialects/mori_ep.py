@@ -179,8 +179,8 @@ def _quant_rules(short: str, ints: dict, strs: dict, need) -> None:
              "blocks)")  # fmt: skip
         return
     if quant in wire_quant.BLOCKWISE_QUANT_TYPES:
-        need(1 <= blocks <= ep_schema.MAX_HIDDEN_DIM, f"attribute 'scale_blocks' must be in [1, "
-             f"{ep_schema.MAX_HIDDEN_DIM}] for quant {quant!r}, got {blocks}")  # fmt: skip
+        need(1 <= blocks <= wire_quant.MAX_COMBINE_SCALE_DIM, f"attribute 'scale_blocks' must be in [1, "
+             f"{wire_quant.MAX_COMBINE_SCALE_DIM}] for quant {quant!r}, got {blocks}")  # fmt: skip
     else:
         need(blocks == 0, f"attribute 'scale_blocks' must be 0 for quant {quant!r} (no block scales), got {blocks}")
     if quant == "none":

@@ -114,13 +114,14 @@ class EpSizes(namedtuple("EpSizes", ("world_size", "hidden", "top_k", "experts_p
                    combine_quant=getattr(cfg, "quant_type", "none"), scale_blocks=scale_blocks)  # fmt: skip
 
     @classmethod
-    def from_attributes(cls, ints: dict, dtype: str) -> "EpSizes":
-        """Of one kernel: from its mori_ep op's integer attributes (``SIZE_ATTRIBUTES``, ``scale_bytes``)
-        and its dtype."""
-        return cls(**{name: ints[name] for name in SIZE_ATTRIBUTES}, token_bytes=TOKEN_BYTES[dtype],
-                   scale_bytes=ints.get("scale_bytes", 0), gpu_per_node=ints.get("gpu_per_node", 0),
-                   hop_size=ints.get("hop_size", 0), combine_quant=ints.get("quant", "none"),
-                   scale_blocks=ints.get("scale_blocks", 0))  # fmt: skip
+    def from_attributes(cls, values: dict, dtype: str) -> "EpSizes":
+        """Of one kernel: from its mori_ep op's attribute values by name (``SIZE_ATTRIBUTES``, ``scale_bytes``,
+        the topology, the string ``quant`` and ``scale_blocks``: what the generators' EpKernelConfig holds) and
+        its dtype."""
+        return cls(**{name: values[name] for name in SIZE_ATTRIBUTES}, token_bytes=TOKEN_BYTES[dtype],
+                   scale_bytes=values.get("scale_bytes", 0), gpu_per_node=values.get("gpu_per_node", 0),
+                   hop_size=values.get("hop_size", 0), combine_quant=values.get("quant", "none"),
+                   scale_blocks=values.get("scale_blocks", 0))  # fmt: skip
 
     @classmethod
     def for_routing(cls, world_size: int, top_k: int, experts_per_rank: int, max_tokens_per_rank: int,
@@ -501,7 +502,7 @@ KERNELS: dict[str, KernelSignature] = {s.family: s for s in (
                     frozenset({KernelType.IntraNodeLL})),
     KernelSignature("combine_pull", (
         Param("inp_w"), _b("reg_x"), _b("reg_w"), _b("fwd"), _N, _HIDDEN, _b("total"), _b("out", "out_c"), _OUT_CW,
-        _b("zero_row"), _b("bar_slots"), _b("bar_epochs"),
+        _b("zero_row"), _b("bar_slots"), _b("bar_epochs"), _b("grid_ctr", "combine_grid"),
     ), "zero-copy combine: sums rows read from the peers' registered buffers", "combine", "combine", _SYNC, 1),
     KernelSignature("combine_push", (
         Param("inp"), Param("inp_w"), _b("stage_x"), _b("stage_w"), _b("src_pos"), _b("fwd"), _N, _HIDDEN, _b("total"),

@@ -27,6 +27,9 @@ BLOCKWISE_QUANT_TYPES = ("fp8_blockwise", "fp4_blockwise")
 QUANT_COMBINE_DTYPE = "bf16"  # the only combine dtype a wire quantization applies to (MORI: bf16 only)
 FP8_COMBINE_SCALE_DIM_ENV = "MORI_FP8_COMBINE_SCALE_DIM"
 DEFAULT_COMBINE_SCALE_DIM = 56  # MORI's default: 128-element blocks at hidden 7168
+# The most scale blocks per token: each lane keeps its blocks' maxima and multipliers in registers (ptxas,
+# sm_90 push combine at hidden 7168: no spill at 256 blocks, 172 bytes of spill stores at 2048).
+MAX_COMBINE_SCALE_DIM = 256
 # The fp8 e4m3 variant of each target's conversion instructions (gfx942: FNUZ, max 240; the others OCP,
 # max 448) and the targets whose fp4 (E2M1) path exists: gfx950's v_cvt_scalef32_pk_fp4_f32, sm_90 in
 # software (integer arithmetic; run and checked on H200). gfx942 has no fp4 conversion and LLVM 22 aborts

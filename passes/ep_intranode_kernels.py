@@ -23,9 +23,11 @@ The protocols (docs/ep-protocols.md, IntraNode), with who writes, who waits, the
   it again); a replay is collective: every PE replays a handle of the same recorded round (a PE that
   reserved while another replays would collide with the replayed slots).
 * combine, pull (zero-copy): the expert outputs are already in the registered symmetric buffer
-  (``reg_x``); weights are copied next to them (``reg_w``); ``device_barrier`` (release/acquire across
-  PEs); each warp sums, per token, the K source rows read directly from the peers (``accumulate_rows``,
-  fp32), and the weights.
+  (``reg_x``); weights, when given, are copied next to them (``reg_w``) by all blocks, then the grid meets
+  (``grid_barrier`` on ``combine_grid``: a peer's block b reads weight rows any of our blocks wrote, and the
+  device barrier pairs only block b with block b); ``device_barrier`` (release/acquire across PEs); each
+  warp sums, per token, the K source rows read directly from the peers (``accumulate_rows``, fp32), and the
+  weights.
 * combine, push (external input): each received row is written (``row_copy``) into its owner's staging
   row (our PE * M + token); ``grid_barrier`` then ``device_barrier``; each warp sums its tokens' staged
   rows locally.
@@ -116,6 +118,9 @@ def combine_pull_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operati
             i32 = b.index_cast(b.i32, i)
             v = b.load(b.f32, b.gep(p.inp_w, i32, b.f32))
             b.store(v, b.gep(p.reg_w, i32, b.f32))
+        # Peers read weight rows any of this PE's blocks wrote, and the device barrier pairs each block only
+        # with the same block of every PE: the grid meets first (its release covers every block's stores).
+        mori_comm.grid_barrier(p.grid_ctr, **b.at())
     mori_comm.device_barrier(p.bar_slots, p.bar_epochs, world_size=cfg.world_size, max_blocks=cfg.max_blocks,
                              **b.at())  # fmt: skip
     if uniform_addressing:

@@ -24,7 +24,7 @@ from mori_compiler.ep_schema import (COMBINE_DTYPES, DISPATCH_DTYPES, DISPATCH_I
                                      INTERNODE, EpDispatchCombineKernelType, EpSizes, families, recv_per_rank,
                                      topology_problems)
 from mori_compiler.wire_quant import (BLOCKWISE_QUANT_TYPES, DEFAULT_COMBINE_SCALE_DIM, FP4_TARGETS,
-                                     FP8_COMBINE_SCALE_DIM_ENV, QUANT_COMBINE_DTYPE, QUANT_TYPES, WIRE_FP8_OF_TARGET)
+                                     FP8_COMBINE_SCALE_DIM_ENV, MAX_COMBINE_SCALE_DIM, QUANT_COMBINE_DTYPE, QUANT_TYPES, WIRE_FP8_OF_TARGET)
 from mori_compiler.targets import MAX_BLOCK_THREADS
 
 _TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "fp8_e4m3fn",
@@ -297,7 +297,7 @@ def quant_target_problems(cfg: EpDispatchCombineConfig, target: str) -> list[str
 
 def combine_scale_blocks() -> int:
     """The blockwise combines' scale blocks per token: ``$MORI_FP8_COMBINE_SCALE_DIM`` (an integer in
-    [1, MAX_HIDDEN_DIM]), default 56. Read once where an op is built and compiled into its kernels (part of
+    [1, MAX_COMBINE_SCALE_DIM], held in registers by the quantizing lanes), default 56. Read once where an op is built and compiled into its kernels (part of
     the bundle key); a bad value is a ConfigError naming the variable."""
     import os
 
@@ -308,10 +308,10 @@ def combine_scale_blocks() -> int:
         value = int(raw.strip(), 10)
     except ValueError:
         raise ConfigError([f"{FP8_COMBINE_SCALE_DIM_ENV}={raw!r} is not an integer (expected an integer in "
-                           f"[1, {MAX_HIDDEN_DIM}])"]) from None  # fmt: skip
-    if not 1 <= value <= MAX_HIDDEN_DIM:
-        raise ConfigError([f"{FP8_COMBINE_SCALE_DIM_ENV}={raw!r} must be in [1, {MAX_HIDDEN_DIM}] (scale blocks per "
-                           f"token)"])  # fmt: skip
+                           f"[1, {MAX_COMBINE_SCALE_DIM}])"]) from None  # fmt: skip
+    if not 1 <= value <= MAX_COMBINE_SCALE_DIM:
+        raise ConfigError([f"{FP8_COMBINE_SCALE_DIM_ENV}={raw!r} must be in [1, {MAX_COMBINE_SCALE_DIM}] (scale blocks "
+                           f"per token; each quantizing lane keeps its blocks' maxima in registers)"])  # fmt: skip
     return value
 
 

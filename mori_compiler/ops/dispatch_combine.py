@@ -104,14 +104,15 @@ class EpDispatchCombineOp:
     the ``MORI_ASYNCLL_*`` variables); resolved once here and compiled into this op's kernels.
 
     ``validate``: expert ids are always checked on the device (the kernels count and drop the invalid
-    ones: ``dispatch_status()``). ``True`` (default) and ``False``: no host synchronization on any call.
+    ones: ``dispatch_status()``). ``True`` (default): no host synchronization on any call (``False`` is
+    refused: the device-side check has no host cost and no off switch).
     ``"debug"``: after each dispatch (AsyncLL: each receive) the host synchronizes and raises a ValueError
     naming the PE and the count of invalid ids it sent; this costs one host synchronization per dispatch
     (the stream drains, so the launch of the next call no longer overlaps the kernels) and it refuses
     CUDA-graph capture.
     """
 
-    VALIDATE_MODES = (True, False, "debug")
+    VALIDATE_MODES = (True, "debug")
 
     def __init__(self, config: EpDispatchCombineConfig, *, target: str | None = None, validate=True,
                  asyncll=None):  # fmt: skip
@@ -127,8 +128,11 @@ class EpDispatchCombineOp:
         from .ep_buffers import EpBuffers
         from .ep_launch import EpLaunches
 
+        if validate is False:
+            raise ValueError("validate=False: expert ids are always checked on the device (dropped and counted, no "
+                             "host cost: dispatch_status()); use validate=True (the default) or 'debug'")  # fmt: skip
         if not any(validate is mode or (isinstance(mode, str) and validate == mode) for mode in self.VALIDATE_MODES):
-            raise ValueError(f"validate must be True, False or 'debug', got {validate!r}")
+            raise ValueError(f"validate must be True or 'debug', got {validate!r}")
         self.config = config
         self.validate = validate
         self.op_id = new_op_id()
@@ -190,17 +194,26 @@ class EpDispatchCombineOp:
                                                   warps * self.target.wave_size, self.n_local)  # fmt: skip
         return cache[leg, warps]
 
+    def _check_warps(self, warp_per_block) -> None:
+        """MANUAL mode: a call's ``warp_per_block`` is -1 (None) or the compiled one."""
+        if warp_per_block not in (-1, None, self.config.warp_num_per_block):
+            raise ValueError(f"warp_per_block {warp_per_block}: the kernels were compiled for "
+                             f"{self.config.warp_num_per_block}")  # fmt: skip
+
     def _call_geometry(self, leg: str, dtype: str, tokens: int, hidden: int, block_num, rdma_block_num,
                        warp_per_block, zero_copy=None):  # fmt: skip
         """(the launches, grid blocks, rdma_block_num) of a call. MANUAL: the call's block_num (-1: the
         config's) and rdma_block_num; its warp_per_block must be the compiled one. AUTO: the tuning tables'
         geometry for (leg, dtype, tokens, hidden, combine form), which wins over the call's arguments as in
-        MORI."""
+        MORI; with a process per PE the combines with a device barrier look up the config's token count (see
+        below), as virtual PEs launch all PEs with one geometry (of the largest count) anyway."""
         if self.auto is None:
-            if warp_per_block not in (-1, None, self.config.warp_num_per_block):
-                raise ValueError(f"warp_per_block {warp_per_block}: the kernels were compiled for "
-                                 f"{self.config.warp_num_per_block}")  # fmt: skip
+            self._check_warps(warp_per_block)
             return self.launches, self._grid(block_num), rdma_block_num
+        if leg == "combine" and not self.virtual and not self.is_async:
+            # Every PE must launch the same combine grid (its device barrier pairs block b of each PE), and a
+            # process knows only its own token count: the lookup takes the one all share, the config's.
+            tokens = self.config.max_num_inp_token_per_rank
         g = self.auto.geometry(leg, dtype, tokens, hidden=hidden, zero_copy=zero_copy)
         return self._launches[g.warp_per_block], self._grid(g.block_num), g.rdma_block_num
 
@@ -293,7 +306,10 @@ class EpDispatchCombineOp:
         ``routing=`` replays (no slot atomics; collective: every PE replays the same recorded round).
         ``call_local_expert_count=True``: ``local_expert_count`` is refilled after the dispatch, on the
         stream. AsyncLL: send, then receive. Inter-node types: ``rdma_block_num`` blocks (see
-        internode_rdma_blocks) take the inter-node role. Never synchronizes the host (but see ``validate``)."""
+        internode_rdma_blocks) take the inter-node role. Never synchronizes the host (but see ``validate``).
+        The input's hidden may be any up to config.hidden_dim (rows of whole 16-byte vectors); every PE must
+        dispatch the same dtype and hidden (checked across virtual PEs; with a process per PE a peer's rows
+        land at its own row size, as in MORI)."""
         self._check_flag(call_local_expert_count, "call_local_expert_count")
         if self.is_async:
             self._routing_refusal(routing, return_routing, "dispatch")
@@ -337,15 +353,16 @@ class EpDispatchCombineOp:
                              f"return_routing=True)) or None, got {type(routing).__name__}")  # fmt: skip
 
     def _record_routing(self, ns: list[int]) -> EpDispatchRoutingHandle:
-        """The handle of the dispatch just launched: clones of each PE's forward map [n * K] and received
-        count, on the stream (they hold the values once the dispatch has run; no host synchronization)."""
+        """The handle of the dispatch just launched: clones of each PE's forward map, on the stream (they hold
+        the values once the dispatch has run; no host synchronization). At least one token's K entries, so that
+        a PE without tokens still replays: its kernel takes "replay" from a non-null map, and an InterNodeV1
+        proxy forwards other PEs' records whatever its own count (a null map there would reserve slots)."""
         import torch
 
         K = self.config.num_experts_per_token
-        fwd = [self._view("fwd", pe, (n * K,), torch.int32).clone() for pe, n in zip(self._pes(), ns)]
-        total = [self._view("total", pe, (1,), torch.int32).clone() for pe in self._pes()]
+        fwd = [self._view("fwd", pe, (max(n, 1) * K,), torch.int32).clone() for pe, n in zip(self._pes(), ns)]
         pfwd = [self._proxy_forward_map(pe).clone() for pe in self._pes()] if self.is_internode else None
-        return EpDispatchRoutingHandle(self.op_id, self.config, self._pes(), ns, fwd, total, pfwd)
+        return EpDispatchRoutingHandle(self.op_id, self.config, self._pes(), ns, fwd, pfwd)
 
     def _proxy_forward_map(self, pe: int):
         """InterNodeV1: PE pe's forward map of the records it forwarded as a proxy (``i_pfwd``, all of it)."""
@@ -362,7 +379,7 @@ class EpDispatchCombineOp:
         routing.check(self.op_id, self.config, self._pes(), ns, "combine")
         K = self.config.num_experts_per_token
         for i, (pe, fwd, n) in enumerate(zip(self._pes(), routing.fwd, routing.n)):
-            _copy_rows(fwd, self._view("fwd", pe, (n * K,), torch.int32))
+            _copy_rows(fwd[: n * K], self._view("fwd", pe, (n * K,), torch.int32))
             if routing.pfwd is not None:
                 _copy_rows(routing.pfwd[i], self._proxy_forward_map(pe))
 
@@ -532,6 +549,7 @@ class EpDispatchCombineOp:
         self._phases.before_recv("dispatch")
         dtype, hidden, launches, blocks = self._pending["dispatch"]
         if self.auto is None:
+            self._check_warps(warp_per_block)
             blocks = self._grid(block_num)
         calls = [(pe, {"hidden": hidden}) for pe in self._pes()]
         launches.launch("async_dispatch_recv", dtype, calls, blocks)
@@ -671,6 +689,7 @@ class EpDispatchCombineOp:
         self._phases.before_recv("combine")
         dtype, calls, launches, blocks = self._pending["combine"]
         if self.auto is None:
+            self._check_warps(warp_per_block)
             blocks = self._grid(block_num)
         launches.launch("async_combine_recv", dtype, calls, blocks)
         self._phases.after_recv("combine")

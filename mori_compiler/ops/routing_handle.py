@@ -1,9 +1,11 @@
 """MORI's ``EpDispatchRoutingHandle``: a dispatch's slot assignment, recorded to be replayed.
 
 ``dispatch(..., return_routing=True)`` returns one as the sixth result: caller-owned copies (torch clones
-on the stream, no host synchronization) of each PE's forward map ``fwd`` (``[n * K]`` int32, the codes
-``pe * R + slot`` or null that the dispatch's reservations produced) and received count (InterNodeV1: also
-its proxy forward map ``i_pfwd``, the slots of the records it forwarded), with the token count of each PE, the op that recorded it and that op's configuration. ``dispatch(..., routing=h)``
+on the stream, no host synchronization) of each PE's forward map ``fwd`` (the codes ``pe * R + slot`` or
+null that the dispatch's reservations produced: ``[n * K]`` int32, at least ``K`` so that a PE without tokens
+still passes a non-null map and replays; InterNodeV1: also its proxy forward map ``i_pfwd``, the slots of the
+records it forwarded, which a PE without tokens of its own may hold), with the token count of each PE, the
+op that recorded it and that op's configuration. ``dispatch(..., routing=h)``
 replays it: the kernel takes every destination slot from the handle instead of reserving one (no
 atomics), so with the same inputs its outputs (rows, weights, scales, ids, source positions, counts) are
 those of the recorded dispatch; ``combine(..., routing=h)`` takes its forward map from the handle. A
@@ -26,16 +28,16 @@ def new_op_id() -> int:
 
 
 class EpDispatchRoutingHandle:
-    """A recorded dispatch routing (see the module docstring). ``fwd`` and ``total``: per local PE (one
-    with a process per PE, W with virtual PEs), the forward map ``[n * K]`` and received count ``[1]``
-    (int32 device tensors owned by the handle); ``n``: each PE's token count; ``pes``: the PEs; ``pfwd``
-    (InterNodeV1, else None): per PE the forward map of the records it forwarded as a proxy (``i_pfwd``)."""
+    """A recorded dispatch routing (see the module docstring). ``fwd``: per local PE (one with a process
+    per PE, W with virtual PEs) the forward map, ``[max(n, 1) * K]`` int32 device tensors owned by the handle
+    (rows past n unused); ``n``: each PE's token count; ``pes``: the PEs; ``pfwd`` (InterNodeV1, else None):
+    per PE the forward map of the records it forwarded as a proxy (``i_pfwd``)."""
 
-    __slots__ = ("op_id", "config", "pes", "n", "fwd", "total", "pfwd")
+    __slots__ = ("op_id", "config", "pes", "n", "fwd", "pfwd")
 
-    def __init__(self, op_id: int, config, pes: list[int], n: list[int], fwd: list, total: list, pfwd=None):
+    def __init__(self, op_id: int, config, pes: list[int], n: list[int], fwd: list, pfwd=None):
         self.op_id, self.config, self.pes = op_id, config, tuple(pes)
-        self.n, self.fwd, self.total = tuple(n), tuple(fwd), tuple(total)
+        self.n, self.fwd = tuple(n), tuple(fwd)
         self.pfwd = None if pfwd is None else tuple(pfwd)
 
     def kernel_arguments(self) -> list[dict]:

@@ -27,6 +27,14 @@ def _rule(tokens: int, blocks: int, warps: int, rdma: int = 0, **more) -> dict:
                 warp_per_block=warps, **more)
 
 
+def _dispatch_args():
+    """(inputs, weights, scales, ids) of a small dispatch on every PE (3 tokens each)."""
+    xs = [tensor(np.zeros((3, H)), "bfloat16") for _ in range(W)]
+    ws = [tensor(np.zeros((3, K)), "float32") for _ in range(W)]
+    ids = [tensor(np.zeros((3, K)), "int32") for _ in range(W)]
+    return xs, ws, None, ids
+
+
 def _launches(op) -> list[tuple[str, tuple, tuple, list[dict]]]:
     """Every launch of every warp count's kernels: (name, grid, block, per PE its arguments by name)."""
     out = []
@@ -78,6 +86,11 @@ def test_manual_mode_keeps_one_bundle_and_refuses_another_warp_count(fakes, monk
     assert op.auto is None and list(op._launches) == [op.config.warp_num_per_block]
     with pytest.raises(ValueError, match="warp_per_block 7: the kernels were compiled for 8"):
         _dispatch(op, warp_per_block=7)
+    # The receive halves check it too (AsyncLL).
+    asyncll, _ = fakes(config("AsyncLL", gpu_per_node=8))
+    asyncll.dispatch_send(*_dispatch_args(), block_num=4)
+    with pytest.raises(ValueError, match="warp_per_block 7: the kernels were compiled for 8"):
+        asyncll.dispatch_recv(warp_per_block=7)
 
 
 def test_a_rule_the_op_cannot_run_is_refused_at_construction(fakes, auto_mode, monkeypatch):
@@ -85,3 +98,18 @@ def test_a_rule_the_op_cannot_run_is_refused_at_construction(fakes, auto_mode, m
     monkeypatch.setenv("MORI_EP_TUNING_CONFIG", str(bad))
     with pytest.raises(tuning.TuningTableError, match=r"sm_90|gfx942_h200_IntraNode_ep4_dispatch.json.*rule"):
         fakes(config("IntraNode", gpu_per_node=8))
+
+
+def test_a_process_per_pe_combines_with_the_grid_every_pe_shares(fakes, auto_mode, monkeypatch):
+    # With one process per PE the token counts differ per PE; the combine's device barrier pairs block b of
+    # every PE, so its geometry must not follow the local count: the rule of the config's count is taken.
+    dispatch = _table(auto_mode, "IntraNode", "dispatch", [_rule(4, 8, 4), _rule(8, 12, 16)])
+    combine = _table(auto_mode, "IntraNode", "combine", [_rule(4, 6, 4, zero_copy=False, quant_type="none"),
+                                                         _rule(8, 10, 8, zero_copy=False, quant_type="none")])  # fmt: skip
+    monkeypatch.setenv("MORI_EP_TUNING_CONFIG", f"{dispatch}:{combine}")
+    op, _ = fakes(config("IntraNode", gpu_per_node=8, rank=1), virtual=False, rank=1)
+    x, w, idx = (tensor(np.zeros((3, n)), dt) for n, dt in ((H, "bfloat16"), (K, "float32"), (K, "int32")))
+    op.dispatch(x, w, None, idx)
+    assert {(grid, block) for _, grid, block, _ in _launches(op)} == {((8, 1, 1), (4 * 64, 1, 1))}  # its own count
+    op.combine(tensor(np.zeros((2, H)), "bfloat16"), None, idx)
+    assert {(grid, block) for _, grid, block, _ in _launches(op)} == {((10, 1, 1), (8 * 64, 1, 1))}  # M = 8's rule

@@ -129,15 +129,18 @@ def test_the_debug_mode_synchronizes_and_names_the_pe_and_count(fakes, monkeypat
     assert len(FAKE_TORCH.syncs) == syncs + 2  # one per dispatch, no error without new invalid ids
 
 
-def test_the_debug_mode_refuses_a_graph_capture_and_validate_takes_three_values(fakes, monkeypatch):
+def test_the_debug_mode_refuses_a_graph_capture_and_validate_takes_two_values(fakes, monkeypatch):
     op = _debug_op(monkeypatch)
     monkeypatch.setattr(FAKE_TORCH.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="validate='debug' synchronizes after each dispatch"):
         _dispatch(op)
     FakeHeap(monkeypatch, virtual=True)
     for bad in ("yes", 1, None):
-        with pytest.raises(ValueError, match="validate must be True, False or 'debug', got"):
+        with pytest.raises(ValueError, match="validate must be True or 'debug', got"):
             EpDispatchCombineOp(config("IntraNode", gpu_per_node=8), target="gfx942", validate=bad)
+    # False would mean nothing (the check is on the device, with no host cost): refused, not ignored.
+    with pytest.raises(ValueError, match=r"validate=False: expert ids are always checked on the device"):
+        EpDispatchCombineOp(config("IntraNode", gpu_per_node=8), target="gfx942", validate=False)
 
 
 # ---- local expert count ----------------------------------------------------------------------------------
@@ -223,7 +226,10 @@ def test_return_routing_records_each_pe_forward_map_and_a_replay_passes_it(fakes
     assert all(len(r) == 6 and r[5] is handle for r in results) and isinstance(handle, EpDispatchRoutingHandle)
     assert handle.n == NS and handle.pes == tuple(range(W)) and FAKE_TORCH.syncs == []
     for pe in range(W):
-        assert handle.fwd[pe].a.tolist() == codes[pe].tolist()  # a copy the handle owns
+        assert handle.fwd[pe].a[: NS[pe] * K].tolist() == codes[pe].tolist()  # a copy the handle owns
+        # At least one token's entries: a PE without tokens (PE 2) passes a non-null map and replays (torch
+        # gives an empty tensor a null data pointer; an InterNodeV1 proxy would then reserve slots).
+        assert handle.fwd[pe].numel() == max(NS[pe], 1) * K
         assert handle.fwd[pe].data_ptr() != op.buffers.view("fwd", pe, (1,), FAKE_TORCH.int32).data_ptr()
     (_, first), = launched(op)
     assert [a["routing"] for a in first] == [0] * W  # the recording dispatch reserves

@@ -41,12 +41,16 @@
 // CHECK: "mori_comm.count_signal"(%arg12, %arg16, %arg17) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
 // CHECK: llvm.store %{{.*}}, %arg14 : i64, !llvm.ptr
 // CHECK: gpu.return
-// Pull: the PEs meet (device barrier), then each token sums its K = 8 rows read from the peers'
+// Pull: (the weights' grid barrier,) the PEs meet (device barrier), then each token sums its K = 8 rows read from the peers'
 // registered buffers (mori_shmem.ptr addresses) with one accumulate_rows per (token, row slice).
 // CHECK-LABEL: gpu.func @ep_combine_pull_bf16(
-// CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "inp_w"}, %arg1: !llvm.ptr {mori.name = "reg_x"}, %arg2: !llvm.ptr {mori.name = "reg_w"}, %arg3: !llvm.ptr {mori.name = "fwd"}, %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: !llvm.ptr {mori.name = "total"}, %arg7: !llvm.ptr {mori.name = "out"}, %arg8: !llvm.ptr {mori.name = "out_w"}, %arg9: !llvm.ptr {mori.name = "zero_row"}, %arg10: !llvm.ptr {mori.name = "bar_slots"}, %arg11: !llvm.ptr {mori.name = "bar_epochs"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
-// CHECK-NOT: "mori_comm.grid_barrier"
-// CHECK: "mori_comm.device_barrier"(%arg10, %arg11) {max_blocks = 1024 : i64, world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+// CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "inp_w"}, %arg1: !llvm.ptr {mori.name = "reg_x"}, %arg2: !llvm.ptr {mori.name = "reg_w"}, %arg3: !llvm.ptr {mori.name = "fwd"}, %arg4: i32 {mori.name = "n"}, %arg5: i32 {mori.name = "hidden"}, %arg6: !llvm.ptr {mori.name = "total"}, %arg7: !llvm.ptr {mori.name = "out"}, %arg8: !llvm.ptr {mori.name = "out_w"}, %arg9: !llvm.ptr {mori.name = "zero_row"}, %arg10: !llvm.ptr {mori.name = "bar_slots"}, %arg11: !llvm.ptr {mori.name = "bar_epochs"}, %arg12: !llvm.ptr {mori.name = "grid_ctr"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
+// The weights, when given, are copied next to the rows by all blocks; then the grid meets (a peer's block
+// b reads weight rows any of our blocks wrote, and the device barrier pairs only block b with block b).
+// CHECK: scf.if
+// CHECK: "mori_comm.grid_barrier"(%arg12) : (!llvm.ptr) -> ()
+// CHECK-NEXT: }
+// CHECK-NEXT: "mori_comm.device_barrier"(%arg10, %arg11) {max_blocks = 1024 : i64, world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // CHECK: "mori_shmem.ptr"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i32) -> !llvm.ptr
 // CHECK: "mori_comm.accumulate_rows"({{(%[0-9]+, ){9}%[0-9]+}}) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
 // CHECK-NOT: "mori_ep.

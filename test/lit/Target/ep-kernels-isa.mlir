@@ -172,10 +172,17 @@
 // PTX: fence.sc.sys;
 // PTX: st.relaxed.sys.b64 [%rd{{[0-9]+}}], 0;
 // PTX: shfl.sync.bfly.b32 {{.*}}, 16, 31, -1;
-// Pull combine: device barrier (fence, relaxed store to each peer, relaxed poll, fence, bar.sync), then
+// Pull combine: with weights, their copy then the grid barrier (the u64 arrival fetch-add between two
+// system-scope fences), so that every block's weight stores are released before any block meets the
+// peers; then the device barrier (fence, relaxed store to each peer, relaxed poll, fence, bar.sync), then
 // the accumulate loop issues its K = 8 loads of 16 bytes (generic: the peers' rows) before the first
 // f32 operation, and stores 16-byte vectors.
 // PTX-LABEL: .visible .entry ep_combine_pull_bf16(
+// PTX: st.global.b32
+// PTX: bar.sync 0;
+// PTX: fence.sc.sys;
+// PTX: atom.relaxed.sys.add.u64
+// PTX: fence.sc.sys;
 // PTX: bar.sync 0;
 // PTX: fence.sc.sys;
 // PTX: st.relaxed.sys.b64

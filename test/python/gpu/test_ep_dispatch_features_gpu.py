@@ -75,15 +75,17 @@ def _op(pes: int, kind: str, **kw):
     return EpDispatchCombineOp(feature_config(pes, kind), **kw)
 
 
-def _inputs(op, seed: int, routing: str = "sentinel", bad=None):
+def _inputs(op, seed: int, routing: str = "sentinel", bad=None, idle_pe: int | None = None):
     """Per PE: tokens (bf16), weights, ids (torch) and their NumPy forms; ``bad``: {pe: [(t, k, id)]} ids
-    written over the routing (invalid ones)."""
+    written over the routing (invalid ones); ``idle_pe``: a PE with no tokens."""
     import torch
 
     c = op.config
     shape = _shape(c)
     rng = np.random.default_rng(seed)
     ns = [int(v) for v in rng.integers(1, c.max_num_inp_token_per_rank + 1, c.world_size)]
+    if idle_pe is not None:
+        ns[idle_pe] = 0
     idx_np = ref.make_routing(routing, ns, shape, seed)
     for pe, slots in (bad or {}).items():
         for t, k, value in slots:
@@ -183,12 +185,13 @@ def test_routing_replay_is_bit_exact_and_combines_with_the_handle(pes, kind):
     op = _op(pes, kind)
     shape = _shape(op.config)
     try:
-        ns, xs, ws, idxs, idx_np, x_f32, _ = _inputs(op, 11)
+        # The last PE has no tokens: it must replay too (an InterNodeV1 proxy forwards others' records).
+        ns, xs, ws, idxs, idx_np, x_f32, _ = _inputs(op, 11, idle_pe=pes - 1)
         _poison(op)
         outs = op.dispatch(xs, ws, None, idxs, return_routing=True)
         handle = outs[0][5]
         recorded = _snapshot(op, [o[:5] for o in outs])
-        fwd = [f.cpu().numpy().copy() for f in handle.fwd]
+        fwd = [f.cpu().numpy()[: n * K].copy() for f, n in zip(handle.fwd, ns)]
         # Other dispatches in between (other routing, other counts): the handle is the caller's copy.
         _checked_dispatch(op, 5)
         for _ in range(2):  # twice in a row: both round parities replay

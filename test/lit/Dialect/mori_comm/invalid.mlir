@@ -334,9 +334,9 @@ func.func @quantize_row_fp4_direct(%d: !llvm.ptr, %n: i64, %pe: i32) {
 }
 
 // -----
-// quantize_row: `scale_blocks` is in [0, 65536].
+// quantize_row: `scale_blocks` is in [0, 256].
 func.func @quantize_row_blocks(%d: !llvm.ptr, %n: i64, %pe: i32) {
-  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.quantize_row' attribute 'scale_blocks' must be in [0, 65536], got -1
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.quantize_row' attribute 'scale_blocks' must be in [0, 256], got -1
   "mori_comm.quantize_row"(%d, %d, %n, %pe) {format = "fp8_e4m3fn", scale_blocks = -1 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
   return
 }
