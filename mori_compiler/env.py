@@ -34,8 +34,8 @@
 | MORI_ASYNCLL_SKIP_RESET  |                                                                |                            |
 | MORI_ENABLE_SDMA         | AsyncLL: 1 asks for the SDMA transport, refused with the       | 0 (transport p2p)          |
 |                          | reason (ops/asyncll.py, docs/asyncll-copy-engine.md)           |                            |
-| MORI_FP8_COMBINE_SCALE_DIM | fp8/fp4 blockwise combine: scale blocks per token (the       | 56                         |
-|                          | reference model ops/quant_reference.py; kernels: issue 15)     |                            |
+| MORI_FP8_COMBINE_SCALE_DIM | fp8/fp4 blockwise combine: scale blocks per token, 1-256,   | 56                         |
+|                          | read when an op is built (compiled in; ops/config.py)          |                            |
 """
 
 from __future__ import annotations
