@@ -18,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from virtual_pes import virtual_pes_fixture  # noqa: E402
 from mori_compiler.ops import reference as ref  # noqa: E402  (NumPy only)
 from test_ep_gpu import _bits, _config, _shape, _to_torch  # noqa: E402
 
@@ -29,19 +30,7 @@ ROUTING_KINDS = ("IntraNode", "InterNodeV1")  # the kernel types with a routing 
 HIDDEN, M, ER, K = 2048, 32, 4, 4
 
 
-@pytest.fixture(scope="module", params=PES, ids=lambda n: f"{n}pes")
-def pes(request):
-    import torch
-
-    from mori_compiler.runtime import shmem
-
-    torch.cuda.init()
-    shmem.shmem_init_virtual(request.param, heap_size=1 << 30)
-    try:
-        yield request.param
-    finally:
-        torch.cuda.synchronize()
-        shmem.shmem_finalize()
+pes = virtual_pes_fixture(PES)  # the virtual-PE shmem of each count
 
 
 def feature_config(n_pes: int, kind: str):

@@ -15,6 +15,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from virtual_pes import virtual_pes_fixture  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 TORCH_DTYPE = {"bf16": "bfloat16", "f32": "float32", "fp8_e4m3fn": "float8_e4m3fn",
@@ -23,19 +25,7 @@ REF_DTYPE = {"bf16": "bf16", "f32": "float32", "fp8_e4m3fn": "fp8_e4m3fn", "fp8_
 BITS = {"bf16": "int16", "f32": "int32", "fp8_e4m3fn": "uint8", "fp8_e4m3fnuz": "uint8"}
 
 
-@pytest.fixture(scope="module", params=[2, 4, 8], ids=lambda n: f"{n}pes")
-def pes(request):
-    import torch
-
-    from mori_compiler.runtime import shmem
-
-    torch.cuda.init()
-    shmem.shmem_init_virtual(request.param, heap_size=1 << 30)
-    try:
-        yield request.param
-    finally:
-        torch.cuda.synchronize()
-        shmem.shmem_finalize()
+pes = virtual_pes_fixture((2, 4, 8))  # the virtual-PE shmem of each count
 
 
 def _config(n_pes, *, hidden=7168, m=64, er=4, k=4, tok=2, scale_dim=0, scale_type_size=4, external=False, cap=0,

@@ -26,6 +26,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from virtual_pes import virtual_pes_fixture  # noqa: E402
 from test_ep_gpu import _bits, _shape, _to_torch  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -55,19 +56,7 @@ CASES = [
 PES = (2, 4, 8, 5)
 
 
-@pytest.fixture(scope="module", params=PES, ids=lambda n: f"{n}pes")
-def pes(request):
-    import torch
-
-    from mori_compiler.runtime import shmem
-
-    torch.cuda.init()
-    shmem.shmem_init_virtual(request.param, heap_size=1 << 30)
-    try:
-        yield request.param
-    finally:
-        torch.cuda.synchronize()
-        shmem.shmem_finalize()
+pes = virtual_pes_fixture(PES)  # the virtual-PE shmem of each count
 
 
 def quant_config(n_pes, kind, quant, hidden, *, m=32, er=4, k=4, external=True, tok=2):
