@@ -10,7 +10,7 @@ later code uses, as a small named tuple):
   fixed block size, and the shared prologue. ``KernelFrame`` holds the builder ``b``, ``cfg``, the
   parameters by schema name (``f.params.x`` or ``f.params["x"]``) and the prologue values (``qp, me, c0i,
   c1i, false, true, K, W, R, NULL, wave, c0x, c1x, Kx, tid_i, lane_i, lane, bid_i, nb_i, wpb, wave_x,
-  warp_in_block, gw, nw, null_ptr, is_k, lane0``); ``f.present(ptr)`` is ``ptr != null``. Called inside
+  warp_in_block, gw, nw, null_ptr, is_k, lane0, row``: the call's row bytes); ``f.present(ptr)`` is ``ptr != null``. Called inside
   the MLIR context (the pass's); the kernel ends with ``f.b.gpu_return()``.
 * ``TokenInputs`` / ``token_inputs(f)``: a dispatch's constants (experts per rank, S, row bytes) and
   whether weights / scales are given.
