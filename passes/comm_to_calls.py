@@ -695,7 +695,8 @@ class MoriCommToCalls:
     """Lower mori_comm building blocks to calls of helper functions added to the gpu.module.
 
     Input: mori_comm ops in gpu.module. Output: func.call + func.func helpers using mori_shmem, gpu, scf,
-    arith, llvm (one helper per variant, added once). Options: wave-size (32 or 64: the lane count of the
+    arith, llvm, and for the wire conversions of quantize_row / accumulate_quantized_rows the target's
+    nvvm or rocdl ops (one helper per variant, added once). Options: wave-size (32 or 64: the lane count of the
     warp-cooperative helpers); vectors-per-lane (1 or 2: 16-byte vectors each lane accumulates per
     iteration; 2 doubles the loads in flight, measured faster on sm_90, while on AMDGPU the scheduler then
     splits the loads around a wait, so the pipeline picks 1 there); global-address-space (the row copies
