@@ -162,4 +162,16 @@ irdl.dialect @mori_comm {
     irdl.operands(signal: %ptr, signal_base: %i64)
     irdl.results(count: %i32)
   }
+
+  // A trace point (warp): lane 0 of each warp that reaches it stores the GPU's global timer into its
+  // kernel's trace buffer, slot (event, phase); compiled out unless tracing is on (mori-trace-to-timer).
+  // `event` is a string matching [A-Za-z0-9_.]+ (checked in dialects/mori_comm.py).
+  irdl.operation @trace {
+    %event = irdl.any
+    %begin = irdl.is "begin"
+    %end = irdl.is "end"
+    %instant = irdl.is "instant"
+    %phase = irdl.any_of(%begin, %end, %instant)
+    irdl.attributes { "event" = %event, "phase" = %phase }
+  }
 }

@@ -31,6 +31,8 @@ chunk_send        a warp puts a chunk's selected records to a PE, then  ``__mori
                   one signal
 chunk_wait        one thread waits for a chunk's signal, acquires, and  ``__mori_comm_chunk_wait``
                   returns its count
+trace             a warp's lane 0 records the global timer (a trace    none: inline (mori-trace-to-timer),
+                  point; compiled out unless tracing is on)             erased when tracing is off
 ================= ===================================================== ==================================
 
 The inter-node kernels (docs/ep-protocols.md §16) reach PEs of other nodes **only** through chunk_send
@@ -50,6 +52,8 @@ mori_shmem's: ``mori_comm.row_copy(dest, source, nbytes, pe, **b.at())``.
 """
 
 from __future__ import annotations
+
+import re
 
 from mori_compiler._mlir import ir
 from mori_compiler.targets import MIN_WAVE_SIZE
@@ -317,6 +321,28 @@ def chunk_wait(signal, signal_base, *, loc=None, ip=None) -> ir.Value:
                    ip=ip).result  # fmt: skip
 
 
+TRACE_PHASES = ("begin", "end", "instant")
+TRACE_EVENT_PATTERN = r"[A-Za-z0-9_.]+"
+
+
+def trace(event: str, phase: str, *, loc=None, ip=None) -> ir.Operation:
+    """``mori_comm.trace {event, phase}``: a trace point. ``phase`` is ``begin``, ``end`` or ``instant``;
+    ``event`` names it (``[A-Za-z0-9_.]+``); the pair (event, phase) is one slot of the kernel's trace.
+
+    Who: a warp (lane 0 records; place it where lane 0 runs). What: with tracing on (the compile option
+    ``trace``), lane 0 stores the GPU's global timer (``llvm.readsteadycounter``: sm_90 ``%globaltimer``,
+    ns; AMDGPU ``s_memrealtime`` / gfx12 ``s_sendmsg_rtn_b64 REALTIME``, ticks) into its warp's slot of the
+    kernel's trace buffer, whose address the runtime writes into the module global
+    ``__mori_trace_<kernel>`` (0: nothing is recorded); the last execution of a slot wins. With tracing off
+    the op is erased: no code. Order: none. The timer is read when lane 0 gets there: stores issued before
+    it may still be in flight (a phase ends where its fence or barrier does). Layout: docs/tracing.md.
+
+    Helper: none (``mori-trace-to-timer`` lowers it inline: a global load, a timer read, one store).
+    """
+    attrs = {"event": ir.StringAttr.get(event), "phase": ir.StringAttr.get(phase)}
+    return _create("trace", [], attrs, loc=loc, ip=ip)
+
+
 def extra_verify(op: ir.Operation) -> list[str]:
     """The ranges IRDL cannot state: integer attributes and their bounds, at least one source row."""
     op = op.operation
@@ -324,7 +350,7 @@ def extra_verify(op: ir.Operation) -> list[str]:
     short = name.split(".", 1)[1]
     ints = int_attributes(op)
     rules = OpRules(op)
-    if rules.non_integer(op, ints, ("dtype", "format")):
+    if rules.non_integer(op, ints, ("dtype", "format", "event", "phase")):
         return rules.errors
     need = rules.need
 
@@ -336,6 +362,10 @@ def extra_verify(op: ir.Operation) -> list[str]:
     if short == "row_copy_to_peers" and "max_peers" in ints:
         need(1 <= ints["max_peers"] <= MAX_LANE_PEERS, f"attribute 'max_peers' must be in [1, {MAX_LANE_PEERS}] "
              f"(one lane per destination), got {ints['max_peers']}")  # fmt: skip
+    if short == "trace" and "event" in op.attributes:
+        event = op.attributes["event"]
+        need(isinstance(event, ir.StringAttr) and re.fullmatch(TRACE_EVENT_PATTERN, event.value) is not None,
+             f"attribute 'event' must match {TRACE_EVENT_PATTERN}, got {event}")  # fmt: skip
     if short == "accumulate_rows":
         need(len(op.operands) >= 3, "needs at least one source row")
     if short == "accumulate_quantized_rows":

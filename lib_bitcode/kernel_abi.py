@@ -71,3 +71,15 @@ def pack_record(types, values) -> bytes:
 def pack_arg_table(types, per_pe_values) -> bytes:
     """The whole table: one record per PE, in PE order."""
     return b"".join(pack_record(types, values) for values in per_pe_values)
+
+
+# Kernel traces (mori_comm.trace, pass mori-trace-to-timer; docs/tracing.md): a traced kernel K has an 8-byte
+# module global TRACE_GLOBAL_PREFIX + K holding its trace buffer's device address (0: off), which the runtime
+# writes; the buffer is u64 timer values, warp-major: slot ``linear_warp * E + e`` for the kernel's E events.
+TRACE_GLOBAL_PREFIX = "__mori_trace_"
+TRACE_SLOT_BYTES = 8
+
+
+def trace_global(kernel: str) -> str:
+    """The module global holding kernel ``kernel``'s trace buffer address."""
+    return TRACE_GLOBAL_PREFIX + kernel

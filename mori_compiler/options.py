@@ -24,7 +24,9 @@ class CompileOptions:
     library when no ``bitcode`` is given (turn off to check that a module needs no device functions).
     ``code_object_version`` applies to AMDGPU targets (5 or 6, default 6 = ELF ABI version 4).
     ``virtual_pes``: kernels read their parameters from a per-PE argument table indexed by the grid's z
-    (several PEs in one launch on one GPU; see lib_bitcode/kernel_abi.py).
+    (several PEs in one launch on one GPU; see lib_bitcode/kernel_abi.py). ``trace``: the kernels' trace
+    points (``mori_comm.trace``) record the GPU's global timer into a per-kernel trace buffer (pass
+    ``mori-trace-to-timer``, docs/tracing.md); off, they are compiled out (no code).
     """
 
     target: str = DEFAULT_TARGET
@@ -33,6 +35,7 @@ class CompileOptions:
     bitcode: tuple[str, ...] = ()
     device_library: bool = True
     virtual_pes: bool = False
+    trace: bool = False
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
@@ -57,7 +60,7 @@ class CompileOptions:
 
     def _check_types(self) -> None:
         expected = {"target": str, "code_object_version": int, "opt_level": int, "device_library": bool,
-                    "virtual_pes": bool}  # fmt: skip
+                    "virtual_pes": bool, "trace": bool}  # fmt: skip
         for name, ty in expected.items():
             value = getattr(self, name)
             if not isinstance(value, ty) or (ty is int and isinstance(value, bool)):

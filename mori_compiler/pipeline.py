@@ -41,8 +41,9 @@ def mlir_stage_pipelines(options: CompileOptions) -> list[tuple[str, str]]:
     if t.is_amdgpu:
         blocks += " global-address-space=true loop-destinations=true"
     blocks += f" chip={t.name}"  # the wire quantization's conversion instructions
+    trace = f"mori-trace-to-timer{{enabled={'true' if options.trace else 'false'} wave-size={wave}}}"
     stages = [
-        ("ep", f"mori-ep-to-kernels{{{kernels}}},mori-comm-to-calls{{{blocks}}}"),
+        ("ep", f"mori-ep-to-kernels{{{kernels}}},mori-comm-to-calls{{{blocks}}},{trace}"),
         ("abi", "mori-virtual-pe-args,mori-shmem-to-abi" if options.virtual_pes else "mori-shmem-to-abi"),
     ]
     if t.is_amdgpu:

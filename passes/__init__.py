@@ -20,6 +20,7 @@ ALL_PASSES: dict[str, Callable[[], type]] = {
     "mori-virtual-pe-args": _lazy("virtual_pe_args", "VirtualPeArgs"),
     "mori-comm-to-calls": _lazy("comm_to_calls", "MoriCommToCalls"),
     "mori-ep-to-kernels": _lazy("ep_to_kernels", "MoriEpToKernels"),
+    "mori-trace-to-timer": _lazy("trace_to_timer", "TraceToTimer"),
 }
 
 

@@ -21,13 +21,19 @@ import llvmlite.binding as _binding  # imported with the compiler, not inside th
 
 from mori_compiler.errors import MoriCompilerError
 from mori_compiler.lib_bitcode.abi import MORI_STATE_SYMBOL
+from mori_compiler.lib_bitcode.kernel_abi import TRACE_GLOBAL_PREFIX
 from mori_compiler.lib_bitcode.state import STATE_SYMBOL
 from mori_compiler.targets import GPUTarget
 
 # Globals a host runtime looks up by name after loading the code object: never internalize them (they stay in
 # the code object's dynamic symbol table). MORI's shmem_module_init fills MORI_STATE_SYMBOL (its bitcode's
 # globalGpuStates), mori_compiler.runtime fills STATE_SYMBOL (the project's library); lib_bitcode names both.
+# The trace-buffer globals of traced kernels (TRACE_GLOBAL_PREFIX + kernel) are the runtime's too.
 PRESERVED_GLOBALS = frozenset({MORI_STATE_SYMBOL, STATE_SYMBOL})
+
+
+def _preserved(name: str) -> bool:
+    return name in PRESERVED_GLOBALS or name.startswith(TRACE_GLOBAL_PREFIX)
 
 
 @functools.cache
@@ -121,7 +127,7 @@ def link_device_code(llvm_ir: str, kernels, target: GPUTarget, bitcode_paths, *,
         if not fn.is_declaration and fn.name not in kernels:
             fn.linkage = "internal"
     for gv in module.global_variables:
-        if not gv.is_declaration and gv.name not in PRESERVED_GLOBALS and not gv.name.startswith("llvm."):
+        if not gv.is_declaration and not _preserved(gv.name) and not gv.name.startswith("llvm."):
             gv.linkage = "internal"
     module.verify()
     return module

@@ -47,25 +47,31 @@ from mori_compiler.dialects import mori_comm, mori_shmem
 from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, combine_row_stride, dispatch_completion,
                               dispatch_round, open_kernel, reduce_tokens, replay_or_reserve, reserve_on_peer,
                               return_rows, route_token, send_row_to_peers, send_to_destinations, token_inputs,
-                              token_source)  # fmt: skip
+                              token_source, trace_point)  # fmt: skip
 
 
 def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | None = None) -> ir.Operation:
     """``ep_dispatch_<dtype>``: one warp per token (grid-strided), then the completion handshake."""
     f = open_kernel(cfg, "dispatch", generator="ep_intranode_kernels.dispatch_kernel", block=block, before=before)
     b = f.b
+    trace_point(f, "dispatch", "begin")
     inputs = token_inputs(f)
     rnd = dispatch_round(f)
     n_x = b.index_cast(b.index, f.params.n)
     replay = f.present(f.params.routing)
     with b.for_(f.gw, n_x, f.nw) as t_x:
         recorded = lambda: b.gep(f.params.routing, b.addi(b.muli(b.index_cast(b.i32, t_x), f.K), f.lane), b.i32)  # noqa: E731
+        trace_point(f, "route", "begin")
         route = route_token(f, t_x, inputs, reserve=replay_or_reserve(f, replay, recorded, reserve_on_peer(rnd.slot_ctr)))
+        trace_point(f, "route", "end")
         source = token_source(f, route, inputs)
         dbase = b.const_i32(0)  # IntraNode: a destination's rows start at 0
         send_row_to_peers(f, route, source, inputs, dbase)
+        trace_point(f, "copy", "end")
         send_to_destinations(f, route, source, inputs, dbase, rows=False)
+        trace_point(f, "meta", "end")
     dispatch_completion(f, rnd)
+    trace_point(f, "dispatch", "end")
     b.gpu_return()
     return f.func
 
@@ -106,6 +112,7 @@ def combine_pull_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operati
     f = open_kernel(cfg, "combine_pull", generator="ep_intranode_kernels.combine_pull_kernel", block=block,
                     before=before)  # fmt: skip
     b, p = f.b, f.params
+    trace_point(f, "combine", "begin")
     rowc, kb = _combine_constants(f)
     has_iw = f.present(p.inp_w)
     # Weights to send back (optional) go next to the registered rows, then the PEs meet.
@@ -121,8 +128,10 @@ def combine_pull_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operati
         # Peers read weight rows any of this PE's blocks wrote, and the device barrier pairs each block only
         # with the same block of every PE: the grid meets first (its release covers every block's stores).
         mori_comm.grid_barrier(p.grid_ctr, **b.at())
+    trace_point(f, "device_barrier", "begin")
     mori_comm.device_barrier(p.bar_slots, p.bar_epochs, world_size=cfg.world_size, max_blocks=cfg.max_blocks,
                              **b.at())  # fmt: skip
+    trace_point(f, "device_barrier", "end")
     if uniform_addressing:
         c32, (xb, wb) = _peer_bases(f, (p.reg_x, p.reg_w))
 
@@ -143,6 +152,7 @@ def combine_pull_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operati
             return row, mori_shmem.ptr(b.gep(p.reg_w, b.muli(s.slot64, kb), b.i8), s.pe, **b.at())
 
         reduce_tokens(f, rowc, source_row)
+    trace_point(f, "combine", "end")
     b.gpu_return()
     return f.func
 
@@ -154,6 +164,7 @@ def combine_push_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operati
     f = open_kernel(cfg, "combine_push", generator="ep_intranode_kernels.combine_push_kernel", block=block,
                     before=before)  # fmt: skip
     b, p = f.b, f.params
+    trace_point(f, "combine", "begin")
     rowc, kb = _combine_constants(f)
     S = b.const_i32(cfg.send_stride)
     M = b.const_i32(cfg.max_tokens_per_rank)
@@ -167,9 +178,12 @@ def combine_push_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operati
         return owner, b.addi(b.muli(f.me, M), tok)
 
     return_rows(f, locate, p.stage_x, p.stage_w, rowc, has_iw)
+    trace_point(f, "grid_barrier", "begin")
     mori_comm.grid_barrier(p.grid_ctr, **b.at())
+    trace_point(f, "device_barrier", "begin")
     mori_comm.device_barrier(p.bar_slots, p.bar_epochs, world_size=cfg.world_size, max_blocks=cfg.max_blocks,
                              **b.at())  # fmt: skip
+    trace_point(f, "device_barrier", "end")
 
     stage = combine_row_stride(f, rowc)  # staging rows: the call's rows, or its wire rows when quantizing
 
@@ -178,5 +192,6 @@ def combine_push_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operati
         return b.gep(p.stage_x, b.muli(srow64, stage), b.i8), b.gep(p.stage_w, b.muli(srow64, kb), b.i8)
 
     reduce_tokens(f, rowc, source_row, uniform=uniform_addressing, narrow=uniform_addressing)
+    trace_point(f, "combine", "end")
     b.gpu_return()
     return f.func

@@ -297,6 +297,12 @@ def open_kernel(cfg: EpKernelConfig, family: str, *, generator: str, block: ir.B
                        params=Params(sig.names, entry.arguments), **v)  # fmt: skip
 
 
+def trace_point(f: KernelFrame, event: str, phase: str) -> None:
+    """A trace point of the kernel (``mori_comm.trace``; compiled out unless the compile option ``trace``):
+    the phase boundaries the EP kernels mark are listed in docs/tracing.md."""
+    mori_comm.trace(event, phase, **f.b.at())
+
+
 def row_vectors(f: KernelFrame) -> ir.Value:
     """The 16-byte vectors of the call's row (index): a constant in the config-hidden variant."""
     b = f.b
@@ -554,10 +560,13 @@ def dispatch_completion(f: KernelFrame, rnd: DispatchRound) -> None:
     (``count_signal`` of ``dest_ctr`` through ``signals``, the received count into ``total``), and its
     lane 0 advances ``round_ctr`` on the device."""
     b, p = f.b, f.params
+    trace_point(f, "grid_barrier", "begin")
     mori_comm.grid_barrier(p.grid_ctr, **b.at())
+    trace_point(f, "grid_barrier", "end")
     first_warp = b.andi(rnd.b0, b.cmpi("eq", f.warp_in_block, f.c0x))
     with b.if_(first_warp):
         mori_comm.count_signal(p.signals, p.dest_ctr, p.total, world_size=f.cfg.world_size, **b.at())
+        trace_point(f, "count_signal", "end")
         with b.if_(f.lane0):
             b.store(b.addi(rnd.round, rnd.one64), p.round_ctr)
 

@@ -63,7 +63,7 @@ from mori_compiler.ep_schema import KERNELS, OP_FAMILIES
 from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, TokenInputs, combine_row_stride,
                               dispatch_completion, dispatch_round, open_kernel, reduce_tokens, reserve_on_peer,
                               return_rows, route_token, row_vectors, send_to_destinations, token_inputs,
-                              token_source)  # fmt: skip
+                              token_source, trace_point)  # fmt: skip
 
 LL_UNROLL = 4  # 16-byte vectors each data lane loads before storing them to every destination
 
@@ -208,6 +208,7 @@ def dispatch_ll_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operatio
     lds = new_global(block, symbol, buffers, addr_space=3, before=before, loc=loc)
     f = open_kernel(cfg, "dispatch_ll", generator=generator, block=block, before=before)
     b = f.b
+    trace_point(f, "dispatch", "begin")
     inputs = token_inputs(f)
     route = LdsRoute(b.address_of(symbol, b.ptr_lds), b.const_i32(half), b.const_i32(2))
     data_threads = (cfg.warps_per_block - 1) * cfg.wave_size
@@ -223,7 +224,9 @@ def dispatch_ll_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operatio
     # Software pipeline, one block barrier per token: while the data warps copy token t (route in buffer
     # t's parity), the control warp routes token t + grid into the other buffer.
     with b.if_(b.andi(control, b.cmpi("ult", f.bid_i, n_x))):
+        trace_point(f, "route", "begin")
         _control_warp(f, inputs, rnd.slot_ctr, route, f.bid_i, b.const_i32(0))
+        trace_point(f, "route", "end")
     b.barrier()
 
     def token_step(t_x, buf):
@@ -238,7 +241,9 @@ def dispatch_ll_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operatio
         return [b.xori(buf, f.c1i)]
 
     b.for_iter(f.bid_i, n_x, f.nb_i, [f.c0i], token_step)
+    trace_point(f, "tokens", "end")
     dispatch_completion(f, rnd)
+    trace_point(f, "dispatch", "end")
     b.gpu_return()
     return [lds, f.func]
 

@@ -12,6 +12,8 @@ from mori_compiler.dialects.irdl_spec import string_value
 from mori_compiler.errors import MoriCompilerError
 from mori_compiler.lib_bitcode.kernel_abi import MLIR_PARAM_TYPES
 
+TRACE_EVENTS_ATTR = "mori.trace_events"  # set on traced kernels by mori-trace-to-timer
+
 
 class ParamSignature(NamedTuple):
     name: str  # the ``mori.name`` argument attribute, or ``arg<i>`` where there is none
@@ -25,6 +27,7 @@ class CompiledKernel(NamedTuple):
     name: str
     params: tuple[ParamSignature, ...]
     block: tuple[int, int, int] | None
+    trace_events: tuple[str, ...] = ()  # the kernel's trace slots, "event:phase" (mori-trace-to-timer)
 
 
 def gpu_kernels(module_op: ir.Operation) -> Iterator[ir.Operation]:
@@ -96,5 +99,8 @@ def signatures_of_module(module, *, strict: bool = True, problems: dict | None =
             block = tuple(int(x) for x in fn.attributes["known_block_size"])
         params = tuple(ParamSignature(f"arg{i}" if pname is None else pname, ty, pname is not None)
                        for i, (pname, ty) in enumerate(zip(names, types)))  # fmt: skip
-        kernels[name] = CompiledKernel(name, params, block)
+        events = ()
+        if TRACE_EVENTS_ATTR in fn.attributes:
+            events = tuple(string_value(a) for a in ir.ArrayAttr(fn.attributes[TRACE_EVENTS_ATTR]))
+        kernels[name] = CompiledKernel(name, params, block, events)
     return kernels

@@ -193,14 +193,15 @@ def _bitcode_paths(bitcode) -> tuple[str, ...]:
 
 
 def ep_bundle(config: EpDispatchCombineConfig, target: str, *, virtual_pes: bool, asyncll=None, cache_root=None,
-              bitcode=None, scale_blocks: int | None = None):  # fmt: skip
+              bitcode=None, scale_blocks: int | None = None, trace: bool = False):  # fmt: skip
     """The kernel bundle ``EpDispatchCombineOp`` loads for ``config`` on ``target``: from the cache, or
     compiled now where the compiler is installed. The one place that maps a config to its bundle, so that
     precompiling scripts build exactly what the op will look up. ``asyncll``: the AsyncLL notification
     mode (default: resolved from the environment); ignored by the other kernel types. ``bitcode``: a path,
     or a tuple of paths, of device bitcode (e.g. MORI's ``libmori_shmem_device.bc``) linked instead of the
     project's device library; None leaves the choice to ``CompileOptions``. ``scale_blocks``: a blockwise
-    ``quant_type``'s scale blocks per row (default: ``$MORI_FP8_COMBINE_SCALE_DIM``). A cached bundle is verified
+    ``quant_type``'s scale blocks per row (default: ``$MORI_FP8_COMBINE_SCALE_DIM``). ``trace``: the kernels'
+    phase trace points compiled in (CompileOptions.trace; docs/tracing.md). A cached bundle is verified
     (target, kernel table, code-object hash) before it is returned; see mori_compiler/cache.py."""
     from mori_compiler.cache import get_bundle
     from mori_compiler.errors import MoriCompilerError
@@ -222,7 +223,9 @@ def ep_bundle(config: EpDispatchCombineConfig, target: str, *, virtual_pes: bool
             raise MoriCompilerError(f"ep_bundle: asyncll must be None or an AsyncLLOptions, got {asyncll!r}")
     plan = module_plan(config, gpu_target.wave_size, asyncll, scale_blocks)
     choice = {} if bitcode is None else {"bitcode": _bitcode_paths(bitcode)}
-    options = CompileOptions(target=gpu_target.name, virtual_pes=virtual_pes, **choice)
+    if not isinstance(trace, bool):
+        raise MoriCompilerError(f"ep_bundle: trace must be a bool, got {trace!r}")
+    options = CompileOptions(target=gpu_target.name, virtual_pes=virtual_pes, trace=trace, **choice)
     # Keyed by the plan's text (unchanged keys, precompiled bundles found), compiled from the built module.
     return get_bundle(plan.source(), options, cache_root=cache_root, what=f"EP {kind.name} kernels ({gpu_target.name})",
                       kernels=plan.kernel_names(), module=lambda: build_kernel_module(plan))  # fmt: skip

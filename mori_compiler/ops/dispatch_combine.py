@@ -110,12 +110,15 @@ class EpDispatchCombineOp:
     naming the PE and the count of invalid ids it sent; this costs one host synchronization per dispatch
     (the stream drains, so the launch of the next call no longer overlaps the kernels) and it refuses
     CUDA-graph capture.
+
+    ``trace``: the kernels are compiled with their phase trace points (docs/tracing.md; a bundle of its own);
+    ``kernel_trace(kernel)`` then records a launch's per-warp phase times. Off (default), no trace code exists.
     """
 
     VALIDATE_MODES = (True, "debug")
 
     def __init__(self, config: EpDispatchCombineConfig, *, target: str | None = None, validate=True,
-                 asyncll=None):  # fmt: skip
+                 asyncll=None, trace: bool = False):  # fmt: skip
         from .tuning import launch_config_mode
 
         auto_mode = launch_config_mode() == "AUTO"  # read once, as MORI's
@@ -133,8 +136,11 @@ class EpDispatchCombineOp:
                              "host cost: dispatch_status()); use validate=True (the default) or 'debug'")  # fmt: skip
         if not any(validate is mode or (isinstance(mode, str) and validate == mode) for mode in self.VALIDATE_MODES):
             raise ValueError(f"validate must be True or 'debug', got {validate!r}")
+        if not isinstance(trace, bool):
+            raise ValueError(f"trace must be a bool, got {trace!r}")
         self.config = config
         self.validate = validate
+        self.trace = trace
         self.op_id = new_op_id()
         state = shmem.state()
         if state.n_pes != config.world_size:
@@ -159,7 +165,8 @@ class EpDispatchCombineOp:
             warp_counts = self.auto.warp_counts()
         # The warps per block are compiled in: a bundle per warp count a call may get, over one set of buffers.
         bundles = {w: ep_bundle(dataclasses.replace(config, warp_num_per_block=w), self.target.name,
-                                virtual_pes=self.virtual, asyncll=self.asyncll, scale_blocks=self.sizes.scale_blocks)
+                                virtual_pes=self.virtual, asyncll=self.asyncll, scale_blocks=self.sizes.scale_blocks,
+                                trace=trace)
                    for w in warp_counts}  # fmt: skip
         self.bundle = bundles[config.warp_num_per_block]
         plan = kernel_plan(config)

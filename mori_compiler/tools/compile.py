@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bitcode", action="append", default=[], metavar="PATH",
                    help="device bitcode to link instead of the project's library (e.g. MORI's libmori_shmem_device.bc)")  # fmt: skip
     p.add_argument("--no-device-library", action="store_true", help="link no device library")
+    p.add_argument("--trace", action="store_true",
+                   help="compile the kernels' trace points (mori_comm.trace: global-timer phase marks, docs/tracing.md)")
     p.add_argument("--code-object-version", type=int, default=6, help="AMDGPU code object version: 5 or 6 (default 6)")
     p.add_argument("-O", dest="opt_level", type=int, default=3, help="LLVM optimization level 0-3 (default 3)")
     p.add_argument("-o", dest="output", default=None, help="output file ('-' for stdout)")
@@ -51,7 +53,7 @@ def _options(args):
 
     return CompileOptions(target=args.target, code_object_version=args.code_object_version,
                           opt_level=args.opt_level, bitcode=tuple(args.bitcode),
-                          device_library=not args.no_device_library)  # fmt: skip
+                          device_library=not args.no_device_library, trace=args.trace)  # fmt: skip
 
 
 def _source(spec: str | None) -> tuple[str, str, str]:
@@ -81,8 +83,9 @@ def _report(binary: bytes, stream) -> None:
 # --precompile: each entry is {"kernel": ...} (an example or an .mlir file, with compile options) or
 # {"ep": {...}} (the bundle EpDispatchCombineOp loads, built by ops.ep_bundle: one code path with the op).
 KERNEL_ENTRY_FIELDS = {"kernel": str, "target": str, "code_object_version": int, "opt_level": int,
-                       "bitcode": (str, list), "device_library": bool, "virtual_pes": bool}  # fmt: skip
-EP_ENTRY_FIELDS = {"ep": dict, "target": str, "virtual_pes": bool, "asyncll": dict, "bitcode": (str, list)}
+                       "bitcode": (str, list), "device_library": bool, "virtual_pes": bool, "trace": bool}  # fmt: skip
+EP_ENTRY_FIELDS = {"ep": dict, "target": str, "virtual_pes": bool, "asyncll": dict, "bitcode": (str, list),
+                   "trace": bool}  # fmt: skip
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "an object", list: "a list"}
 
 
@@ -171,7 +174,9 @@ def _plan_entry(entry: dict, index: int):
             if bitcode is not None:
                 CompileOptions(target=target, bitcode=bitcode)  # a missing file fails before any entry is built
             what = f"EP {EpDispatchCombineKernelType(config.kernel_type).name} kernels"
-            return lambda: (ep_bundle(config, target, virtual_pes=virtual_pes, asyncll=asyncll, bitcode=bitcode), what)
+            trace = entry.get("trace", False)
+            return lambda: (ep_bundle(config, target, virtual_pes=virtual_pes, asyncll=asyncll, bitcode=bitcode,
+                                      trace=trace), what)  # fmt: skip
         options = CompileOptions(**{k: v for k, v in entry.items() if k != "kernel"})
         source, display, _ = _source(entry["kernel"])
         return lambda: (_compile_bundle(source, display, options, entry["kernel"]), display)

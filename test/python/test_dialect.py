@@ -553,6 +553,7 @@ _COMM_SIGNATURES = {
     "mori_comm.chunk_send": (["dest", "source", "record_bytes", "mask", "signal", "signal_base", "pe", "qp"], ["bytes"],
                              []),
     "mori_comm.chunk_wait": (["signal", "signal_base"], ["count"], []),
+    "mori_comm.trace": ([], [], ["event", "phase"]),
     "mori_comm.quantize_row": (["dest", "source", "elems", "pe"], [], ["format", "scale_blocks"]),
     "mori_comm.accumulate_quantized_rows": (["out", "first", "count", "elems", "sources"], [], ["format", "scale_blocks"]),
 }
@@ -596,6 +597,7 @@ def test_comm_builders_verify_and_print(all_ctx):
         assert str(mori_comm.chunk_wait(ptr, sent).type) == "i32"
         mori_comm.quantize_row(ptr, ptr, n, pe, format="fp8_e4m3fn", scale_blocks=56)
         mori_comm.accumulate_quantized_rows(ptr, n, n, n, [ptr, ptr], format="fp4_e2m1", scale_blocks=7)
+        mori_comm.trace("dispatch.route", "begin")
 
     module = _module_with(all_ctx, emit_all)
     assert module.operation.verify()

@@ -50,6 +50,7 @@
 // CHECK: scf.if
 // CHECK: "mori_comm.grid_barrier"(%arg12) : (!llvm.ptr) -> ()
 // CHECK-NEXT: }
+// CHECK-NEXT: "mori_comm.trace"() {event = "device_barrier", phase = "begin"} : () -> ()
 // CHECK-NEXT: "mori_comm.device_barrier"(%arg10, %arg11) {max_blocks = 1024 : i64, world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // CHECK: "mori_shmem.ptr"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i32) -> !llvm.ptr
 // CHECK: "mori_comm.accumulate_rows"({{(%[0-9]+, ){9}%[0-9]+}}) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
@@ -61,6 +62,7 @@
 // CHECK-SAME: {{^}}%arg0: !llvm.ptr {mori.name = "inp"}, %arg1: !llvm.ptr {mori.name = "inp_w"}, %arg2: !llvm.ptr {mori.name = "stage_x"}, %arg3: !llvm.ptr {mori.name = "stage_w"}, %arg4: !llvm.ptr {mori.name = "src_pos"}, %arg5: !llvm.ptr {mori.name = "fwd"}, %arg6: i32 {mori.name = "n"}, %arg7: i32 {mori.name = "hidden"}, %arg8: !llvm.ptr {mori.name = "total"}, %arg9: !llvm.ptr {mori.name = "out"}, %arg10: !llvm.ptr {mori.name = "out_w"}, %arg11: !llvm.ptr {mori.name = "zero_row"}, %arg12: !llvm.ptr {mori.name = "grid_ctr"}, %arg13: !llvm.ptr {mori.name = "bar_slots"}, %arg14: !llvm.ptr {mori.name = "bar_epochs"}) kernel attributes {known_block_size = array<i32: 512, 1, 1>} {
 // CHECK: "mori_comm.row_copy"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (!llvm.ptr, !llvm.ptr, i64, i32) -> ()
 // CHECK: "mori_comm.grid_barrier"(%arg12) : (!llvm.ptr) -> ()
+// CHECK-NEXT: "mori_comm.trace"() {event = "device_barrier", phase = "begin"} : () -> ()
 // CHECK-NEXT: "mori_comm.device_barrier"(%arg13, %arg14) {max_blocks = 1024 : i64, world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // CHECK-NOT: "mori_shmem.ptr"
 // CHECK: "mori_comm.accumulate_rows"({{(%[0-9]+, ){9}%[0-9]+}}) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
