@@ -456,6 +456,28 @@ class EpDispatchCombineOp:
         status = [dict(zip(STATUS_WORDS, words)) for words in self._status_words()]
         return status if self.virtual else status[0]
 
+    def kernel_trace(self, kernel: str, block_num: int | None = None, warp_per_block: int | None = None):
+        """Start recording kernel ``kernel``'s phase trace points (an op built with ``trace=True``): its
+        runtime KernelTrace (runtime/trace.py: ``reset()``, ``read()``, ``disable()``), for launches of up to
+        ``block_num`` blocks per PE (default config.block_num) of the bundle of ``warp_per_block`` warps
+        (default the config's). ``kernel`` is a kernel name of the bundle, e.g. ``ep_dispatch_bf16``."""
+        if not self.trace:
+            raise ValueError("kernel_trace: this op was built without trace points: EpDispatchCombineOp(config, "
+                             "trace=True)")  # fmt: skip
+        c = self.config
+        warps = c.warp_num_per_block if warp_per_block is None else warp_per_block
+        if warps not in self._launches:
+            raise ValueError(f"kernel_trace: no bundle of {warps} warps per block (this op has {sorted(self._launches)})")
+        blocks = c.block_num if block_num is None else block_num
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks <= 0:
+            raise ValueError(f"kernel_trace: block_num must be a positive number of blocks per PE, got {block_num!r}")
+        kernels = self._launches[warps].kernels
+        if kernel not in kernels.bundle.kernels:
+            raise ValueError(f"kernel_trace: no kernel '{kernel}' in this op's bundle (has: "
+                             f"{', '.join(sorted(kernels.bundle.kernels))})")  # fmt: skip
+        grid = (blocks,) if self.virtual else (blocks, 1, 1)
+        return kernels.trace(kernel, grid, n_pes=self.n_local if self.virtual else None)
+
     def _debug_check(self) -> None:
         """validate="debug": synchronize and raise when a PE's dispatch sent invalid expert ids."""
         import torch
