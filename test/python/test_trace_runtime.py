@@ -18,7 +18,8 @@ from mori_compiler.runtime.bundle import (BUNDLE_FORMAT, METADATA_FILE, BundleEr
 from mori_compiler.runtime.cuda import CudaDriver
 from mori_compiler.runtime.hip import HipDriver
 from mori_compiler.runtime.launcher import KernelSet
-from mori_compiler.runtime.trace import (Trace, TraceLayout, TraceRecord, decode_buffer, trace_symbol)  # fmt: skip
+from mori_compiler.runtime.trace import (Spread, Trace, TraceLayout, TraceRecord, decode_buffer, export_to_perfetto,
+                                         format_phase_table, phase_summary, trace_symbol)  # fmt: skip
 from test_runtime_fakes import FakeCudaModule, FakeGPU, FakeHipModule
 
 EVENTS = ("copy:begin", "copy:end", "signal:instant")
@@ -308,3 +309,145 @@ def test_amd_wave64_and_its_timer_in_ticks(tmp_path, gpu):
     got = trace.read()
     assert got.records == (TraceRecord("k", 0, 0, 1, "signal", "instant", 5),)
     assert got.ns_per_tick is None and got.unit == "ticks" and got.target == "gfx942"
+
+
+# ---- analysis ---------------------------------------------------------------------------------------
+
+
+def _records():
+    """Kernel k on two PEs (virtual PEs: one clock). PE 0: three warps, one of which ended its copy before
+    it began (a loop's last iteration that began but did not end), PE 1: one warp."""
+    r = TraceRecord
+    return [r("k", 0, 0, 0, "copy", "begin", 1000), r("k", 0, 0, 0, "copy", "end", 1300),
+            r("k", 0, 0, 0, "signal", "instant", 1400),
+            r("k", 0, 0, 1, "copy", "begin", 1010), r("k", 0, 0, 1, "copy", "end", 1110),
+            r("k", 0, 1, 0, "copy", "begin", 1200), r("k", 0, 1, 0, "copy", "end", 1100),
+            r("k", 0, 1, 0, "signal", "instant", 1500),
+            r("k", 1, 0, 0, "copy", "begin", 5000), r("k", 1, 0, 0, "copy", "end", 5600)]  # fmt: skip
+
+
+def _trace(records=None, **kw):
+    args = dict(kernel="k", records=tuple(_records() if records is None else records), target="sm_90",
+                slots=_slots(), grid=(2, 1, 2), block=(64, 1, 1), warps_per_block=2, ns_per_tick=1.0)  # fmt: skip
+    args.update(kw)
+    return Trace(**args)
+
+
+def test_phase_summary_gives_durations_per_pe_and_the_timeline_since_the_pes_first_timestamp():
+    pe0, pe1 = phase_summary(_trace())
+    assert (pe0.kernel, pe0.pe, pe0.warps, pe0.t0, pe0.unit) == ("k", 0, 3, 1000, "ns")
+    # copy: 300 and 100 (the inverted warp is counted apart, not as -100)
+    assert pe0.durations == {"copy": Spread(2, 100, 200, 300)} and pe0.inverted == {"copy": 1}
+    assert pe0.timeline == {"copy:begin": Spread(3, 0, 10, 200), "copy:end": Spread(3, 100, 110, 300),
+                            "signal:instant": Spread(2, 400, 450, 500)}  # fmt: skip
+    assert (pe1.pe, pe1.t0, pe1.warps) == (1, 5000, 1)
+    assert pe1.durations == {"copy": Spread(1, 600, 600, 600)} and pe1.inverted == {}
+    assert pe1.timeline == {"copy:begin": Spread(1, 0, 0, 0), "copy:end": Spread(1, 600, 600, 600)}
+
+
+def test_phase_summary_of_bare_records_groups_them_by_kernel_in_ticks():
+    extra = [TraceRecord("other", 2, 0, 0, "x", "instant", 77)]
+    summaries = phase_summary(_records() + extra)
+    assert [(s.kernel, s.pe, s.unit) for s in summaries] == [("k", 0, "ticks"), ("k", 1, "ticks"),
+                                                             ("other", 2, "ticks")]  # fmt: skip
+    assert summaries[0].durations == phase_summary(_trace())[0].durations
+    assert summaries[2].timeline == {"x:instant": Spread(1, 0, 0, 0)} and summaries[2].durations == {}
+    with pytest.raises(TypeError, match="expected a Trace"):
+        phase_summary([1, 2])
+
+
+def test_format_phase_table_shows_each_number():
+    table = format_phase_table(_trace())
+    lines = table.splitlines()
+    assert lines[0] == "k  PE 0  (3 warps recorded, ns)"
+    row = next(line for line in lines if line.strip().startswith("copy ") and "warps ended" not in line)
+    assert row.split() == ["copy", "2", "100", "200", "300"]
+    assert any(line.split() == ["signal:instant", "2", "400", "450", "500"] for line in lines)
+    assert any("copy" in line and "1 warps ended before they began" in line for line in lines)
+    assert "k  PE 1  (1 warps recorded, ns)" in lines
+    assert format_phase_table(phase_summary(_trace())) == table  # summaries or traces: the same table
+    assert format_phase_table(_trace(records=())) == "(no trace records)\n"
+
+
+def test_a_median_between_two_warps_is_shown_with_its_fraction():
+    records = [TraceRecord("k", 0, 0, w, "copy", p, t) for w, (b, e) in enumerate([(0, 3), (0, 4)])
+               for p, t in (("begin", b), ("end", e))]  # fmt: skip
+    (s,) = phase_summary(_trace(records))
+    assert s.durations["copy"] == Spread(2, 3, 3.5, 4)
+    assert any(line.split() == ["copy", "2", "3", "3.5", "4"] for line in format_phase_table([s]).splitlines())
+
+
+# ---- the Perfetto (Chrome trace-event JSON) export ------------------------------------------------
+
+
+def _export(tmp_path, traces, **kw):
+    path = tmp_path / "trace.json"
+    counts = export_to_perfetto(path, traces, **kw)
+    doc = json.loads(path.read_text())
+    assert set(doc) == {"traceEvents", "displayTimeUnit"} and doc["displayTimeUnit"] == "ns"
+    for e in doc["traceEvents"]:  # the trace-event format's required fields, by kind
+        assert e["ph"] in ("X", "i", "M") and isinstance(e["name"], str) and e["name"]
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        if e["ph"] == "X":
+            assert isinstance(e["ts"], float) and isinstance(e["dur"], float) and e["dur"] >= 0
+        if e["ph"] == "i":
+            assert isinstance(e["ts"], float) and e["s"] == "t"
+        if e["ph"] == "M":
+            assert e["name"] in ("process_name", "thread_name", "process_sort_index", "thread_sort_index")
+    return doc["traceEvents"], counts
+
+
+def _by(events, ph):
+    return [e for e in events if e["ph"] == ph]
+
+
+def test_export_writes_complete_instant_and_metadata_events(tmp_path):
+    events, counts = _export(tmp_path, _trace())
+    assert counts == {"complete": 3, "instant": 2, "unpaired": 2}
+    complete = sorted((e["pid"], e["tid"], e["name"], e["ts"], e["dur"]) for e in _by(events, "X"))
+    # µs since the trace's earliest timestamp (1000 ns); tid = block * 2 warps + warp
+    assert complete == [(0, 0, "copy", 0.0, 0.3), (0, 1, "copy", 0.01, 0.1), (1, 0, "copy", 4.0, 0.6)]
+    instants = sorted((e["pid"], e["tid"], e["name"], e["ts"], e["args"].get("unpaired", False))
+                      for e in _by(events, "i"))  # fmt: skip
+    assert instants == [(0, 0, "signal", 0.4, False), (0, 2, "copy:begin", 0.2, True), (0, 2, "copy:end", 0.1, True),
+                        (0, 2, "signal", 0.5, False)]  # fmt: skip
+    x = _by(events, "X")[0]
+    assert x["cat"] == "k" and x["args"] == {"kernel": "k", "block": 0, "warp": 0}
+    names = {(e["name"], e["pid"], e["tid"]): e["args"] for e in _by(events, "M")}
+    assert names[("process_name", 0, 0)] == {"name": "PE 0"} and names[("process_name", 1, 0)] == {"name": "PE 1"}
+    assert names[("thread_name", 0, 2)] == {"name": "block 1 warp 0"}
+    assert names[("thread_name", 0, 1)] == {"name": "block 0 warp 1"}
+    assert sum(1 for e in _by(events, "M") if e["name"] == "thread_name") == 4  # each warp named once
+
+
+def test_export_places_several_traces_by_offset_or_on_one_clock(tmp_path):
+    first = _trace()
+    later = _trace([TraceRecord("k", 0, 0, 0, "copy", "begin", 3000), TraceRecord("k", 0, 0, 0, "copy", "end", 3500)])
+    events, _ = _export(tmp_path, [first, later.placed(name="k again", offset_ns=10_000)])
+    again = [e for e in _by(events, "X") if e["cat"] == "k again"]
+    assert [(e["ts"], e["dur"]) for e in again] == [(10.0, 0.5)]  # its own start at its offset
+    events, _ = _export(tmp_path, [first, later.placed(offset_ns=500)], align="clock")
+    assert sorted((e["ts"], e["dur"]) for e in _by(events, "X") if e["pid"] == 0 and e["tid"] == 0) == [
+        (0.0, 0.3), (2.5, 0.5)]  # fmt: skip
+    assert sum(1 for e in _by(events, "M") if e["name"] == "thread_name" and e["tid"] == 0 and e["pid"] == 0) == 1
+    with pytest.raises(ValueError, match="align must be 'start' .* or 'clock'"):
+        export_to_perfetto(tmp_path / "x.json", first, align="pe")
+    with pytest.raises(ValueError, match="offset_ns must be a finite number"):
+        first.placed(offset_ns=float("nan"))
+
+
+def test_export_of_amd_ticks_needs_the_tick_length(tmp_path):
+    amd = _trace(target="gfx942", ns_per_tick=None)
+    with pytest.raises(ValueError, match="trace 'k' \\(gfx942\\) counts timer ticks, not ns: pass ns_per_tick="):
+        export_to_perfetto(tmp_path / "x.json", amd)
+    assert not (tmp_path / "x.json").exists()
+    events, _ = _export(tmp_path, amd, ns_per_tick=10)
+    assert sorted((e["ts"], e["dur"]) for e in _by(events, "X"))[0] == (0.0, 3.0)  # 300 ticks of 10 ns
+    for bad in (0, -1, float("inf"), True):
+        with pytest.raises(ValueError, match="ns_per_tick"):
+            export_to_perfetto(tmp_path / "x.json", amd, ns_per_tick=bad)
+
+
+def test_an_empty_trace_exports_an_empty_event_list(tmp_path):
+    events, counts = _export(tmp_path, _trace(records=()))
+    assert events == [] and counts == {"complete": 0, "instant": 0, "unpaired": 0}
