@@ -463,66 +463,88 @@ def _number(value: float) -> str:
 
 
 def chrome_trace_events(traces, *, ns_per_tick: float | None = None, align: str = "start") -> list[dict]:
-    """The trace events of ``export_to_perfetto`` (see there), as a list."""
+    """The trace events of ``export_to_perfetto`` (see there), as a list: metadata first, then per warp its
+    slices in start order (an enclosing slice before those it encloses) and its instants."""
     traces = _as_traces(traces)
     if align not in ("start", "clock"):
         raise ValueError(f"align must be 'start' (each trace from its offset) or 'clock' (one time base), "
                          f"got {align!r}")  # fmt: skip
-    scales = []
-    for trace in traces:
-        scale = _finite(ns_per_tick, "ns_per_tick") if ns_per_tick is not None else trace.ns_per_tick
-        if scale is None:
-            raise ValueError(f"trace '{trace.label}' ({trace.target or 'unknown target'}) counts timer ticks, "
-                             "not ns: pass ns_per_tick= (MI300's REALTIME clock runs at 100 MHz: 10)")  # fmt: skip
-        if scale <= 0:
-            raise ValueError(f"ns_per_tick must be > 0, got {scale!r}")
-        scales.append(scale)
-    clock_zero = min((r.t * s for tr, s in zip(traces, scales) for r in tr.records), default=0)
-    out: list[dict] = []
-    named_threads: set[tuple[int, int]] = set()
-    pes: set[int] = set()
+    scales = [_tick_ns(trace, ns_per_tick) for trace in traces]
+    if align == "clock" and len(set(scales)) > 1:
+        raise ValueError(f"align='clock' puts all traces on one timer, but their ticks differ ({sorted(set(scales))} "
+                         "ns): use align='start'")  # fmt: skip
+    # Timer values are large (NVIDIA's: ns since 1970, ~1.7e18, where a float is 256 ns coarse): subtract the
+    # zero as integers first, convert after.
+    clock_zero = min((r.t for tr in traces for r in tr.records), default=0)
+    threads: dict[tuple[int, int], _Thread] = {}
     for trace, scale in zip(traces, scales):
         if not trace.records:
             continue
-        zero = clock_zero if align == "clock" else min(r.t for r in trace.records) * scale
-        wpb = trace.warps_per_block
-
-        def us(t: int) -> float:
-            return (t * scale - zero + trace.offset_ns) / 1000.0
-
+        zero = clock_zero if align == "clock" else min(r.t for r in trace.records)
         warps: dict[tuple[int, int, int], dict[tuple[str, str], int]] = {}
         for r in trace.records:
             warps.setdefault((r.pe, r.block, r.warp), {})[(r.event, r.phase)] = r.t
-        for (pe, block, warp), points in sorted(warps.items()):
-            tid = block * wpb + warp
-            pes.add(pe)
-            if (pe, tid) not in named_threads:
-                named_threads.add((pe, tid))
-                out.append({"ph": "M", "name": "thread_name", "pid": pe, "tid": tid,
-                            "args": {"name": f"block {block} warp {warp}"}})  # fmt: skip
-                out.append({"ph": "M", "name": "thread_sort_index", "pid": pe, "tid": tid, "args": {"sort_index": tid}})
+        for (pe, block, warp), points in warps.items():
+            tid = block * trace.warps_per_block + warp
+            thread = threads.setdefault((pe, tid), _Thread(f"block {block} warp {warp}"))
             args = {"kernel": trace.kernel, "block": block, "warp": warp}
             for (event, phase), t in points.items():
-                if phase == "end" and (event, "begin") in points:
-                    continue
-                if phase == "begin" and (event, "end") in points and points[(event, "end")] >= t:
-                    out.append({"ph": "X", "name": event, "cat": trace.label, "pid": pe, "tid": tid, "ts": us(t),
-                                "dur": (points[(event, "end")] - t) * scale / 1000.0, "args": args})  # fmt: skip
-                    continue
-                if phase != "instant":  # begin without its end (or after it), end without its begin
-                    for p in ("begin", "end"):
-                        if (event, p) in points:
-                            out.append({"ph": "i", "s": "t", "name": f"{event}:{p}", "cat": trace.label, "pid": pe,
-                                        "tid": tid, "ts": us(points[(event, p)]),
-                                        "args": {**args, "unpaired": True}})  # fmt: skip
-                    continue
-                out.append({"ph": "i", "s": "t", "name": event, "cat": trace.label, "pid": pe, "tid": tid,
-                            "ts": us(t), "args": args})  # fmt: skip
-    meta = []
-    for pe in sorted(pes):
-        meta.append({"ph": "M", "name": "process_name", "pid": pe, "tid": 0, "args": {"name": f"PE {pe}"}})
-        meta.append({"ph": "M", "name": "process_sort_index", "pid": pe, "tid": 0, "args": {"sort_index": pe}})
-    return meta + out
+                ns = (t - zero) * scale + trace.offset_ns
+                if phase == "instant":
+                    thread.instants.append((ns, event, trace.label, args))
+                elif phase == "begin" and points.get((event, "end"), -1) >= t:
+                    thread.slices.append((ns, (points[(event, "end")] - t) * scale, event, trace.label, args))
+                elif not (phase == "end" and points.get((event, "begin"), t + 1) <= t):
+                    # a begin without its end, an end without its begin, or an end before its begin
+                    thread.instants.append((ns, f"{event}:{phase}", trace.label, {**args, "unpaired": True}))
+    out = []
+    for pe in sorted({pe for pe, _ in threads}):
+        out.append({"ph": "M", "name": "process_name", "pid": pe, "tid": 0, "args": {"name": f"PE {pe}"}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": pe, "tid": 0, "args": {"sort_index": pe}})
+    for (pe, tid), thread in sorted(threads.items()):
+        out.append({"ph": "M", "name": "thread_name", "pid": pe, "tid": tid, "args": {"name": thread.name}})
+        out.append({"ph": "M", "name": "thread_sort_index", "pid": pe, "tid": tid, "args": {"sort_index": tid}})
+    for (pe, tid), thread in sorted(threads.items()):
+        out += thread.events(pe, tid)
+    return out
+
+
+def _tick_ns(trace: Trace, override: float | None) -> float:
+    scale = _finite(override, "ns_per_tick") if override is not None else trace.ns_per_tick
+    if scale is None:
+        raise ValueError(f"trace '{trace.label}' ({trace.target or 'unknown target'}) counts timer ticks, not ns: "
+                         "pass ns_per_tick= (MI300's REALTIME clock runs at 100 MHz: 10)")  # fmt: skip
+    if scale <= 0:
+        raise ValueError(f"ns_per_tick must be > 0, got {scale!r}")
+    return scale
+
+
+class _Thread:
+    """One warp's track in the export: its slices (start ns, duration ns, name, cat, args) and instants."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.slices: list[tuple] = []
+        self.instants: list[tuple] = []
+
+    def events(self, pid: int, tid: int) -> list[dict]:
+        """The track's events. Slices of one track must nest (Perfetto drops a slice that starts inside
+        another and ends after it): such a slice becomes its begin and end instants, marked ``overlaps``."""
+        out, open_ends = [], []  # open_ends: the ends of the enclosing slices, innermost last
+        for start, dur, name, cat, args in sorted(self.slices, key=lambda s: (s[0], -s[1])):
+            while open_ends and start >= open_ends[-1]:
+                open_ends.pop()
+            if open_ends and start + dur > open_ends[-1]:
+                marked = {**args, "overlaps": True}
+                self.instants += [(start, f"{name}:begin", cat, marked), (start + dur, f"{name}:end", cat, marked)]
+                continue
+            open_ends.append(start + dur)
+            out.append({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": start / 1000.0,
+                        "dur": dur / 1000.0, "args": args})  # fmt: skip
+        for ts, name, cat, args in sorted(self.instants, key=lambda i: i[0]):
+            out.append({"ph": "i", "s": "t", "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": ts / 1000.0,
+                        "args": args})  # fmt: skip
+        return out
 
 
 def export_to_perfetto(path: str | os.PathLike, traces, *, ns_per_tick: float | None = None,
@@ -532,20 +554,23 @@ def export_to_perfetto(path: str | os.PathLike, traces, *, ns_per_tick: float | 
 
     Each PE is a process (pid = PE, named "PE p"), each warp a thread (tid = linear warp within the PE,
     named "block b warp w"). A begin/end pair of a warp is an "X" (complete) event named after the event,
-    an instant an "i" event (thread scope); a begin or end without its partner, or an end before its begin,
-    is an "i" event named "event:phase" with ``args.unpaired``. Times are µs (floats). With
-    ``align="start"`` each trace's earliest timestamp is at its ``offset_ns`` (``Trace.placed``); with
-    ``"clock"`` all traces keep their positions on the timer (meaningful on one GPU), the earliest at 0, each
-    shifted by its offset. ``ns_per_tick`` overrides the traces' own (needed for AMD's ticks).
-    Returns the counts of events written by kind."""
+    an instant an "i" event (thread scope). A begin or end without its partner, or an end before its begin,
+    is an "i" event named "event:phase" with ``args.unpaired``; a pair that would overlap another slice of
+    its warp without nesting in it (Perfetto would drop it) becomes two such instants with
+    ``args.overlaps``. Times are µs (floats; ``ts`` is µs whatever ``displayTimeUnit`` says, which only
+    asks for ns display). With ``align="start"`` each trace's earliest timestamp is at its ``offset_ns``
+    (``Trace.placed``); with ``"clock"`` all traces keep their positions on the timer (meaningful on one
+    GPU), the earliest at 0, each shifted by its offset. ``ns_per_tick`` overrides the traces' own (needed
+    for AMD's ticks). Returns the number of events written of each kind."""
     events = chrome_trace_events(traces, ns_per_tick=ns_per_tick, align=align)
     doc = {"traceEvents": events, "displayTimeUnit": "ns"}
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f, separators=(",", ":"))
-    counts = {"complete": 0, "instant": 0, "unpaired": 0}
+    counts = {"complete": 0, "instant": 0, "unpaired": 0, "overlapping": 0}
     for e in events:
         if e["ph"] == "X":
             counts["complete"] += 1
         elif e["ph"] == "i":
-            counts["unpaired" if e["args"].get("unpaired") else "instant"] += 1
+            kind = "overlapping" if e["args"].get("overlaps") else "unpaired" if e["args"].get("unpaired") else "instant"
+            counts[kind] += 1
     return counts

@@ -403,7 +403,7 @@ def _by(events, ph):
 
 def test_export_writes_complete_instant_and_metadata_events(tmp_path):
     events, counts = _export(tmp_path, _trace())
-    assert counts == {"complete": 3, "instant": 2, "unpaired": 2}
+    assert counts == {"complete": 3, "instant": 2, "unpaired": 2, "overlapping": 0}
     complete = sorted((e["pid"], e["tid"], e["name"], e["ts"], e["dur"]) for e in _by(events, "X"))
     # µs since the trace's earliest timestamp (1000 ns); tid = block * 2 warps + warp
     assert complete == [(0, 0, "copy", 0.0, 0.3), (0, 1, "copy", 0.01, 0.1), (1, 0, "copy", 4.0, 0.6)]
@@ -450,4 +450,36 @@ def test_export_of_amd_ticks_needs_the_tick_length(tmp_path):
 
 def test_an_empty_trace_exports_an_empty_event_list(tmp_path):
     events, counts = _export(tmp_path, _trace(records=()))
-    assert events == [] and counts == {"complete": 0, "instant": 0, "unpaired": 0}
+    assert events == [] and counts == {"complete": 0, "instant": 0, "unpaired": 0, "overlapping": 0}
+
+
+def test_slices_of_a_warp_that_overlap_without_nesting_become_marked_instants(tmp_path):
+    # Perfetto drops a slice of a track that starts inside another and ends after it: "late" here.
+    spans = {"outer": (0, 100), "inner": (0, 20), "late": (50, 150), "next": (100, 120)}
+    records = [TraceRecord("k", 0, 0, 0, name, phase, 1000 + t) for name, (b, e) in spans.items()
+               for phase, t in (("begin", b), ("end", e))]  # fmt: skip
+    slots = tuple((name, phase) for name in spans for phase in ("begin", "end"))
+    events, counts = _export(tmp_path, _trace(records, slots=slots))
+    assert counts == {"complete": 3, "instant": 0, "unpaired": 0, "overlapping": 2}
+    # slices in start order, an enclosing one before those it encloses (same start: the longer first)
+    assert [(e["name"], e["ts"], e["dur"]) for e in _by(events, "X")] == [
+        ("outer", 0.0, 0.1), ("inner", 0.0, 0.02), ("next", 0.1, 0.02)]  # fmt: skip
+    assert [(e["name"], e["ts"], e["args"]["overlaps"]) for e in _by(events, "i")] == [
+        ("late:begin", 0.05, True), ("late:end", 0.15, True)]  # fmt: skip
+    # the analysis keeps its true duration
+    (s,) = phase_summary(_trace(records, slots=slots))
+    assert s.durations["late"] == Spread(1, 100, 100, 100)
+
+
+def test_export_keeps_ns_of_timestamps_as_large_as_nvidias(tmp_path):
+    # %globaltimer counts ns since 1970 (~1.7e18), where a float is 256 ns coarse: the export subtracts the
+    # start as integers before converting.
+    base = 1_700_000_000_000_000_000
+    records = [TraceRecord("k", 0, 0, w, "copy", phase, base + t)
+               for w, times in enumerate([(135, 1036), (7, 8)]) for phase, t in zip(("begin", "end"), times)]
+    for align in ("start", "clock"):
+        events, _ = _export(tmp_path, _trace(records), align=align)
+        assert sorted((e["tid"], round(e["ts"] * 1000), round(e["dur"] * 1000)) for e in _by(events, "X")) == [
+            (0, 128, 901), (1, 0, 1)]  # fmt: skip
+    with pytest.raises(ValueError, match="align='clock' puts all traces on one timer, but their ticks differ"):
+        export_to_perfetto(tmp_path / "x.json", [_trace(records), _trace(records, ns_per_tick=2.0)], align="clock")
