@@ -485,7 +485,9 @@ def chrome_trace_events(traces, *, ns_per_tick: float | None = None, align: str 
         for r in trace.records:
             warps.setdefault((r.pe, r.block, r.warp), {})[(r.event, r.phase)] = r.t
         for (pe, block, warp), points in warps.items():
-            tid = block * trace.warps_per_block + warp
+            # tid 0 is the idle thread in Perfetto's process model (a second process's tid 0 is merged into
+            # another thread): the warps count from 1
+            tid = block * trace.warps_per_block + warp + 1
             thread = threads.setdefault((pe, tid), _Thread(f"block {block} warp {warp}"))
             args = {"kernel": trace.kernel, "block": block, "warp": warp}
             for (event, phase), t in points.items():
@@ -552,7 +554,7 @@ def export_to_perfetto(path: str | os.PathLike, traces, *, ns_per_tick: float | 
     """Write ``traces`` (a Trace, a list of them, or bare TraceRecords) to ``path`` as Chrome trace-event JSON
     (``{"traceEvents": [...], "displayTimeUnit": "ns"}``), which https://ui.perfetto.dev opens.
 
-    Each PE is a process (pid = PE, named "PE p"), each warp a thread (tid = linear warp within the PE,
+    Each PE is a process (pid = PE, named "PE p"), each warp a thread (tid = 1 + linear warp within the PE,
     named "block b warp w"). A begin/end pair of a warp is an "X" (complete) event named after the event,
     an instant an "i" event (thread scope). A begin or end without its partner, or an end before its begin,
     is an "i" event named "event:phase" with ``args.unpaired``; a pair that would overlap another slice of

@@ -388,6 +388,8 @@ def _export(tmp_path, traces, **kw):
     for e in doc["traceEvents"]:  # the trace-event format's required fields, by kind
         assert e["ph"] in ("X", "i", "M") and isinstance(e["name"], str) and e["name"]
         assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        if e["ph"] != "M" or e["name"].startswith("thread_"):
+            assert e["tid"] >= 1  # Perfetto's tid 0 is the idle thread: a second PE's would be merged away
         if e["ph"] == "X":
             assert isinstance(e["ts"], float) and isinstance(e["dur"], float) and e["dur"] >= 0
         if e["ph"] == "i":
@@ -405,18 +407,18 @@ def test_export_writes_complete_instant_and_metadata_events(tmp_path):
     events, counts = _export(tmp_path, _trace())
     assert counts == {"complete": 3, "instant": 2, "unpaired": 2, "overlapping": 0}
     complete = sorted((e["pid"], e["tid"], e["name"], e["ts"], e["dur"]) for e in _by(events, "X"))
-    # µs since the trace's earliest timestamp (1000 ns); tid = block * 2 warps + warp
-    assert complete == [(0, 0, "copy", 0.0, 0.3), (0, 1, "copy", 0.01, 0.1), (1, 0, "copy", 4.0, 0.6)]
+    # µs since the trace's earliest timestamp (1000 ns); tid = 1 + block * 2 warps + warp
+    assert complete == [(0, 1, "copy", 0.0, 0.3), (0, 2, "copy", 0.01, 0.1), (1, 1, "copy", 4.0, 0.6)]
     instants = sorted((e["pid"], e["tid"], e["name"], e["ts"], e["args"].get("unpaired", False))
                       for e in _by(events, "i"))  # fmt: skip
-    assert instants == [(0, 0, "signal", 0.4, False), (0, 2, "copy:begin", 0.2, True), (0, 2, "copy:end", 0.1, True),
-                        (0, 2, "signal", 0.5, False)]  # fmt: skip
+    assert instants == [(0, 1, "signal", 0.4, False), (0, 3, "copy:begin", 0.2, True), (0, 3, "copy:end", 0.1, True),
+                        (0, 3, "signal", 0.5, False)]  # fmt: skip
     x = _by(events, "X")[0]
     assert x["cat"] == "k" and x["args"] == {"kernel": "k", "block": 0, "warp": 0}
     names = {(e["name"], e["pid"], e["tid"]): e["args"] for e in _by(events, "M")}
     assert names[("process_name", 0, 0)] == {"name": "PE 0"} and names[("process_name", 1, 0)] == {"name": "PE 1"}
-    assert names[("thread_name", 0, 2)] == {"name": "block 1 warp 0"}
-    assert names[("thread_name", 0, 1)] == {"name": "block 0 warp 1"}
+    assert names[("thread_name", 0, 3)] == {"name": "block 1 warp 0"}
+    assert names[("thread_name", 0, 2)] == {"name": "block 0 warp 1"}
     assert sum(1 for e in _by(events, "M") if e["name"] == "thread_name") == 4  # each warp named once
 
 
@@ -427,9 +429,9 @@ def test_export_places_several_traces_by_offset_or_on_one_clock(tmp_path):
     again = [e for e in _by(events, "X") if e["cat"] == "k again"]
     assert [(e["ts"], e["dur"]) for e in again] == [(10.0, 0.5)]  # its own start at its offset
     events, _ = _export(tmp_path, [first, later.placed(offset_ns=500)], align="clock")
-    assert sorted((e["ts"], e["dur"]) for e in _by(events, "X") if e["pid"] == 0 and e["tid"] == 0) == [
+    assert sorted((e["ts"], e["dur"]) for e in _by(events, "X") if e["pid"] == 0 and e["tid"] == 1) == [
         (0.0, 0.3), (2.5, 0.5)]  # fmt: skip
-    assert sum(1 for e in _by(events, "M") if e["name"] == "thread_name" and e["tid"] == 0 and e["pid"] == 0) == 1
+    assert sum(1 for e in _by(events, "M") if e["name"] == "thread_name" and e["tid"] == 1 and e["pid"] == 0) == 1
     with pytest.raises(ValueError, match="align must be 'start' .* or 'clock'"):
         export_to_perfetto(tmp_path / "x.json", first, align="pe")
     with pytest.raises(ValueError, match="offset_ns must be a finite number"):
@@ -480,6 +482,6 @@ def test_export_keeps_ns_of_timestamps_as_large_as_nvidias(tmp_path):
     for align in ("start", "clock"):
         events, _ = _export(tmp_path, _trace(records), align=align)
         assert sorted((e["tid"], round(e["ts"] * 1000), round(e["dur"] * 1000)) for e in _by(events, "X")) == [
-            (0, 128, 901), (1, 0, 1)]  # fmt: skip
+            (1, 128, 901), (2, 0, 1)]  # fmt: skip
     with pytest.raises(ValueError, match="align='clock' puts all traces on one timer, but their ticks differ"):
         export_to_perfetto(tmp_path / "x.json", [_trace(records), _trace(records, ns_per_tick=2.0)], align="clock")
