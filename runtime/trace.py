@@ -245,6 +245,9 @@ class KernelTrace:
         try:
             self._driver.memset_d8(ptr, 0, nbytes)
             self._driver.memcpy_htod(self._global, ptr.to_bytes(TRACE_POINTER_SIZE, "little"))
+            # A memset may still run when it returns, and torch's streams do not wait for the legacy default
+            # stream: zeroed before any kernel can record.
+            self._driver.device_synchronize()
         except BaseException:
             self._driver.free(ptr)
             raise
