@@ -436,14 +436,14 @@ def format_phase_table(traces_or_summaries) -> str:
     head = f"  {'':<{width}} {'warps':>6} {'min':>12} {'median':>12} {'max':>12}"
     lines = []
     for s in summaries:
-        lines.append(f"{s.kernel}  PE {s.pe}  ({s.warps} warps recorded, {s.unit})")
+        lines.append(f"{s.kernel}  PE {s.pe}  ({s.warps} warp{'s' if s.warps != 1 else ''} recorded, {s.unit})")
         lines.append(head)
         if s.durations or s.inverted:
             lines.append("  duration (end - begin)")
             for event, spread in s.durations.items():
                 lines.append(_row(event, spread, width))
             for event, count in s.inverted.items():
-                lines.append(f"    {event:<{width - 2}} {count:>6} warps ended before they began (not counted)")
+                lines.append(f"    {event:<{width - 2}} {count:>6} with the end before the begin (not counted)")
         lines.append("  timeline (since the PE's first timestamp)")
         for point, spread in s.timeline.items():
             lines.append(_row(point, spread, width))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -362,11 +363,11 @@ def test_format_phase_table_shows_each_number():
     table = format_phase_table(_trace())
     lines = table.splitlines()
     assert lines[0] == "k  PE 0  (3 warps recorded, ns)"
-    row = next(line for line in lines if line.strip().startswith("copy ") and "warps ended" not in line)
+    row = next(line for line in lines if line.strip().startswith("copy ") and "the end before" not in line)
     assert row.split() == ["copy", "2", "100", "200", "300"]
     assert any(line.split() == ["signal:instant", "2", "400", "450", "500"] for line in lines)
-    assert any("copy" in line and "1 warps ended before they began" in line for line in lines)
-    assert "k  PE 1  (1 warps recorded, ns)" in lines
+    assert any("copy" in line and "1 with the end before the begin" in line for line in lines)
+    assert "k  PE 1  (1 warp recorded, ns)" in lines
     assert format_phase_table(phase_summary(_trace())) == table  # summaries or traces: the same table
     assert format_phase_table(_trace(records=())) == "(no trace records)\n"
 
@@ -487,3 +488,10 @@ def test_export_keeps_ns_of_timestamps_as_large_as_nvidias(tmp_path):
             (1, 128, 901), (2, 0, 1)]  # fmt: skip
     with pytest.raises(ValueError, match="align='clock' puts all traces on one timer, but their ticks differ"):
         export_to_perfetto(tmp_path / "x.json", [_trace(records), _trace(records, ns_per_tick=2.0)], align="clock")
+
+
+def test_the_table_in_docs_tracing_md_is_what_format_phase_table_prints():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "tracing.md").read_text(encoding="utf-8")
+    shown = doc.split("For the synthetic records of", 1)[1].split("```", 2)[1].strip("\n")
+    printed = format_phase_table(_trace()).split("\n\n")[0]  # PE 0's part
+    assert shown == printed
