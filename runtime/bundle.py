@@ -18,6 +18,11 @@ no bundle or a complete one.
      "state_globals": [{"symbol": "mori_compiler_shmem_state", "size": 64}],
      "config": {...the compile options and whatever built the kernels...}}
 
+A kernel compiled with trace points (runtime/trace.py) also has ``"trace": ["<event>:<phase>", ...]``: its
+trace events in slot order (event names ``[A-Za-z0-9_.]+``, phase ``begin``, ``end`` or ``instant``, no
+duplicates). The field is optional (absent or empty: the kernel is not traced), so it needed no new format:
+a runtime that predates it ignores it and the kernel runs with tracing off.
+
 A parameter's ``name`` is the kernel's own (the ``mori.name`` argument attribute; every EP kernel names its
 parameters as the EP schema does) where ``named`` is true, else its position ``arg<i>``. Format 3 added
 ``named``: format-2 bundles recorded only positions, and are refused rather than read as named.
@@ -40,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +59,8 @@ METADATA_FILE = "bundle.json"
 BINARY_FILES = {"rocdl": "kernels.hsaco", "nvvm": "kernels.ptx"}
 _HEX = frozenset("0123456789abcdef")
 _INDEX_ENTRY_LIMIT = 4096  # an index entry is one key; anything longer is not one
+TRACE_PHASES = ("begin", "end", "instant")  # the phases of a trace event (runtime/trace.py)
+_TRACE_EVENT_NAME = re.compile(r"[A-Za-z0-9_.]+")
 
 
 class BundleError(Exception):
@@ -88,6 +96,7 @@ class KernelInfo:
     name: str
     params: tuple[KernelParam, ...]
     block: tuple[int, int, int] | None = None
+    trace_events: tuple[str, ...] = ()  # "<event>:<phase>" per trace slot; empty: not traced
 
     @property
     def param_types(self) -> tuple[str, ...]:
@@ -181,12 +190,43 @@ def _metadata_dict(key, target, backend, binary_file, binary_sha256, kernels, st
         "binary_sha256": binary_sha256,
         "kernels": {
             k.name: {"params": [{"name": p.name, "named": p.named, "type": p.type, "size": p.size} for p in k.params],
-                     "block": list(k.block) if k.block else None}
+                     "block": list(k.block) if k.block else None,
+                     **({"trace": list(k.trace_events)} if k.trace_events else {})}
             for k in kernels
         },  # fmt: skip
         "state_globals": list(state_globals),
         "config": config,
     }
+
+
+def split_trace_event(text: str) -> tuple[str, str]:
+    """(event, phase) of a trace slot ``"<event>:<phase>"``; ValueError saying what is wrong otherwise."""
+    if not isinstance(text, str):
+        raise ValueError(f"trace event {text!r} is not a string")
+    event, sep, phase = text.rpartition(":")
+    if not sep or not _TRACE_EVENT_NAME.fullmatch(event):
+        raise ValueError(f"trace event {text!r} is not '<event>:<phase>' with an event name of [A-Za-z0-9_.]+")
+    if phase not in TRACE_PHASES:
+        raise ValueError(f"trace event {text!r} has phase {phase!r} (allowed: {', '.join(TRACE_PHASES)})")
+    return event, phase
+
+
+def check_trace_events(kernel: str, events) -> tuple[str, ...]:
+    """``events`` (a kernel's ``trace`` field) checked: a list of distinct ``"<event>:<phase>"`` strings;
+    ValueError naming the kernel and the problem otherwise."""
+    if not isinstance(events, (list, tuple)):
+        raise ValueError(f"kernel '{kernel}' field trace must be a list of '<event>:<phase>' strings, "
+                         f"got {type(events).__name__}")  # fmt: skip
+    seen = set()
+    for i, text in enumerate(events):
+        try:
+            split_trace_event(text)
+        except ValueError as exc:
+            raise ValueError(f"kernel '{kernel}' field trace slot {i}: {exc}") from None
+        if text in seen:
+            raise ValueError(f"kernel '{kernel}' field trace slot {i}: {text!r} appears twice")
+        seen.add(text)
+    return tuple(events)
 
 
 def _is_int(value) -> bool:
@@ -217,7 +257,11 @@ def _parse_kernel(path: Path, name, k) -> KernelInfo:
     if block is not None and not (isinstance(block, list) and len(block) == 3
                                   and all(_is_int(b) and b > 0 for b in block)):  # fmt: skip
         raise BundleError(f"bundle {path}: kernel '{name}' has a malformed block size {block!r}", path)
-    return KernelInfo(name, tuple(params), tuple(block) if block else None)
+    try:
+        trace = check_trace_events(name, k.get("trace", []))
+    except ValueError as exc:
+        raise BundleError(f"bundle {path}: {exc}", path) from None
+    return KernelInfo(name, tuple(params), tuple(block) if block else None, trace)
 
 
 def _check_state_globals(path: Path, state) -> tuple[dict, ...]:
@@ -409,6 +453,11 @@ def publish_bundle(cache_root, key, *, target, backend, binary: bytes, kernels, 
     problem = _code_problem(backend, binary)
     if problem:
         raise BundleError(f"bundle {final}: refusing to publish a code object that {problem}", final)
+    for k in kernels:  # what load_bundle would refuse is never written
+        try:
+            check_trace_events(k.name, k.trace_events)
+        except ValueError as exc:
+            raise BundleError(f"bundle {final}: refusing to publish: {exc}", final) from None
     final.parent.mkdir(parents=True, exist_ok=True)
     binary_file = BINARY_FILES[backend]
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{key[:12]}-"))

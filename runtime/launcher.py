@@ -15,6 +15,10 @@ shmem). If shmem is finalized and initialized again, the next launch rewrites th
 
 Launches go on the current PyTorch stream unless ``stream`` is given (0: the default stream).
 
+Trace points (kernels compiled with ``trace=True``; runtime/trace.py): ``trace(kernel, grid, block)`` gives
+the kernel a trace buffer for launches up to that grid and returns its ``KernelTrace`` (``read()``,
+``reset()``, ``disable()``); a launch of a traced kernel whose records would not fit the buffer is refused.
+
 Bounded-wait debug mode: ``KernelSet(..., wait_limit=N)`` or ``MORI_COMPILER_WAIT_LIMIT=N`` makes every
 device wait give up after N polls and report; ``synchronize()`` then raises ``WaitTimeoutError`` naming the
 PE, the address (its heap and offset), the comparison and the values, instead of hanging.
@@ -33,6 +37,7 @@ from mori_compiler.lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
 from . import shmem as _shmem
 from .bundle import Bundle, BundleError, KernelInfo
 from .driver import Driver, canonical_backend, get_driver
+from .trace import KernelTrace
 
 WAIT_LIMIT_ENV = "MORI_COMPILER_WAIT_LIMIT"
 _MAX_CACHED_TABLES = 256  # argument tables kept on the device for reuse (each a few hundred bytes)
@@ -140,6 +145,7 @@ class KernelSet:
         # identical argument tables are uploaded once and reused; occupancy is asked once per shape.
         self._tables: collections.OrderedDict[tuple, object] = collections.OrderedDict()
         self._occupancy: dict[tuple, int] = {}
+        self._traces: dict[str, KernelTrace] = {}  # kernel name -> its enabled trace
         self.module = self.driver.load_module(bundle.binary)
         try:
             self._write_state()
@@ -220,6 +226,8 @@ class KernelSet:
         block3 = self._block(info, block)
         self._refresh_state()
         fn = self.module.function(info.name)
+        if self._traces:
+            self._note_traced_launch(info.name, grid3, block3)
         if stream is None:
             stream = self.driver.current_stream()
         self.driver.launch(fn, grid3, block3, params, shared_mem=int(shared_mem), stream=stream,
@@ -245,6 +253,8 @@ class KernelSet:
         block3 = self._block(info, block)
         fn = self.module.function(info.name)
         self._check_coresident(info.name, fn, gx * gy * s.n_pes, block3, int(shared_mem))
+        if self._traces:
+            self._note_traced_launch(info.name, (gx, gy, s.n_pes), block3)
         table = pack_arg_table(info.param_types, values)
         if stream is None:
             stream = self.driver.current_stream()
@@ -342,6 +352,58 @@ class KernelSet:
         for ptr, _ in pending:
             self.driver.free(ptr)
 
+    # ---- trace points (runtime/trace.py) --------------------------------------------------------
+    def trace(self, kernel, grid, block=None, *, pe: int | None = None, n_pes: int | None = None) -> KernelTrace:
+        """Enable ``kernel``'s trace points for launches up to ``grid`` x ``block`` (default: the bundle's
+        block) and return its KernelTrace; tracing it again replaces the earlier buffer. ``grid`` is what the
+        launches take: (gx, gy) with virtual PEs (z is the PE; ``n_pes`` defaults to shmem's), else up to 3
+        values. ``pe``: this process's PE for the records (default: shmem's, else 0)."""
+        info = self._kernel(kernel)
+        block3 = self._block(info, block)
+        if self.bundle.virtual_pes:
+            if pe is not None:
+                raise ValueError(f"trace of '{info.name}': with virtual PEs the PE is the grid's z index; pe= "
+                                 "applies to a process per PE only")  # fmt: skip
+            if n_pes is None:
+                s = _shmem.current_state()
+                if s is None:
+                    raise ValueError(f"trace of '{info.name}' (virtual PEs): pass n_pes= or initialize shmem first")
+                n_pes = s.n_pes
+            if isinstance(n_pes, bool) or not isinstance(n_pes, int) or n_pes <= 0:
+                raise ValueError(f"trace of '{info.name}': n_pes must be a positive number of PEs, got {n_pes!r}")
+            gx, gy, _ = _dim3(grid, "grid", info.name, dims=2) + (1,)
+            grid3, pe = (gx, gy, n_pes), 0
+        else:
+            if n_pes is not None:
+                raise ValueError(f"trace of '{info.name}': n_pes= applies to virtual PEs only (bundle "
+                                 f"{self.bundle.key[:12]} has none)")  # fmt: skip
+            if pe is None:
+                s = _shmem.current_state()
+                pe = s.my_pe if s is not None else 0
+            if isinstance(pe, bool) or not isinstance(pe, int) or pe < 0:
+                raise ValueError(f"trace of '{info.name}': pe must be a PE number >= 0, got {pe!r}")
+            grid3 = _dim3(grid, "grid", info.name)
+        old = self._traces.pop(info.name, None)
+        if old is not None:
+            old.disable()
+        trace = KernelTrace(self, info, grid3, block3, pe=pe)
+        self._traces[info.name] = trace
+        return trace
+
+    def _note_traced_launch(self, name: str, grid3, block3) -> None:
+        trace = self._traces.get(name)
+        if trace is None:
+            return
+        if not trace.enabled:  # disabled through the KernelTrace itself
+            del self._traces[name]
+            return
+        trace.launched(grid3, block3)
+
+    def _disable_traces(self) -> None:
+        traces, self._traces = self._traces, {}
+        for trace in traces.values():
+            trace.disable()
+
     # ---- synchronization and bounded waits -----------------------------------------------------
     def synchronize(self) -> None:
         """Wait for all work on the device, release launch buffers, then check_waits()."""
@@ -361,9 +423,10 @@ class KernelSet:
         raise WaitTimeoutError(describe_wait_report(report, s, self.wait_limit), report)
 
     def close(self) -> None:
-        """Free launch buffers and unload the code object."""
+        """Free launch buffers and trace buffers, and unload the code object."""
         try:
             self._free_pending()
+            self._disable_traces()
         finally:
             self.module.unload()
 
