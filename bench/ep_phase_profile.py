@@ -37,6 +37,13 @@ def precompile(cache_root, world, tokens_list, blocks, warps, kinds) -> None:
                       ep_bundle(cfg, "sm_90", virtual_pes=True, cache_root=cache_root, trace=trace).path)
 
 
+def _step(what: str) -> None:
+    """Progress on stderr (a hang says where it is)."""
+    import time
+
+    print(f"[{time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
 def _legs(op, xs, ws, idxs, regs, blocks):
     """[(leg, dtype, graph maker)]: the dispatch of each dtype and the zero-copy combine."""
     import torch
@@ -51,6 +58,7 @@ def _legs(op, xs, ws, idxs, regs, blocks):
     legs.append(("combine", "bf16", combine))
     out = []
     for leg, dname, fn in legs:
+        _step(f"capture {leg} {dname}")
         if leg == "combine":
             outs = op.dispatch(xs["bf16"], ws, None, idxs, block_num=blocks)
             for p, reg in enumerate(regs):
@@ -81,6 +89,7 @@ def profile(kind: str, world: int, tokens: int, blocks: int, warps: int, reps: i
     xs = {"bf16": [b.to(torch.bfloat16) for b in base], "fp8": [b.to(torch.float8_e4m3fn) for b in base]}
     ws = [torch.rand(tokens, TOPK, device="cuda", generator=gen) for _ in range(world)]
     rows, traces = [], []
+    _step(f"{kind} {tokens}: ops")
     plain = EpDispatchCombineOp(cfg)
     traced = EpDispatchCombineOp(cfg, trace=True)
     try:
@@ -89,10 +98,13 @@ def profile(kind: str, world: int, tokens: int, blocks: int, warps: int, reps: i
         for (leg, dname, g_plain), (_, _, g_traced) in zip(plain_legs, traced_legs):
             kernel = (DISPATCH_KERNELS[kind] if leg == "dispatch" else "ep_combine_pull_{d}").format(
                 d="bf16" if dname == "bf16" else "fp8_e4m3fn")  # fmt: skip
+            _step(f"time {leg} {dname}")
             us_plain = _median_replay_us(g_plain, reps)
             us_off = _median_replay_us(g_traced, reps)  # trace code compiled in, the buffer address 0
+            _step(f"trace {kernel}")
             tr = traced.kernel_trace(kernel, blocks)
             us_on = _median_replay_us(g_traced, reps)
+            _step("record")
             tr.reset()
             g_traced.replay()
             torch.cuda.synchronize()
@@ -125,6 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--perfetto", help="write the recorded replays as Chrome trace-event JSON (Perfetto's UI)")
     ap.add_argument("--precompile", metavar="CACHE_DIR")
+    ap.add_argument("--hang-s", type=float, default=0, help="print the stacks and exit after this many seconds")
     args = ap.parse_args(argv)
     tokens_list = [int(t) for t in args.tokens.split(",")]
     kinds = [k for k in args.kinds.split(",") if k]
@@ -134,11 +147,15 @@ def main(argv=None) -> int:
     if args.precompile:
         precompile(args.precompile, args.world, tokens_list, args.blocks, args.warps, kinds)
         return 0
+    import faulthandler
+
     import torch
 
     from mori_compiler.runtime import shmem
     from mori_compiler.runtime.trace import export_to_perfetto
 
+    if args.hang_s:
+        faulthandler.dump_traceback_later(args.hang_s, exit=True)  # a stuck run prints where it is, then ends
     torch.cuda.init()
     heap = 2 * (args.world * max(tokens_list) * HIDDEN * 2) * 2 + (256 << 20)  # two ops' out_x and reg_x
     shmem.shmem_init_virtual(args.world, heap_size=heap)

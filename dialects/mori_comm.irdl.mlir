@@ -59,6 +59,15 @@ irdl.dialect @mori_comm {
     irdl.operands(counter: %ptr)
   }
 
+  // Every block of this PE's grid arrives once; true (in warp 0) only in the block that arrived last, after
+  // its acquire: it has seen every block's stores. That block resets the counter (graph-replay safe).
+  irdl.operation @grid_last_arrival {
+    %ptr = irdl.is !llvm.ptr
+    %i1 = irdl.is i1
+    irdl.operands(counter: %ptr)
+    irdl.results(last: %i1)
+  }
+
   // Cross-device barrier with a device-side monotone epoch per block: block b of every PE meets block b
   // of every other PE (graph-replay safe: the host never writes the epoch).
   irdl.operation @device_barrier {
@@ -163,7 +172,7 @@ irdl.dialect @mori_comm {
     irdl.results(count: %i32)
   }
 
-  // A trace point (warp): lane 0 of each warp that reaches it stores the GPU's global timer into its
+  // A trace point (warp): the lanes of each warp that reach it store the GPU's global timer into their
   // kernel's trace buffer, slot (event, phase); compiled out unless tracing is on (mori-trace-to-timer).
   // `event` is a string matching [A-Za-z0-9_.]+ (checked in dialects/mori_comm.py).
   irdl.operation @trace {

@@ -17,6 +17,7 @@ reserve_slot      fetch-add of 1 on a peer's counter (one thread)       ``__mori
 count_signal      a warp exchanges counts with every PE, with flow      ``__mori_comm_count_signal_w{W}``
                   control
 grid_barrier      all blocks of this PE's grid meet                     ``__mori_comm_grid_barrier``
+grid_last_arrival every block arrives; true in the last one (in warp 0) ``__mori_comm_grid_last_arrival``
 device_barrier    block b of every PE meets block b of every other PE   ``__mori_comm_device_barrier_w{W}``
 accumulate_rows   a warp sums K rows in fp32                            ``__mori_comm_accumulate_rows_{dtype}_k{K}``
 quantize_row      a warp writes a bf16 row to a peer as a wire row      ``__mori_comm_quantize_row_{E}_s{S}``
@@ -31,8 +32,8 @@ chunk_send        a warp puts a chunk's selected records to a PE, then  ``__mori
                   one signal
 chunk_wait        one thread waits for a chunk's signal, acquires, and  ``__mori_comm_chunk_wait``
                   returns its count
-trace             a warp's lane 0 records the global timer (a trace    none: inline (mori-trace-to-timer),
-                  point; compiled out unless tracing is on)             erased when tracing is off
+trace             a warp records the global timer (a trace point;      none: inline (mori-trace-to-timer),
+                  compiled out unless tracing is on)                    erased when tracing is off
 ================= ===================================================== ==================================
 
 The inter-node kernels (docs/ep-protocols.md §16) reach PEs of other nodes **only** through chunk_send
@@ -329,18 +330,38 @@ def trace(event: str, phase: str, *, loc=None, ip=None) -> ir.Operation:
     """``mori_comm.trace {event, phase}``: a trace point. ``phase`` is ``begin``, ``end`` or ``instant``;
     ``event`` names it (``[A-Za-z0-9_.]+``); the pair (event, phase) is one slot of the kernel's trace.
 
-    Who: a warp (lane 0 records; place it where lane 0 runs). What: with tracing on (the compile option
-    ``trace``), lane 0 stores the GPU's global timer (``llvm.readsteadycounter``: sm_90 ``%globaltimer``,
+    Who: a warp, or the lanes of it that reach the point (they store to the same slot: no branch on the lane,
+    so a trace point never splits a warp). What: with tracing on (the compile option ``trace``), the lanes
+    store the GPU's global timer (``llvm.readsteadycounter``: sm_90 ``%globaltimer``,
     ns; AMDGPU ``s_memrealtime`` / gfx12 ``s_sendmsg_rtn_b64 REALTIME``, ticks) into its warp's slot of the
     kernel's trace buffer, whose address the runtime writes into the module global
     ``__mori_trace_<kernel>`` (0: nothing is recorded); the last execution of a slot wins. With tracing off
     the op is erased: no code. Order: none. The timer is read when lane 0 gets there: stores issued before
     it may still be in flight (a phase ends where its fence or barrier does). Layout: docs/tracing.md.
 
-    Helper: none (``mori-trace-to-timer`` lowers it inline: a global load, a timer read, one store).
+    Helper: none (``mori-trace-to-timer`` lowers it inline: a timer read, a global load, one store).
     """
     attrs = {"event": ir.StringAttr.get(event), "phase": ir.StringAttr.get(phase)}
     return _create("trace", [], attrs, loc=loc, ip=ip)
+
+
+def grid_last_arrival(counter, *, loc=None, ip=None) -> ir.Value:
+    """``mori_comm.grid_last_arrival(counter) -> i1``: every block of this PE's grid arrives once; the
+    result is true in warp 0 of the block that arrived last (false in its other warps and in every other
+    block). ``counter`` is this PE's u64 arrival count (0 before the launch; the last block leaves it 0).
+
+    Who: every thread of every block (block-uniform call). Protocol: the block meets (``gpu.barrier``);
+    thread 0 fences (release: the block's stores, ordered before by the block barrier) and adds 1 to the
+    count (relaxed, system scope); the block whose add returns blocks - 1 is the last: its thread 0
+    resets the count (relaxed store: nobody touches it until the next launch on the stream) and fences
+    (acquire: every block's stores before its arrival are visible to it). The others do not wait: a block
+    that is not last may exit. Use: a completion that only the last block performs (the EP dispatch's
+    count handshake), where a grid barrier would make every block wait for it.
+
+    Helper: ``__mori_comm_grid_last_arrival`` (``mori_shmem_my_pe``, ``mori_shmem_uint64_atomic_fetch_add_thread``,
+    ``mori_shmem_uint64_p``, ``mori_shmem_fence_thread``).
+    """
+    return _create("grid_last_arrival", [counter], results=[ir.IntegerType.get_signless(1)], loc=loc, ip=ip).result
 
 
 def extra_verify(op: ir.Operation) -> list[str]:

@@ -381,6 +381,46 @@ def grid_barrier(symbol: str, global_space: bool) -> Helper:
     return helper
 
 
+def grid_last_arrival(symbol: str, global_space: bool, wave: int) -> Helper:
+    # Protocol (one u64 arrival count): the block meets (gpu.barrier); thread 0 fences (release: the block's
+    # stores) and adds 1 to the count (relaxed, system scope); the block that sees blocks - 1 is the last:
+    # it resets the count to 0 (relaxed: untouched until the next launch) and fences (acquire: every other
+    # block's stores, released before its add, are visible). No block waits. The flag is broadcast from
+    # lane 0 of each warp, so it is true in warp 0 of the last block only. ``global_space`` (AMDGPU): the
+    # add and the reset are the LLVM atomics the ABI calls are made of, on the global-space word (as
+    # grid_barrier's).
+    @_function(symbol, "ptr", "i1")
+    def helper(b, ctr):
+        qp = b.const_i32(0)
+        b.barrier()
+
+        def arrive():
+            blocks = b.index_cast(b.i64, b.grid_dim())
+            one = b.const_i64(1)
+            mori_shmem.fence(**b.at())  # release
+            if global_space:
+                gctr = b.addrspacecast(b.ptr_global, ctr)
+                old = b.atomicrmw("add", gctr, one, "monotonic")
+            else:
+                me = mori_shmem.my_pe(**b.at())
+                old = mori_shmem.atomic_fetch_add(ctr, one, me, elem="uint64", qp=qp, **b.at())
+            last = b.cmpi("eq", old, b.subi(blocks, one))
+            with b.if_(last):
+                if global_space:
+                    b.store(b.const_i64(0), gctr, alignment=8, ordering="monotonic")
+                else:
+                    mori_shmem.p(ctr, b.const_i64(0), me, c_type="uint64", qp=qp, **b.at())
+                mori_shmem.fence(**b.at())  # acquire
+            return [b.extui(b.i32, last)]
+
+        t0 = b.cmpi("eq", b.thread_id(), b.const_index(0))
+        flag = b.if_else(t0, [b.i32], arrive, lambda: [b.const_i32(0)])[0]
+        lane0_flag = b.shuffle("idx", flag, b.const_i32(0), b.const_i32(wave))[0]
+        b.return_([b.cmpi("ne", lane0_flag, b.const_i32(0))])
+
+    return helper
+
+
 def _node_base(b: Builder, me: ir.Value, group: int) -> ir.Value:
     """The first PE of ``me``'s node of ``group`` consecutive PEs: (me / G) * G."""
     g = b.const_i32(group)
@@ -678,6 +718,8 @@ LOWERINGS: dict[str, Callable[[ir.Operation, "MoriCommToCalls"], Helper]] = {
     "mori_comm.count_signal": _lower_count_signal,
     "mori_comm.grid_barrier": lambda op, p: grid_barrier(f"{PREFIX}grid_barrier", p.global_address_space),
     "mori_comm.device_barrier": _lower_device_barrier,
+    "mori_comm.grid_last_arrival": lambda op, p: grid_last_arrival(f"{PREFIX}grid_last_arrival", p.global_address_space,
+                                                                    p.wave_size),
     "mori_comm.accumulate_rows": _lower_accumulate_rows,
     "mori_comm.node_pe": lambda op, p: node_pe(f"{PREFIX}node_pe_g{_int_attr(op, 'group_size')}",
                                                _int_attr(op, "group_size")),

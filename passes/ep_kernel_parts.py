@@ -25,7 +25,8 @@ later code uses, as a small named tuple):
 * ``send_row_to_peers(f, route, source, inputs, dbase)``: the row to every destination at once.
 * ``send_to_destinations(f, route, source, inputs, dbase, rows=, scales=)``: per destination the row,
   scales, expert ids, weights and source position.
-* ``dispatch_completion(f, rnd)``: grid barrier, the count handshake, the device-side round advance.
+* ``dispatch_completion(f, rnd)``: every block arrives, the last one runs the count handshake and the
+  device-side round advance.
 * ``reduce_tokens(f, rowc, source_row, uniform=, narrow=)``: the combines' per-token sum of K rows;
   ``source_row(entry: ForwardEntry) -> (row, weight_row)`` gives source k's addresses.
 * ``return_rows(f, locate, dst_x, dst_w, rowc, has_iw)``: every received row back to its owner;
@@ -48,10 +49,10 @@ Ordering each piece provides (who writes, who waits; docs/ep-protocols.md has th
 * ``dispatch_round``: the other parity's counter is cleared by thread 0 of block 0 at the start of round r;
   nobody can touch it then (round r - 1 is complete, and no peer starts round r + 1 before our round-r
   count reaches it, which is after the clear and a release fence).
-* ``dispatch_completion``: ``grid_barrier`` (release/acquire between this PE's blocks) then
-  ``count_signal`` (release fence before the counts, acquire fence after waiting for the peers'), so
-  every payload store a peer made to us is visible once its count has arrived; the round counter
-  advances on the device (CUDA-graph replay is correct).
+* ``dispatch_completion``: ``grid_last_arrival`` (each block's release before its arrival, the last
+  block's acquire after it) then, in the last block, ``count_signal`` (release fence before the counts,
+  acquire fence after waiting for the peers'), so every payload store a peer made to us is visible once
+  its count has arrived; the round counter advances on the device (CUDA-graph replay is correct).
 * ``return_rows``: relaxed system-scope stores to the owners, published by the barrier the caller puts
   after it (push combine: ``grid_barrier`` then ``device_barrier``).
 * ``reduce_tokens``: plain loads of what the barrier before it published (``device_barrier``, or an
@@ -513,6 +514,26 @@ def send_row_to_peers(f: KernelFrame, route: Route, source: TokenSource, inputs:
                                 **b.at())  # fmt: skip
 
 
+class _LanePointer(NamedTuple):
+    """A pointer each lane holds (lane k: destination k's), as 32-bit halves for broadcasts."""
+
+    lo: ir.Value
+    hi: ir.Value
+
+    @classmethod
+    def of(cls, f: "KernelFrame", ptr: ir.Value) -> "_LanePointer":
+        b = f.b
+        addr = b.ptrtoint(b.i64, ptr)
+        return cls(b.trunci(b.i32, addr), b.trunci(b.i32, b.shrui(addr, b.const_i64(32))))
+
+    def of_lane(self, f: "KernelFrame", k: ir.Value) -> ir.Value:
+        """Lane ``k``'s pointer in every lane (warp-uniform ``k``; the whole warp calls it)."""
+        b = f.b
+        lo = b.extui(b.i64, b.shuffle("idx", self.lo, k, f.wave)[0])
+        hi = b.extui(b.i64, b.shuffle("idx", self.hi, k, f.wave)[0])
+        return b.inttoptr(b.ptr, b.ori(b.shli(hi, b.const_i64(32)), lo))
+
+
 def send_to_destinations(f: KernelFrame, route: Route, source: TokenSource, inputs: TokenInputs,
                          dbase: ir.Value, *, rows: bool = True, scales: bool = True,
                          peer: Callable[[ir.Value], ir.Value] | None = None, scale_source: ir.Value | None = None,
@@ -523,18 +544,32 @@ def send_to_destinations(f: KernelFrame, route: Route, source: TokenSource, inpu
     weights (lanes < K, into ``out_idx`` / ``out_w``) and the source position me * S + t (lane 0, into
     ``src_pos``), all relaxed system-scope stores. The inter-node kernels forward records: ``peer(pe)``
     names the PE (``mori_comm.node_pe``), ``scale_source`` is the token's scales (default row t of ``s``)
-    and ``position`` its source position (default me * S + t)."""
+    and ``position`` its source position (default me * S + t).
+
+    The metadata addresses are resolved once per token: lane k translates destination k's ``out_idx`` /
+    ``out_w`` rows and ``src_pos`` entry (``mori_shmem.ptr``, all lanes at once; a lane that sends nothing
+    resolves its own PE's, so no table read is out of range), and the loop over the destinations
+    broadcasts them. (A ``mori_shmem.p`` per store re-read the heap table for every destination: on sm_90
+    a chain of dependent loads each time, 3-6 µs of a 128-token dispatch.)"""
     b, p, cfg = f.b, f.params, f.cfg
+    lane_pe = route.pe if peer is None else peer(b.select(route.ok, route.pe, f.me))
+    tpe = b.select(route.ok, lane_pe, f.me)
+    drow_lane = b.addi(dbase, b.select(route.ok, route.slot, f.c0i))
+    meta_row = b.muli(drow_lane, f.K)
+    idx_dst = _LanePointer.of(f, mori_shmem.ptr(b.gep(p.out_idx, meta_row, b.i32), tpe, **b.at()))
+    w_dst = _LanePointer.of(f, mori_shmem.ptr(b.gep(p.out_w, meta_row, b.f32), tpe, **b.at()))
+    pos_dst = _LanePointer.of(f, mori_shmem.ptr(b.gep(p.src_pos, drow_lane, b.i32), tpe, **b.at()))
+    pos = b.addi(b.muli(f.me, inputs.send_stride), route.t) if position is None else position
     with b.for_(f.c0x, f.Kx, f.c1x) as k:
         k32 = b.index_cast(b.i32, k)
         okk, _ = b.shuffle("idx", route.ok32, k32, f.wave)
-        pek, _ = b.shuffle("idx", route.pe, k32, f.wave)
-        if peer is not None:
-            pek = peer(pek)
-        slk, _ = b.shuffle("idx", route.slot, k32, f.wave)
         with b.if_(b.cmpi("ne", okk, f.c0i)):
-            drow = b.addi(dbase, slk)
-            sl64 = b.extui(b.i64, drow)
+            if rows or (scales and cfg.scale_bytes):
+                pek, _ = b.shuffle("idx", route.pe, k32, f.wave)
+                if peer is not None:
+                    pek = peer(pek)
+                slk, _ = b.shuffle("idx", route.slot, k32, f.wave)
+                sl64 = b.extui(b.i64, b.addi(dbase, slk))
             if rows:
                 dst_row = b.gep(p.out_x, b.muli(sl64, inputs.row), b.i8)
                 mori_comm.row_copy(dst_row, source.src_row, inputs.row, pek, **b.at())
@@ -544,27 +579,30 @@ def send_to_destinations(f: KernelFrame, route: Route, source: TokenSource, inpu
                     sdst = b.gep(p.out_s, b.muli(sl64, sb), b.i8)
                     ssrc = b.gep(p.s, b.muli(source.t64, sb), b.i8) if scale_source is None else scale_source
                     mori_comm.row_copy(sdst, ssrc, sb, pek, **b.at())
+            idx_row = idx_dst.of_lane(f, k32)
             with b.if_(f.is_k):
-                mi = b.addi(b.muli(drow, f.K), f.lane)
-                mori_shmem.p(b.gep(p.out_idx, mi, b.i32), route.e, pek, c_type="int32", qp=f.qp, **b.at())
-                with b.if_(inputs.has_w):
-                    mori_shmem.p(b.gep(p.out_w, mi, b.f32), source.wv, pek, c_type="float", qp=f.qp, **b.at())
+                b.store(route.e, b.gep(idx_row, f.lane, b.i32), alignment=4, ordering="monotonic")
+            with b.if_(inputs.has_w):
+                w_row = w_dst.of_lane(f, k32)
+                with b.if_(f.is_k):
+                    b.store(source.wv, b.gep(w_row, f.lane, b.f32), alignment=4, ordering="monotonic")
+            pos_at = pos_dst.of_lane(f, k32)
             with b.if_(f.lane0):
-                pos = b.addi(b.muli(f.me, inputs.send_stride), route.t) if position is None else position
-                mori_shmem.p(b.gep(p.src_pos, drow, b.i32), pos, pek, c_type="int32", qp=f.qp, **b.at())
+                b.store(pos, pos_at, alignment=4, ordering="monotonic")
 
 
 def dispatch_completion(f: KernelFrame, rnd: DispatchRound) -> None:
-    """The end of an IntraNode/IntraNodeLL dispatch: the grid meets (``grid_barrier`` on ``grid_ctr``: its
-    fences publish every payload store of this PE), warp 0 of block 0 runs the count handshake
-    (``count_signal`` of ``dest_ctr`` through ``signals``, the received count into ``total``), and its
-    lane 0 advances ``round_ctr`` on the device."""
+    """The end of an IntraNode/IntraNodeLL dispatch: every block arrives (``grid_last_arrival`` on
+    ``grid_ctr``: release by each block, acquire by the last), and warp 0 of the block that arrived last
+    runs the count handshake (``count_signal`` of ``dest_ctr`` through ``signals``, the received count into
+    ``total``) and its lane 0 advances ``round_ctr`` on the device. The other blocks exit without waiting
+    (a grid barrier there made every block wait for the last one, then woke block 0 for the handshake: two
+    more round trips on the critical path, about 4 µs of a 128-token dispatch on sm_90)."""
     b, p = f.b, f.params
-    trace_point(f, "grid_barrier", "begin")
-    mori_comm.grid_barrier(p.grid_ctr, **b.at())
-    trace_point(f, "grid_barrier", "end")
-    first_warp = b.andi(rnd.b0, b.cmpi("eq", f.warp_in_block, f.c0x))
-    with b.if_(first_warp):
+    trace_point(f, "arrival", "begin")
+    last = mori_comm.grid_last_arrival(p.grid_ctr, **b.at())
+    with b.if_(last):
+        trace_point(f, "count_signal", "begin")
         mori_comm.count_signal(p.signals, p.dest_ctr, p.total, world_size=f.cfg.world_size, **b.at())
         trace_point(f, "count_signal", "end")
         with b.if_(f.lane0):

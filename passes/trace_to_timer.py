@@ -4,15 +4,17 @@ Input: gpu.module with gpu.func kernels holding ``mori_comm.trace {event, phase}
 kernel body, in scf regions too). Output (``enabled``): per traced kernel K an 8-byte global
 ``__mori_trace_K`` (addrspace 1, externally initialized to 0: the runtime writes the trace buffer's address
 there; lib_bitcode.kernel_abi.trace_global), the kernel attribute ``mori.trace_events`` (its E slots,
-``"event:phase"`` in order of first appearance), and in place of each op: lane 0 reads the timer
-(``llvm.readsteadycounter``), loads the buffer address and, when it is not 0, stores the value to slot
-``linear_warp * E + e`` (scf, arith, gpu, llvm). Not ``enabled``: every trace op erased, nothing else
-changes. Options: enabled (default false), wave-size (32 or 64: the lanes of a warp, for the warp index).
+``"event:phase"`` in order of first appearance), and in place of each op: each lane reads the timer
+(``llvm.readsteadycounter``), loads the buffer address and, when it is not 0, stores the value to its warp's
+slot ``linear_warp * E + e`` (scf, arith, gpu, llvm): the active lanes store to the same word (one store; no
+branch on the lane, so that no warp-collective code after a trace point is split across lanes). Not
+``enabled``: every trace op erased, nothing else changes. Options: enabled (default false), wave-size (32 or 64: the lanes of a warp, for the warp index).
 
 Record layout (docs/tracing.md): linear_block = bid.x + grid.x * (bid.y + grid.y * bid.z) (with virtual PEs
 bid.z is the PE), linear_warp = linear_block * ceil(block threads / wave) + flat thread id / wave. The last
-execution of a slot by a warp wins; 0 means never executed (the runtime zeroes the buffer). The timer is read
-first, so the global load's latency is not part of the phase that follows.
+execution of a slot by a warp wins (between the lanes of one execution, whichever store lands last: their timer
+values differ by nanoseconds); 0 means never executed (the runtime zeroes the buffer). The timer is read first,
+so the global load's latency is not part of the phase that follows.
 
 Why a global and not a kernel parameter: tracing changes no kernel signature (the EP schema owns those), the
 same launches run traced and untraced, and a 0 switches a traced kernel off at run time.
@@ -42,21 +44,24 @@ def _lower_point(op: ir.Operation, symbol: str, slot: int, slots: int, wave: int
     b = Builder(op.block, before=op, loc=op.location)
     now = b.op("llvm.call_intrinsic", (), (b.i64,), {"intrin": ir.StringAttr.get("llvm.readsteadycounter"),
                                                      "op_bundle_sizes": ir.DenseI32ArrayAttr.get([])}).results[0]
-    with b.if_(b.cmpi("eq", b.lane_id(), b.const_index(0))):
-        gptr = ir.Type.parse("!llvm.ptr<1>")
-        buf = b.load(b.i64, b.address_of(symbol, gptr), alignment=8)
-        with b.if_(b.cmpi("ne", buf, b.const_i64(0))):
-            i64 = lambda v: b.index_cast(b.i64, v)  # noqa: E731
-            gx, gy = i64(b.grid_dim("x")), i64(b.grid_dim("y"))
-            block = b.addi(i64(b.block_id("x")), b.muli(gx, b.addi(i64(b.block_id("y")), b.muli(gy, i64(b.block_id("z"))))))
-            bx, by, bz = i64(b.block_dim("x")), i64(b.block_dim("y")), i64(b.block_dim("z"))
-            thread = b.addi(i64(b.thread_id("x")), b.muli(bx, b.addi(i64(b.thread_id("y")), b.muli(by, i64(b.thread_id("z"))))))
-            w = b.const_i64(wave)
-            warps = b.divui(b.addi(b.muli(b.muli(bx, by), bz), b.const_i64(wave - 1)), w)
-            warp = b.addi(b.muli(block, warps), b.divui(thread, w))
-            index = b.addi(b.muli(warp, b.const_i64(slots)), b.const_i64(slot))
-            dst = b.gep(b.inttoptr(gptr, buf), b.muli(index, b.const_i64(TRACE_SLOT_BYTES)), b.i8)
-            b.store(now, dst, alignment=TRACE_SLOT_BYTES)
+    gptr = ir.Type.parse("!llvm.ptr<1>")
+    buf = b.load(b.i64, b.address_of(symbol, gptr), alignment=8)
+    # Every active lane stores to its warp's slot (one coalesced store), and the only branch is on the buffer
+    # address, which is the same for the whole kernel: a trace point never splits a warp. (A lane-0 branch
+    # let LLVM duplicate the warp-collective code after it into a lane-0 copy and a copy for the other
+    # lanes: on sm_90 the dispatch's shuffles then waited for each other at different instructions.)
+    with b.if_(b.cmpi("ne", buf, b.const_i64(0))):
+        i64 = lambda v: b.index_cast(b.i64, v)  # noqa: E731
+        gx, gy = i64(b.grid_dim("x")), i64(b.grid_dim("y"))
+        block = b.addi(i64(b.block_id("x")), b.muli(gx, b.addi(i64(b.block_id("y")), b.muli(gy, i64(b.block_id("z"))))))
+        bx, by, bz = i64(b.block_dim("x")), i64(b.block_dim("y")), i64(b.block_dim("z"))
+        thread = b.addi(i64(b.thread_id("x")), b.muli(bx, b.addi(i64(b.thread_id("y")), b.muli(by, i64(b.thread_id("z"))))))
+        w = b.const_i64(wave)
+        warps = b.divui(b.addi(b.muli(b.muli(bx, by), bz), b.const_i64(wave - 1)), w)
+        warp = b.addi(b.muli(block, warps), b.divui(thread, w))
+        index = b.addi(b.muli(warp, b.const_i64(slots)), b.const_i64(slot))
+        dst = b.gep(b.inttoptr(gptr, buf), b.muli(index, b.const_i64(TRACE_SLOT_BYTES)), b.i8)
+        b.store(now, dst, alignment=TRACE_SLOT_BYTES)
     op.erase()
 
 
@@ -72,7 +77,7 @@ class TraceToTimer:
     them).
 
     Input: gpu.func kernels with mori_comm.trace ops (a trace op outside a kernel is an error). Output
-    (enabled): scf.if, arith, gpu.lane_id / ids / dims, llvm.call_intrinsic llvm.readsteadycounter,
+    (enabled): scf.if, arith, gpu ids / dims, llvm.call_intrinsic llvm.readsteadycounter,
     llvm.load / llvm.store, an llvm.mlir.global per traced kernel, the kernel attribute mori.trace_events;
     not enabled: the trace ops erased. Options: enabled (bool, default false), wave-size (32 or 64).
     """

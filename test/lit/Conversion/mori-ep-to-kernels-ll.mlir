@@ -4,6 +4,8 @@
 // global-address-space (AMDGPU): the data path casts each destination's peer row (mori_shmem.ptr) and the
 // source row to !llvm.ptr<1> and loads and stores through those; the LDS route keeps address space 3.
 // GLOBAL-LABEL: gpu.func @ep_dispatch_ll_bf16(
+// (The data path starts where the data warps read the route's count from LDS.)
+// GLOBAL: llvm.load %{{.*}} : !llvm.ptr<3> -> i32
 // GLOBAL: %[[P0:.*]] = "mori_shmem.ptr"(%{{.*}}, %{{.*}}) : (!llvm.ptr, i32) -> !llvm.ptr
 // GLOBAL: llvm.addrspacecast %[[P0]] : !llvm.ptr to !llvm.ptr<1>
 // GLOBAL-COUNT-7: llvm.addrspacecast %{{.*}} : !llvm.ptr to !llvm.ptr<1>
@@ -39,7 +41,8 @@
 // CHECK-NOT: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
 // CHECK: llvm.store %{{.*}}, %{{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
 // CHECK: gpu.barrier
-// CHECK: "mori_comm.grid_barrier"(%arg13)
+// CHECK: %[[LAST:.*]] = "mori_comm.grid_last_arrival"(%arg13)
+// CHECK-NEXT: scf.if %[[LAST]] {
 // CHECK: "mori_comm.count_signal"(%arg12, %arg16, %arg17) {world_size = 8 : i64}
 // CHECK: gpu.return
 module attributes {gpu.container_module} {

@@ -37,7 +37,10 @@
 // CHECK: %[[DST:.*]] = llvm.getelementptr %arg6[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i8
 // CHECK-NEXT: "mori_comm.row_copy_to_peers"(%[[DST]], %{{.*}}, %[[ROW]], %{{.*}}, %{{.*}}) {max_peers = 8 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
 // CHECK-NOT: "mori_comm.row_copy
-// CHECK: "mori_comm.grid_barrier"(%arg13) : (!llvm.ptr) -> ()
+// Completion: every block arrives; warp 0 of the last one runs the count handshake (no grid barrier).
+// CHECK-NOT: "mori_comm.grid_barrier"
+// CHECK: %[[LAST:.*]] = "mori_comm.grid_last_arrival"(%arg13) : (!llvm.ptr) -> i1
+// CHECK-NEXT: scf.if %[[LAST]] {
 // CHECK: "mori_comm.count_signal"(%arg12, %arg16, %arg17) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
 // CHECK: llvm.store %{{.*}}, %arg14 : i64, !llvm.ptr
 // CHECK: gpu.return
@@ -103,7 +106,7 @@ module attributes {gpu.container_module} {
 // CHECK: "mori_comm.row_copy_to_peers"(%{{.*}}, %{{.*}}, %[[ROW]], %{{.*}}, %{{.*}}) {max_peers = 8 : i64}
 // CHECK: %[[SB:.*]] = arith.constant 56 : i64
 // CHECK: "mori_comm.row_copy"(%{{.*}}, %{{.*}}, %[[SB]], %{{.*}})
-// CHECK: "mori_comm.grid_barrier"
+// CHECK: "mori_comm.grid_last_arrival"
 // CHECK: gpu.func @after() kernel
 module attributes {gpu.container_module} {
   gpu.module @fp8 {

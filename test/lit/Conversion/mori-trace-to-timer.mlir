@@ -2,16 +2,15 @@
 // RUN: mori-opt %s -p 'mori-trace-to-timer{enabled=true wave-size=64}' | FileCheck %s --check-prefix=W64
 // RUN: mori-opt %s -p 'mori-trace-to-timer' | FileCheck %s --check-prefix=OFF --implicit-check-not=readsteadycounter --implicit-check-not=mori_comm.trace --implicit-check-not=__mori_trace
 
-// Trace points: lane 0 reads the timer first, then loads the kernel's buffer address from its global and,
-// when it is not 0, stores the value to slot linear_warp * E + e. Slots are numbered by first appearance
+// Trace points: every lane reads the timer first, then loads the kernel's buffer address from its global and,
+// when it is not 0 (the same for the whole kernel: no branch on the lane, a trace point never splits a warp),
+// stores the value to its warp's slot linear_warp * E + e. Slots are numbered by first appearance
 // (a repeated event:phase reuses its slot); the kernel lists them in mori.trace_events. Off: erased.
 
 // CHECK: llvm.mlir.global external @__mori_trace_k(0 : i64) {addr_space = 1 : i32, alignment = 8 : i64, externally_initialized} : i64
 // CHECK: gpu.func @k() kernel attributes {mori.trace_events = ["phase:begin", "phase:end", "mark:instant"]}
 // CHECK: %[[T:.*]] = llvm.call_intrinsic "llvm.readsteadycounter"() : () -> i64
-// CHECK: %[[LANE:.*]] = gpu.lane_id
-// CHECK: arith.cmpi eq, %[[LANE]]
-// CHECK: scf.if
+// CHECK-NOT: gpu.lane_id
 // CHECK: %[[G:.*]] = llvm.mlir.addressof @__mori_trace_k : !llvm.ptr<1>
 // CHECK: %[[BUF:.*]] = llvm.load %[[G]] {alignment = 8 : i64} : !llvm.ptr<1> -> i64
 // CHECK: arith.cmpi ne, %[[BUF]]

@@ -58,32 +58,28 @@
 // ROW8-NOT: s_waitcnt
 // ROW8: global_store_dwordx4
 
-// gfx942 grid barrier of the dispatch (this PE's own {arrivals, generation} words, as global memory
-// with LLVM's relaxed system-scope atomics instead of ABI calls that translate our own address): the
-// block meets; thread 0 reads the generation (system-coherent), fences (release: write back L2, wait,
-// invalidate), then the 64-bit arrival fetch-add at system scope (global_atomic_add_x2 ... sc0 sc1, no
-// run-time private-address branch: no scratch). The last arriver resets the count, fences, publishes
-// the generation; the others poll it (ABI wait: s_sleep back-off); then the acquire fence and the
-// block barrier.
+// gfx942 completion of the dispatch (grid_last_arrival on this PE's own arrival word, as global memory with
+// LLVM's relaxed system-scope atomics instead of ABI calls that translate our own address): the block
+// meets; thread 0 fences (release: write back L2, wait, invalidate), then the 64-bit arrival fetch-add at
+// system scope (global_atomic_add_x2 ... sc0 sc1, no run-time private-address branch: no scratch). The last
+// arriver resets the count (system-scope store) and fences (acquire); no block waits for the others (no
+// s_sleep poll before the handshake); the flag reaches warp 0 from lane 0 (v_readlane), whose last block
+// then runs the count handshake.
 // GRID: s_barrier
-// GRID: global_load_dwordx2 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, s[{{[0-9]+:[0-9]+}}] offset:8 sc0 sc1
-// GRID-NEXT: {{(s_|v_).*}}
 // GRID: buffer_wbl2 sc0 sc1
 // GRID-NEXT: s_waitcnt vmcnt(0)
 // GRID-NEXT: buffer_inv sc0 sc1
-// GRID-NOT: {{_store_|_atomic_}}
+// GRID-NOT: {{_store_|_atomic_|s_sleep}}
 // GRID: global_atomic_add_x2 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, v[{{[0-9]+:[0-9]+}}], s[{{[0-9]+:[0-9]+}}] sc0 sc1
-// GRID: s_sleep 1
+// GRID-NOT: s_sleep
 // GRID: global_store_dwordx2 v{{[0-9]+}}, v[{{[0-9]+:[0-9]+}}], s[{{[0-9]+:[0-9]+}}] sc0 sc1
-// GRID-NEXT: {{(s_|v_).*}}
 // GRID-NEXT: buffer_wbl2 sc0 sc1
 // GRID-NEXT: s_waitcnt vmcnt(0)
 // GRID-NEXT: buffer_inv sc0 sc1
-// GRID-NEXT: global_store_dwordx2 v{{[0-9]+}}, v[{{[0-9]+:[0-9]+}}], s[{{[0-9]+:[0-9]+}}] offset:8 sc0 sc1
-// GRID: buffer_wbl2 sc0 sc1
-// GRID-NEXT: s_waitcnt vmcnt(0)
-// GRID-NEXT: buffer_inv sc0 sc1
-// GRID: s_barrier
+// GRID-NOT: s_barrier
+// GRID: v_readlane_b32 s{{[0-9]+}}, v{{[0-9]+}}, 0
+// GRID-NOT: s_barrier
+// GRID: s_sleep 1
 // GRID: s_endpgm
 
 // Pull combine: each warp resolves the peers' base addresses of the registered rows and weights once
@@ -101,12 +97,15 @@
 
 // gfx1250 (separate load and store counters): the dispatch row's 16-byte accesses are global_*_b128
 // only, in runs (a round's loads, its stores to the first destination and, in the loop body, to the
-// others; then the tail's), with no flat 16-byte access before the last of them (the three flat ones
-// after it are the device library's metadata stores). The first destination's stores count the loads
-// down one by one (s_wait_loadcnt 7 ... 0).
+// others; then the tail's, with one 16-byte load of heap-table entries for the metadata addresses among
+// them), with no flat 16-byte access before the last of them (the flat ones after it are the device
+// library's own stores). The first destination's stores count the loads down one by one (s_wait_loadcnt
+// 7 ... 0).
 // RUNS1250: {{^ *}}{{[0-9]+}} global_load_b128
 // RUNS1250-NEXT: {{^ *}}16 global_store_b128
 // RUNS1250-NEXT: {{^ *}}{{[0-9]+}} global_load_b128
+// RUNS1250-NEXT: {{^ *}}{{[0-9]+}} global_store_b128
+// RUNS1250-NEXT: {{^ *}}1 global_load_b128
 // RUNS1250-NEXT: {{^ *}}{{[0-9]+}} global_store_b128
 // RUNS1250-NOT: global_store_b128
 // GFX1250-LABEL: {{^}}ep_dispatch_bf16:

@@ -3,12 +3,16 @@
 // RUN: mori-compile %s --trace --target=gfx950 --emit=isa -o - | FileCheck %s --check-prefix=GFX9
 // RUN: sed -e 's/wave_size = 64/wave_size = 32/' %s | mori-compile - --trace --target=gfx1250 --emit=isa -o - | FileCheck %s --check-prefix=GFX12
 // RUN: sed -e 's/wave_size = 64/wave_size = 32/' %s | mori-compile - --trace --target=sm_90 --emit=ptx -o - | FileCheck %s --check-prefix=PTX
+// RUN: sed -e 's/wave_size = 64/wave_size = 32/' %s | mori-compile - --trace --target=sm_90 --emit=ptx -o - | FileCheck %s --check-prefix=SHFL
+// RUN: sed -e 's/wave_size = 64/wave_size = 32/' %s | mori-compile - --target=sm_90 --emit=ptx -o - | FileCheck %s --check-prefix=SHFL
 // RUN: sed -e 's/wave_size = 64/wave_size = 32/' %s | mori-compile - --target=sm_90 --emit=ptx -o - | FileCheck %s --check-prefix=OFF --implicit-check-not=globaltimer --implicit-check-not=__mori_trace
 
 // The IntraNode dispatch's phase trace points (docs/tracing.md) on every target: the timer is the GPU's global
 // one (sm_90 %globaltimer, CDNA s_memrealtime, gfx12 s_sendmsg_rtn_b64 REALTIME), the trace-buffer address
 // a global the runtime writes (exported: never internalized), the store a plain 8-byte store by lane 0.
-// Without --trace there is no trace code at all.
+// Without --trace there is no trace code at all. The trace code never branches on the lane: the kernel keeps
+// exactly its 1 block barrier and 50 warp shuffles (a lane-0 branch once let LLVM duplicate the code after it
+// per lane group, and the copies' shuffles deadlocked on sm_90).
 
 // GFX9-LABEL: ep_dispatch_bf16:
 // GFX9: s_memrealtime
@@ -26,6 +30,12 @@
 // PTX: ld.global.b64 {{.*}}[__mori_trace_ep_dispatch_bf16]
 // PTX: st.global.{{[bu]}}64 [%rd{{[0-9]+}}], %rd{{[0-9]+}};
 // PTX: atom.{{.*}}add
+// PTX-COUNT-1: bar.sync
+// PTX-NOT: bar.sync
+
+// SHFL-LABEL: .entry ep_dispatch_bf16(
+// SHFL-COUNT-50: shfl.sync
+// SHFL-NOT: shfl.sync
 
 // OFF-LABEL: .entry ep_dispatch_bf16(
 
