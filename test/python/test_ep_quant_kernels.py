@@ -1,6 +1,8 @@
 """The quantizing combines' bundles compiled for every target (CPU only, issue 15): on AMDGPU no scratch and
 no VGPR spills in the quantizing kernels (the fp4 decode on gfx950 is the conversion instruction: in
-integer arithmetic it needed 248 VGPRs and scratch); sm_90's PTX has the kernels of every kind. The
+integer arithmetic it needed 248 VGPRs and scratch); sm_90's PTX has the kernels of every kind, the wire
+helpers inlined (passes/comm_quant.py marks them alwaysinline: at LLVM's threshold, with two kernels calling
+them, they stayed functions, and on AMDGPU a call took 248 VGPRs and scratch). The
 instructions themselves are pinned by test/lit/Target/wire-quant-*.mlir and
 test/lit/Conversion/mori-ep-to-kernels-quant.mlir."""
 
@@ -60,3 +62,5 @@ def test_sm90_bundles_of_the_quantizing_kinds(kind, quant):
     combines = [n for n in result.kernels if "combine" in n and "pull" not in n]
     ptx = result.binary.decode()
     assert combines and all(f".entry {n}(" in ptx for n in combines)
+    # The wire helpers are alwaysinline: a call would cost the kernel its registers (AMDGPU: scratch).
+    assert "__mori_comm_" not in ptx, "a mori_comm helper was left as a function"

@@ -10,8 +10,8 @@
 // saturation (sm_90 cvt.rn.satfinite.e4m3x2.f32: two values per instruction; AMDGPU v_cvt_pk_fp8_f32, the
 // second pair into the upper word with op_sel), the accumulation decodes with cvt.rn.f16x2.e4m3x2 (sm_90,
 // then f16 -> f32) or v_cvt_pk_f32_fp8 (AMDGPU, the upper word by sdwa/op_sel), sums in fp32 and rounds
-// to bf16 once. The blockwise row reduces each block's amax across the warp (xor butterfly) and reads
-// each element's block multiplier from its owner lane.
+// to bf16 once. The blockwise row reduces its blocks' amaxes in parallel, a group of lanes per block (an xor
+// butterfly inside the group), and reads each unit's block multiplier from the block's owner lane (idx shuffle).
 // gfx942's instruction makes FNUZ fp8: an OCP format is refused there, naming the attribute.
 // WRONGFMT: error: {{.*}}'mori_comm.quantize_row' attribute 'format' fp8_e4m3fn is not gfx942's fp8 (its conversion instructions make fp8_e4m3fnuz)
 
