@@ -78,8 +78,10 @@ def _fabs(b: Builder, x):
 
 
 def _maxnum(b: Builder, acc, x):
-    """max(acc, x) for a non-NaN ``acc``: a NaN ``x`` compares false and is ignored, like fmaxf."""
-    return b.select(_cmpf(b, "ogt", x, acc), x, acc)
+    """max(acc, x) for a non-NaN ``acc``: a NaN ``x`` is ignored, like fmaxf (``llvm.intr.maxnum``: one
+    instruction, sm_90 ``max.f32``, AMDGPU ``v_max_f32``). The amaxes compare magnitudes (never -0), so which
+    of two equal operands it returns does not matter."""
+    return _one(b, "llvm.intr.maxnum", (acc, x), acc.type)
 
 
 def _extract(b: Builder, vec, i: int, elem):
@@ -336,27 +338,28 @@ def amax_lanes(scale_blocks: int, wave: int) -> int:
     return g
 
 
-def _lane_block_amax(b: Builder, src, start, end, last_unit, sub, group: int) -> ir.Value:
+def _lane_block_amax(b: Builder, src, start, end, last_unit, sub, group: int, whole) -> ir.Value:
     """This lane's share of ``max |x|`` over the elements [start, end) (i32; an empty range gives 0).
 
-    The block's units ``start // 8 ..= (end - 1) // 8``: the interior ones (whole units of the block) are
-    strided over the ``group`` lanes (``sub`` in [0, group)), AMAX_UNROLL loads at a time (an index past the
-    interior is clamped to its last unit: a unit counted twice does not change a max); the two end units,
-    which may hold elements of the neighbour blocks, are masked: the head by the even lanes, the tail by the
-    odd ones (both by a lane alone). Unit indices are clamped to ``last_unit`` (an empty block may start
-    past the row)."""
+    The block's units ``start // 8 ..= (end - 1) // 8`` are strided over the ``group`` lanes (``sub`` in
+    [0, group)), AMAX_UNROLL loads at a time (an index past the end is clamped to the last unit: a unit
+    counted twice does not change a max). Unless the blocks are whole units (``whole``, warp-uniform: B a
+    multiple of 8), the two end units, which may hold elements of the neighbour blocks, are left out of the
+    strided loop and masked, the head by the even lanes, the tail by the odd ones (both by a lane alone).
+    Unit indices are clamped to ``last_unit`` (an empty block may start past the row)."""
     zero = b.const_f32(0.0)
-    c1 = b.const_i32(1)
-    c3 = b.const_i32(3)
+    c0, c1, c3 = b.const_i32(0), b.const_i32(1), b.const_i32(3)
     nonempty = b.cmpi("slt", start, end)
     u_lo = b.minui(b.shrui(start, c3), last_unit)
     u_hi = b.minui(b.shrui(b.select(nonempty, b.subi(end, c1), start), c3), last_unit)
-    ends = [u_lo, u_hi] if group == 1 else [b.select(b.cmpi("eq", b.andi(sub, c1), c1), u_hi, u_lo)]
-    raws = [_load_raw_unit(b, src, b.extui(b.i64, u)) for u in ends]
+    inner = b.select(whole, c0, c1)  # the end units strided (whole units) or masked apart
+    first = b.addi(u_lo, inner)
+    top = b.subi(u_hi, inner)  # the strided units: [first, top]
+    lower = b.addi(first, sub)
+    upper = b.select(nonempty, b.addi(top, c1), lower)
 
-    def interior(t, acc):
+    def strided(t, acc):
         t32 = b.index_cast(b.i32, t)
-        top = b.subi(u_hi, c1)
         units = [b.minui(b.addi(t32, b.const_i32(j * group)), top) for j in range(AMAX_UNROLL)]
         loaded = [_load_raw_unit(b, src, b.extui(b.i64, u)) for u in units]
         for raw in loaded:
@@ -364,16 +367,22 @@ def _lane_block_amax(b: Builder, src, start, end, last_unit, sub, group: int) ->
                 acc = _maxnum(b, acc, _fabs(b, x))
         return [acc]
 
-    lower = b.index_cast(b.index, b.addi(b.addi(u_lo, c1), sub))
-    (acc,) = b.for_iter(lower, b.index_cast(b.index, u_hi), b.const_index(group * AMAX_UNROLL), [zero], interior)
-    for u, raw in zip(ends, raws):
-        e0 = b.shli(u, c3)
-        lo, hi = b.subi(start, e0), b.subi(end, e0)  # element i of the unit is in the block: lo <= i < hi
-        for i, x in enumerate(_bf16_values(b, raw)):
-            ci = b.const_i32(i)
-            inside = b.andi(b.cmpi("sle", lo, ci), b.cmpi("sgt", hi, ci))
-            acc = _maxnum(b, acc, b.select(inside, _fabs(b, x), zero))
-    return acc
+    (acc,) = b.for_iter(b.index_cast(b.index, lower), b.index_cast(b.index, upper),
+                        b.const_index(group * AMAX_UNROLL), [zero], strided)  # fmt: skip
+
+    def masked():
+        ends = [u_lo, u_hi] if group == 1 else [b.select(b.cmpi("eq", b.andi(sub, c1), c1), u_hi, u_lo)]
+        out = acc
+        for u in ends:
+            e0 = b.shli(u, c3)
+            lo, hi = b.subi(start, e0), b.subi(end, e0)  # element i of the unit is in the block: lo <= i < hi
+            for i, x in enumerate(_load_bf16_unit(b, src, b.extui(b.i64, u))):
+                ci = b.const_i32(i)
+                inside = b.andi(b.cmpi("sle", lo, ci), b.cmpi("sgt", hi, ci))
+                out = _maxnum(b, out, b.select(inside, _fabs(b, x), zero))
+        return [out]
+
+    return b.if_else(whole, [b.f32], lambda: [acc], masked)[0]
 
 
 def _block_amaxes(b: Builder, src, elems32, blk32, last_unit, scale_blocks: int, wave: int) -> list[ir.Value]:
@@ -393,12 +402,13 @@ def _block_amaxes(b: Builder, src, elems32, blk32, last_unit, scale_blocks: int,
     grp = b.shrui(lane, b.const_i32(group.bit_length() - 1))
     width = b.const_i32(wave)
     wmask = b.const_i32(wave - 1)
+    whole = b.cmpi("eq", b.andi(blk32, b.const_i32(UNIT - 1)), b.const_i32(0))
 
     def one_round(r, held):
         first = b.muli(r, b.const_i32(per_round))  # the round's first block
         start = b.muli(b.addi(first, grp), blk32)
         end = b.minui(b.addi(start, blk32), elems32)
-        amax = _lane_block_amax(b, src, start, end, last_unit, sub, group)
+        amax = _lane_block_amax(b, src, start, end, last_unit, sub, group, whole)
         offset = group // 2
         while offset >= 1:
             amax = _maxnum(b, amax, b.shuffle("xor", amax, b.const_i32(offset), width)[0])
