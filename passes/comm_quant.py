@@ -19,9 +19,9 @@ Conversions per target (``WireCodec``; the op's ``format`` must be the target's,
   (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) the magnitude passes, ``>`` at the thresholds whose tie goes down
   to an even code and ``>=`` where it goes up, which is round to nearest even and saturation at 6 (±inf:
   ±6); the sign bit is copied (-0.1 -> 0x8). NaN (refused by the model) becomes a signed zero.
-* fp4 decode: gfx950 ``v_cvt_scalef32_pk_f32_fp4`` at scale 1.0 (two codes per instruction); sm_90
-  integer arithmetic (a code's f32 bits: exponent e = code >> 1 & 3 gives ``(e + 126) << 23 | m << 22``,
-  e = 0 gives 0 or 0.5).
+* fp4 decode: gfx950 ``v_cvt_scalef32_pk_f32_fp4`` at scale 1.0 (two codes per instruction); sm_90: the
+  code's magnitude bits at f32 bits 22-24 (the value times 2**-126, a denormal for 0 and 0.5) times 2**126,
+  exact, and the sign bit.
 """
 
 from __future__ import annotations
@@ -218,16 +218,16 @@ class WireCodec:
                           {"srcSelIndex": _i32_attr(j)})  # fmt: skip
                 out += [_extract(b, f2, 0, b.f32), _extract(b, f2, 1, b.f32)]
             return out
-        c1, c3, c7 = b.const_i32(1), b.const_i32(3), b.const_i32(15)
+        # sm_90: a code's 3 magnitude bits put at f32 bits 22-24 read as the value times 2**-126 (exponent
+        # e - 127 + 1 and the mantissa bit; e = 0: the denormal 0 or 2**-127), so one exact multiplication
+        # by 2**126 decodes them (IEEE denormals: no flush to zero); the sign bit is copied (code 8: -0.0).
+        mag_mask, sign_mask, two126 = b.const_i32(7 << 22), b.const_i32(-(1 << 31)), b.const_f32(2.0**126)
         for i in range(UNIT):
-            code = b.andi(b.shrui(word, b.const_i32(4 * i)), c7)
-            e = b.andi(b.shrui(code, c1), c3)
-            m = b.andi(code, c1)
-            normal = b.ori(b.shli(b.addi(e, b.const_i32(126)), b.const_i32(23)), b.shli(m, b.const_i32(22)))
-            sub = b.select(b.cmpi("ne", m, b.const_i32(0)), b.const_i32(0x3F000000), b.const_i32(0))
-            mag = b.select(b.cmpi("eq", e, b.const_i32(0)), sub, normal)
-            bits = b.ori(mag, b.shli(b.andi(code, b.const_i32(8)), b.const_i32(28)))
-            out.append(b.bitcast(b.f32, bits))
+            at = 4 * i  # the nibble's lowest bit
+            mag = b.shli(word, b.const_i32(22 - at)) if at <= 22 else b.shrui(word, b.const_i32(at - 22))
+            sign = b.shli(word, b.const_i32(28 - at)) if at < 28 else word
+            bits = b.ori(b.andi(mag, mag_mask), b.andi(sign, sign_mask))
+            out.append(_mulf(b, b.bitcast(b.f32, bits), two126))
         return out
 
     # units -----------------------------------------------------------------------------------------------
