@@ -315,7 +315,7 @@ def _load_bf16_unit(b: Builder, src, unit) -> list[ir.Value]:
 
 
 def _pick(b: Builder, values, index):
-    """``values[index]`` for a warp-uniform i32 ``index`` (the last value past the end)."""
+    """``values[index]`` for an i32 ``index`` (the first value past the end)."""
     out = values[0]
     for i, v in enumerate(values[1:], 1):
         out = b.select(b.cmpi("eq", index, b.const_i32(i)), v, out)
@@ -462,11 +462,11 @@ def quantize_row(symbol: str, function, codec: WireCodec, scale_blocks: int, wav
     # (_block_amaxes: lane l ends with blocks r * wave + l, r < ceil(S / wave) registers); (2) each lane's
     # blocks' scale (amax / max or 1) stored after the payload, block 0's negated when any block of the row
     # was scaled (a ballot), and their multipliers (max / amax or 1); (3) warp-uniform rounds of
-    # lane-strided units (coalesced stores), the values multiplied, converted and stored. A unit of a block
-    # of B >= 8 elements lies in at most two blocks (b0 = its first element's, b0 + 1): two multipliers
-    # read from their owner lanes (idx shuffles; with several registers, the round's two owner registers,
-    # picked warp-uniformly: its blocks span at most wave + 1 consecutive ones), one select per element.
-    # Shorter blocks (B < 8: rows of fewer than 8 * S elements): each element's multiplier read alone.
+    # lane-strided units (coalesced stores), two rounds a step with their loads first, the values
+    # multiplied, converted and stored. A unit of a block of B >= 8 elements lies in one block (B a multiple
+    # of 8) or at most two (b0 = its first element's, b0 + 1): one or two multipliers read from their owner
+    # lanes, an idx shuffle each (fetcher), and then one select per element. Shorter blocks (B < 8: rows
+    # of fewer than 8 * S elements): each element's multiplier read alone (a shuffle per owner register).
     # Plain stores to the peer's row: the caller's release fence publishes them.
     @function(symbol, "ptr ptr i64 i32")
     def helper(b, dst, src, elems, pe):
@@ -528,18 +528,16 @@ def quantize_row(symbol: str, function, codec: WireCodec, scale_blocks: int, wav
                         codec.store_unit(b, scaled_values, b.gep(peer, b.muli(u, ubytes), b.i8))
 
         def fetcher(u0):
-            """The multiplier of block ``bk`` (i32) from its owner lane, for the blocks of the round from unit u0."""
-            if regs == 1:
-                return lambda bk: b.shuffle("idx", mults[0], b.andi(bk, wmask), width)[0]
-            row = b.shrui(block_of(b.muli(u0, b.const_i32(UNIT))), wave_bits)  # the round's first owner register
-            low, high = _pick(b, mults, row), _pick(b, mults, b.addi(row, b.const_i32(1)))
-
-            def fetch(bk):
-                owner = b.andi(bk, wmask)
-                lo, hi = b.shuffle("idx", low, owner, width)[0], b.shuffle("idx", high, owner, width)[0]
-                return b.select(b.cmpi("eq", b.shrui(bk, wave_bits), row), lo, hi)
-
-            return fetch
+            """The multiplier of block ``bk`` (i32) from its owner lane, for the blocks of the round from unit u0
+            (B >= 8). With several owner registers, each lane offers the one of the round's block it owns: the
+            round's blocks (from its first element's, bmin) are at most ``wave`` consecutive ones (8 * wave
+            elements), so lane l owns exactly one of them, ``bmin + ((l - bmin) mod wave)``: one idx shuffle."""
+            offered = mults[0]
+            if regs > 1:
+                bmin = block_of(b.muli(u0, b.const_i32(UNIT)))
+                mine = b.addi(bmin, b.andi(b.subi(lane32, bmin), wmask))
+                offered = _pick(b, mults, b.shrui(mine, wave_bits))
+            return lambda bk: b.shuffle("idx", offered, b.andi(bk, wmask), width)[0]
 
         def one_block(u0, u_safe, values):  # B a multiple of 8: each unit inside one block
             m0 = fetcher(u0)(block_of(b.trunci(b.i32, b.muli(u_safe, b.const_i64(UNIT)))))

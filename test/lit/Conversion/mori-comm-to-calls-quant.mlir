@@ -48,8 +48,8 @@
 // block 4 loads at a time, its group's max by 2 xor shuffles, one idx shuffle to the block's owner lane), the
 // ballot of "any block scaled" (5 xor shuffles), the scales stored after the payload (block 0 negated when any
 // was), then the conversion loop (two rounds of lane-strided units a step, their loads first; a unit's
-// multiplier read from its block's owner lane: one idx shuffle per owner register), multiplied, converted and
-// stored.
+// multiplier read from its block's owner lane, one idx shuffle: each lane offers the owner register of the
+// round's block it owns), multiplied, converted and stored.
 // CHECK-LABEL: func.func @__mori_comm_quantize_row_e2m1_s56(
 // CHECK: scf.for %{{.*}} = %c0 to %c7 step %c1 iter_args({{.*}}) -> (f32, f32)
 // CHECK: scf.for {{.*}} step %c16 iter_args
@@ -62,7 +62,11 @@
 // CHECK: llvm.store {{.*}} {alignment = 4 : i64} : f32, !llvm.ptr
 // CHECK: scf.for
 // CHECK-COUNT-2: llvm.load {{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
-// CHECK-COUNT-2: gpu.shuffle  idx
+// CHECK: gpu.shuffle  idx
+// CHECK-NOT: gpu.shuffle
+// CHECK: arith.mulf
+// CHECK: gpu.shuffle  idx
+// CHECK-NOT: gpu.shuffle
 // CHECK: arith.mulf
 // CHECK: llvm.store {{.*}} {alignment = 4 : i64} : i32, !llvm.ptr
 // CHECK: return
