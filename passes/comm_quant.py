@@ -239,12 +239,21 @@ class WireCodec:
         words = [self.fp8_encode4(b, values[:4]), self.fp8_encode4(b, values[4:])]
         b.store(_vector_of(b, words, b.i32), dst, alignment=8)
 
+    def load_raw_unit(self, b: Builder, src) -> ir.Value:
+        """The payload bytes of the unit at ``src`` (fp4: an i32, fp8: a vector<2xi32>)."""
+        if self.is_fp4:
+            return b.load(b.i32, src, alignment=4)
+        return b.load(b.vector(2, b.i32), src, alignment=8)
+
+    def decode_unit(self, b: Builder, raw) -> list[ir.Value]:
+        """The 8 decoded f32 values of a unit's payload bytes (``load_raw_unit``)."""
+        if self.is_fp4:
+            return self.fp4_decode8(b, raw)
+        return self.fp8_decode4(b, _extract(b, raw, 0, b.i32)) + self.fp8_decode4(b, _extract(b, raw, 1, b.i32))
+
     def load_unit(self, b: Builder, src) -> list[ir.Value]:
         """The 8 decoded f32 values of the unit payload at ``src``."""
-        if self.is_fp4:
-            return self.fp4_decode8(b, b.load(b.i32, src, alignment=4))
-        pair = b.load(b.vector(2, b.i32), src, alignment=8)
-        return self.fp8_decode4(b, _extract(b, pair, 0, b.i32)) + self.fp8_decode4(b, _extract(b, pair, 1, b.i32))
+        return self.decode_unit(b, self.load_raw_unit(b, src))
 
 
 # ---- row geometry (the runtime twin of wire_quant.wire_*) -------------------------------------------------
@@ -576,9 +585,10 @@ def accumulate_quantized_rows(symbol: str, function, codec: WireCodec, scale_blo
     # (the factor 1.0 for the others), summed in fp32 in source order from 0.0, rounded once to bf16 and
     # stored as one 16-byte vector. When no source's scale[0] is negative (the reader's flag, read once per
     # call: a warp-uniform branch), the loop is the plain cast's, without scales. A unit of a block of B >= 8
-    # elements lies in at most two blocks: two scale loads per source and unit (the flag's address, scale[0],
-    # for a source without it), one select per element; shorter blocks: a scale load per element. No
-    # ordering of its own: the caller acquired the sources.
+    # elements lies in one block (B a multiple of 8: one scale load per source and unit, branch-free: a source
+    # without the flag loads scale[0] and uses 1.0) or at most two (two loads under a per-source warp-uniform
+    # branch on the flag, one select per element); shorter blocks: a scale load per element (same branch).
+    # No ordering of its own: the caller acquired the sources.
     @function(symbol, "ptr i64 i64 i64" + " ptr" * k)
     def helper(b, out, first, count, elems, *sources):
         out = _cast(b, out, global_space)
@@ -591,19 +601,24 @@ def accumulate_quantized_rows(symbol: str, function, codec: WireCodec, scale_blo
         one = b.const_f32(1.0)
 
         def units(body):
+            """The loop over the lane's units; ``body(u, raw payloads)`` returns the unit's 8 sums."""
             lower = b.index_cast(b.index, b.addi(u_first, lane))
             with b.for_(lower, b.index_cast(b.index, u_end), b.const_index(wave)) as ux:
                 u = b.index_cast(b.i64, ux)
-                payloads = [codec.load_unit(b, b.gep(s, b.muli(u, ubytes), b.i8)) for s in sources]
-                acc = [b.const_f32(0.0)] * UNIT
-                for vals in body(u, payloads):  # (a generator: each source's products summed as they come)
-                    acc = [b.addf(a, v) for a, v in zip(acc, vals)]
-                packed = b.truncf(b.vector(UNIT, b.bf16), _vector_of(b, acc, b.f32))
+                raws = [codec.load_raw_unit(b, b.gep(s, b.muli(u, ubytes), b.i8)) for s in sources]
+                packed = b.truncf(b.vector(UNIT, b.bf16), _vector_of(b, body(u, raws), b.f32))
                 b.store(b.bitcast(b.vector(4, b.i32), packed), b.gep(out, b.muli(u, b.const_i64(16)), b.i8),
                         alignment=16)  # fmt: skip
 
-        def plain(u, payloads):
-            return payloads
+        def summed(products):
+            """Each source's 8 products (an iterable, source order) summed in fp32 from 0.0."""
+            acc = [b.const_f32(0.0)] * UNIT
+            for vals in products:  # (a generator: each source's products summed as they come)
+                acc = [b.addf(a, v) for a, v in zip(acc, vals)]
+            return acc
+
+        def plain(u, raws):
+            return summed(codec.decode_unit(b, raw) for raw in raws)
 
         if not scale_blocks:
             units(plain)
@@ -625,28 +640,51 @@ def accumulate_quantized_rows(symbol: str, function, codec: WireCodec, scale_blo
             s = _fabs(b, b.load(b.f32, b.gep(sources[j], off, b.i8), alignment=4))
             return b.select(active[j], s, one)
 
-        def one_block(u, payloads):  # B a multiple of 8: each unit inside one block
+        def one_block(u, raws):  # B a multiple of 8: each unit inside one block
             b0 = block_of(b.trunci(b.i32, b.muli(u, unit)))
-            for j, vals in enumerate(payloads):
-                f0 = factor(j, b0)
-                yield [_mulf(b, v, f0) for v in vals]
 
-        def two_blocks(u, payloads):
+            def products():
+                for j, raw in enumerate(raws):
+                    f0 = factor(j, b0)
+                    yield [_mulf(b, v, f0) for v in codec.decode_unit(b, raw)]
+
+            return summed(products())
+
+        def branched_factors(j, scales):
+            """Source j's 8 factors: ``scales()`` (its loads) under a warp-uniform branch on its flag, else 1.0.
+            (The rare paths: a branch per source keeps the compiler from hoisting every source's scale loads at
+            once, which took sm_90's kernels past 128 registers.)"""
+            return b.if_else(active[j], [b.f32] * UNIT, scales, lambda: [one] * UNIT)
+
+        def scaled_sums(raws, factors_of):
+            def products():
+                for j, raw in enumerate(raws):
+                    factors = branched_factors(j, lambda j=j: factors_of(j))
+                    yield [_mulf(b, v, f) for v, f in zip(codec.decode_unit(b, raw), factors)]
+
+            return summed(products())
+
+        def scale_of(j, blk):
+            return _fabs(b, b.load(b.f32, b.gep(sources[j], b.addi(soff, b.muli(b.extui(b.i64, blk), b.const_i64(4))),
+                                                b.i8), alignment=4))  # fmt: skip
+
+        def two_blocks(u, raws):
             e0 = b.trunci(b.i32, b.muli(u, unit))
             b0 = block_of(e0)
             b1 = b.addi(b0, b.const_i32(1))
             split = b.subi(b.muli(b1, blk32), e0)  # elements i < split are in b0, the others in b0 + 1
             crosses = b.cmpi("slt", split, b.const_i32(UNIT))
-            low = [b.cmpi("sgt", split, b.const_i32(i)) for i in range(UNIT)]
-            for j, vals in enumerate(payloads):
-                f0 = factor(j, b0)
-                f1 = factor(j, b.select(crosses, b1, b0))  # (b0 + 1 may be past the row's S scales)
-                yield [_mulf(b, v, b.select(lo, f0, f1)) for v, lo in zip(vals, low)]
 
-        def per_element(u, payloads):
+            def factors(j):
+                f0 = scale_of(j, b0)
+                f1 = scale_of(j, b.select(crosses, b1, b0))  # (b0 + 1 may be past the row's S scales)
+                return [b.select(b.cmpi("sgt", split, b.const_i32(i)), f0, f1) for i in range(UNIT)]
+
+            return scaled_sums(raws, factors)
+
+        def per_element(u, raws):  # B < 8: a unit holds up to 8 blocks, a scale load per element
             blocks = _unit_blocks(b, b.muli(u, unit), blk_elems)
-            for j, vals in enumerate(payloads):
-                yield [_mulf(b, v, factor(j, blk)) for v, blk in zip(vals, blocks)]
+            return scaled_sums(raws, lambda j: [scale_of(j, blk) for blk in blocks])
 
         def scaled():
             _by_block_length(b, blk_elems, lambda body: units(body) or [], one_block, two_blocks, per_element)
