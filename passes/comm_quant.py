@@ -347,7 +347,7 @@ def amax_lanes(scale_blocks: int, wave: int) -> int:
     return g
 
 
-def _lane_block_amax(b: Builder, src, start, end, last_unit, sub, group: int, whole) -> ir.Value:
+def _lane_block_amax(b: Builder, src, start, end, last_unit, sub, group: int, whole, packed: bool) -> ir.Value:
     """This lane's share of ``max |x|`` over the elements [start, end) (i32; an empty range gives 0).
 
     The block's units ``start // 8 ..= (end - 1) // 8`` are strided over the ``group`` lanes (``sub`` in
@@ -355,7 +355,9 @@ def _lane_block_amax(b: Builder, src, start, end, last_unit, sub, group: int, wh
     counted twice does not change a max). Unless the blocks are whole units (``whole``, warp-uniform: B a
     multiple of 8), the two end units, which may hold elements of the neighbour blocks, are left out of the
     strided loop and masked, the head by the even lanes, the tail by the odd ones (both by a lane alone).
-    Unit indices are clamped to ``last_unit`` (an empty block may start past the row)."""
+    Unit indices are clamped to ``last_unit`` (an empty block may start past the row). ``packed`` (sm_90):
+    the strided units' maxima on the packed bf16 values, two per instruction (|x| by clearing the sign bits,
+    ``max.bf16x2``, NaN ignored like fmaxf: the same maximum, bf16 -> f32 being exact and monotonic)."""
     zero = b.const_f32(0.0)
     c0, c1, c3 = b.const_i32(0), b.const_i32(1), b.const_i32(3)
     nonempty = b.cmpi("slt", start, end)
@@ -371,6 +373,18 @@ def _lane_block_amax(b: Builder, src, start, end, last_unit, sub, group: int, wh
         t32 = b.index_cast(b.i32, t)
         units = [b.minui(b.addi(t32, b.const_i32(j * group)), top) for j in range(AMAX_UNROLL)]
         loaded = [_load_raw_unit(b, src, b.extui(b.i64, u)) for u in units]
+        if packed:
+            bf16s = b.vector(UNIT, b.bf16)
+            signless = _one(b, "arith.constant", (), loaded[0].type,
+                            {"value": ir.DenseElementsAttr.get_splat(loaded[0].type, _i32_attr(0x7FFF7FFF))})
+            mags = [b.bitcast(bf16s, b.andi(raw, signless)) for raw in loaded]
+            most = mags[0]
+            for m in mags[1:]:
+                most = _one(b, "llvm.intr.maxnum", (most, m), bf16s)
+            wide = b.extf(b.vector(UNIT, b.f32), most)
+            for i in range(UNIT):
+                acc = _maxnum(b, acc, _extract(b, wide, i, b.f32))
+            return [acc]
         for raw in loaded:
             for x in _bf16_values(b, raw):
                 acc = _maxnum(b, acc, _fabs(b, x))
@@ -394,7 +408,8 @@ def _lane_block_amax(b: Builder, src, start, end, last_unit, sub, group: int, wh
     return b.if_else(whole, [b.f32], lambda: [acc], masked)[0]
 
 
-def _block_amaxes(b: Builder, src, elems32, blk32, last_unit, scale_blocks: int, wave: int) -> list[ir.Value]:
+def _block_amaxes(b: Builder, src, elems32, blk32, last_unit, scale_blocks: int, wave: int,
+                  packed: bool) -> list[ir.Value]:  # fmt: skip
     """Every block's amax in the owner layout: lane l's register r holds block ``r * wave + l``
     (``ceil(S / wave)`` registers; blocks past S: 0).
 
@@ -417,7 +432,7 @@ def _block_amaxes(b: Builder, src, elems32, blk32, last_unit, scale_blocks: int,
         first = b.muli(r, b.const_i32(per_round))  # the round's first block
         start = b.muli(b.addi(first, grp), blk32)
         end = b.minui(b.addi(start, blk32), elems32)
-        amax = _lane_block_amax(b, src, start, end, last_unit, sub, group, whole)
+        amax = _lane_block_amax(b, src, start, end, last_unit, sub, group, whole, packed)
         offset = group // 2
         while offset >= 1:
             amax = _maxnum(b, amax, b.shuffle("xor", amax, b.const_i32(offset), width)[0])
@@ -497,7 +512,7 @@ def quantize_row(symbol: str, function, codec: WireCodec, scale_blocks: int, wav
         zero = b.const_f32(0.0)
         last_unit = b.subi(b.trunci(b.i32, nunits), b.const_i32(1))
         amaxes = b.if_else(b.cmpi("ne", nunits, b.const_i64(0)), [b.f32] * regs,
-                           lambda: _block_amaxes(b, src, elems32, blk32, last_unit, scale_blocks, wave),
+                           lambda: _block_amaxes(b, src, elems32, blk32, last_unit, scale_blocks, wave, codec.nvptx),
                            lambda: [zero] * regs)  # fmt: skip
         qmax = b.const_f32(codec.qmax)
         one = b.const_f32(1.0)

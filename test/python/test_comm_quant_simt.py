@@ -164,6 +164,9 @@ class Warp:
         if name == "arith.constant":
             kind, bits, n = _kind(rt)
             attr = op.attributes["value"]
+            if n is not None:  # a splat vector
+                value = ir.IntegerAttr(ir.DenseElementsAttr(attr).get_splat_value()).value & ((1 << bits) - 1)
+                return [np.full((self.wave, n), value, dtype=_dtype(kind, bits))]
             value = ir.FloatAttr(attr).value if kind in ("f32", "f16") else ir.IntegerAttr(attr).value
             if kind == "int":
                 value &= (1 << bits) - 1
@@ -186,6 +189,9 @@ class Warp:
             fn = np.floor_divide if name.endswith("divui") else np.remainder
             return [fn(ops[0], den.astype(ops[0].dtype)).astype(ops[0].dtype)]
         if name == "llvm.intr.maxnum":
+            if _kind(rt)[0] == "bf16":  # (bit patterns: through f32, exact)
+                wide = [(o.astype(np.uint32) << 16).view(np.float32) for o in ops]
+                return [(np.fmax(*wide).view(np.uint32) >> 16).astype(np.uint16)]
             return [np.fmax(ops[0], ops[1])]
         if name in ("arith.maxui", "arith.minui"):
             return [(np.maximum if name.endswith("maxui") else np.minimum)(ops[0], ops[1])]
@@ -289,6 +295,28 @@ class Warp:
             return [(_fp8_encode(ops[0]).astype(np.uint16) << 8 | _fp8_encode(ops[1])).astype(np.uint16)]
         if name == "nvvm.convert.f8x2.to.f16x2":
             return [from_bits(ops[0], "fp8_e4m3fn").astype(np.float16)]
+        if name == "rocdl.cvt.pk.fp8.f32":  # (lo, hi, old) {wordSel}: two fp8 bytes into a half of old
+            lo, hi, old = ops
+            shift = 16 if ir.BoolAttr(op.attributes["wordSel"]).value else 0
+            pair = (_fp8_encode(lo).astype(np.uint32) | _fp8_encode(hi).astype(np.uint32) << 8) << shift
+            return [(old & np.uint32(~(0xFFFF << shift) & 0xFFFFFFFF)) | pair]
+        if name == "rocdl.cvt.pk.f32.fp8":  # (word) {wordSel}: the two fp8 bytes of a half
+            shift = 16 if ir.BoolAttr(op.attributes["wordSel"]).value else 0
+            pair = [(ops[0] >> np.uint32(shift + 8 * i)) & np.uint32(0xFF) for i in (0, 1)]
+            return [np.stack([from_bits(x.astype(np.uint8), "fp8_e4m3fn") for x in pair], axis=1)]
+        if name == "rocdl.cvt.scalef32.pk.fp4.f32":  # (old, a, b, scale) {dstSelIndex j}: byte j = a | b << 4
+            old, a, c, scale = ops
+            assert (scale == 1).all()
+            j = ir.IntegerAttr(op.attributes["dstSelIndex"]).value
+            byte = (qr._fp4_codes(a).astype(np.uint32) | qr._fp4_codes(c).astype(np.uint32) << 4) << (8 * j)
+            return [(old & np.uint32(~(0xFF << (8 * j)) & 0xFFFFFFFF)) | byte]
+        if name == "rocdl.cvt.scalef32.pk.f32.fp4":  # (word, scale) {srcSelIndex j}: byte j's two codes
+            word, scale = ops
+            assert (scale == 1).all()
+            j = ir.IntegerAttr(op.attributes["srcSelIndex"]).value
+            codes = [(word >> np.uint32(8 * j + 4 * i)) & np.uint32(0xF) for i in (0, 1)]
+            vals = [np.where(c & 8, -qr.FP4_E2M1_VALUES[c & 7], qr.FP4_E2M1_VALUES[c & 7]) for c in codes]
+            return [np.stack(vals, axis=1).astype(np.float32)]
         if name == "scf.if":
             cond = ops[0]
             outs = []
@@ -343,16 +371,16 @@ _MODULE = """module attributes {{gpu.container_module}} {{
 _CACHE: dict = {}
 
 
-def _helpers(fmt: str, s: int, k: int, wave: int):
-    """(quantize_row, accumulate_quantized_rows) func.func ops of the lowering (sm_90's conversions)."""
-    key = (fmt, s, k, wave)
+def _helpers(fmt: str, s: int, k: int, wave: int, chip: str = "sm_90"):
+    """(quantize_row, accumulate_quantized_rows) func.func ops of the lowering for ``chip``."""
+    key = (fmt, s, k, wave, chip)
     if key not in _CACHE:
         ctx = new_context()
         registry.load_all(ctx)
         with ctx:
             text = _MODULE.format(fmt=fmt, s=s, srcs=", ".join(["%s"] * k), types=", ".join(["!llvm.ptr"] * k))
             module = ir.Module.parse(text)
-            build_pass_manager(f"mori-comm-to-calls{{wave-size={wave} chip=sm_90}}", ctx).run(module.operation)
+            build_pass_manager(f"mori-comm-to-calls{{wave-size={wave} chip={chip}}}", ctx).run(module.operation)
             funcs = {}
             for op in module.body.operations[0].regions[0].blocks[0].operations:
                 op = op.operation
@@ -395,8 +423,8 @@ def _bf16_row(rng, elems: int, fmt: str, s: int, planted: float) -> np.ndarray:
     return x
 
 
-def _quantize(x: np.ndarray, fmt: str, s: int, wave: int) -> np.ndarray:
-    quant_fn, _ = _helpers(fmt, s, 1, wave)
+def _quantize(x: np.ndarray, fmt: str, s: int, wave: int, chip: str) -> np.ndarray:
+    quant_fn, _ = _helpers(fmt, s, 1, wave, chip)
     quant = "fp4_blockwise" if fmt == "fp4_e2m1" else "fp8_blockwise"
     mem = Memory()
     src = mem.alloc("src", to_bits(x, "bf16"))
@@ -412,9 +440,14 @@ _SHAPES = [(7168, 56), (1024, 8), (4096, 16), (7168, 100), (72, 10), (4096, 56),
            (112, 56), (40, 256), (16, 3), (512, 1), (1600, 200), (2048, 256), (1032, 129)]  # fmt: skip
 
 
-@pytest.mark.parametrize("wave", [32, 64])
+# sm_90's IR at its 32 lanes and at 64, gfx950's (wave 64; ROCDL conversions, f32 amax instead of sm_90's
+# packed bf16 one).
+_TARGETS = [("sm_90", 32), ("sm_90", 64), ("gfx950", 64)]
+
+
+@pytest.mark.parametrize(("chip", "wave"), _TARGETS)
 @pytest.mark.parametrize(("elems", "s"), _SHAPES)
-def test_quantize_row_is_the_model_bit_for_bit(elems, s, wave):
+def test_quantize_row_is_the_model_bit_for_bit(elems, s, chip, wave):
     rng = np.random.default_rng(elems * 1000 + s + wave)
     for fmt, planted in (("fp8_e4m3fn", 0.0), ("fp8_e4m3fn", 448.0), ("fp4_e2m1", 0.0), ("fp4_e2m1", 6.0)):
         if fmt == "fp4_e2m1" and elems * s > 2_000_000:  # (the slowest shapes: fp8 covers their partition)
@@ -424,7 +457,7 @@ def test_quantize_row_is_the_model_bit_for_bit(elems, s, wave):
             blk = qr.block_size(elems, s)
             for b0 in range(blk, elems, 2 * blk):
                 x[b0:b0 + blk] = np.clip(x[b0:b0 + blk], -planted / 2, planted / 2)
-        got = _quantize(x, fmt, s, wave)
+        got = _quantize(x, fmt, s, wave, chip)
         want = _wire_row(x, fmt, s)
         quant = "fp4_blockwise" if fmt == "fp4_e2m1" else "fp8_blockwise"
         off = wire_scale_offset(quant, elems)
@@ -436,15 +469,15 @@ def test_quantize_row_is_the_model_bit_for_bit(elems, s, wave):
         assert (got[pay:off] == 0xA5).all() and (got[off + 4 * s:] == 0xA5).all(), "bytes outside the row's fields"
 
 
-@pytest.mark.parametrize("wave", [32, 64])
+@pytest.mark.parametrize(("chip", "wave"), _TARGETS)
 @pytest.mark.parametrize(("elems", "s"), [(7168, 56), (4096, 56), (1040, 56), (112, 56), (40, 256), (2048, 3),
                                           (1600, 200)])  # fmt: skip
 @pytest.mark.parametrize("fmt", ["fp8_e4m3fn", "fp4_e2m1"])
-def test_accumulate_quantized_rows_is_the_model_bit_for_bit(fmt, elems, s, wave):
+def test_accumulate_quantized_rows_is_the_model_bit_for_bit(fmt, elems, s, chip, wave):
     rng = np.random.default_rng(elems + 7 * s + wave + len(fmt))
     qmax = 6.0 if fmt == "fp4_e2m1" else 448.0
     k = 3
-    _, acc_fn = _helpers(fmt, s, k, wave)
+    _, acc_fn = _helpers(fmt, s, k, wave, chip)
     quant = "fp4_blockwise" if fmt == "fp4_e2m1" else "fp8_blockwise"
     for planted in ((0.0, 0.0, 0.0), (qmax, 0.0, qmax), (qmax, qmax, qmax)):
         xs = [_bf16_row(rng, elems, fmt, s, p) for p in planted]

@@ -44,8 +44,9 @@
 // CHECK: return
 
 // quantize_row, fp4 blockwise (56 blocks, wave 32: 4 lanes per block, 8 blocks a round, 7 rounds, two owner
-// registers per lane): the amax rounds (a loop carrying the two registers; each lane's interior units of its
-// block 4 loads at a time, its group's max by 2 xor shuffles, one idx shuffle to the block's owner lane), the
+// registers per lane): the amax rounds (a loop carrying the two registers; each lane's units of its block
+// 4 loads at a time, their magnitudes' max on the packed bf16 values (sign bits cleared, llvm.intr.maxnum:
+// max.bf16x2), its group's max by 2 xor shuffles, one idx shuffle to the block's owner lane), the
 // ballot of "any block scaled" (5 xor shuffles), the scales stored after the payload (block 0 negated when any
 // was), then the conversion loop (two rounds of lane-strided units a step, their loads first; a unit's
 // multiplier read from its block's owner lane, one idx shuffle: each lane offers the owner register of the
@@ -54,6 +55,8 @@
 // CHECK: scf.for %{{.*}} = %c0 to %c7 step %c1 iter_args({{.*}}) -> (f32, f32)
 // CHECK: scf.for {{.*}} step %c16 iter_args
 // CHECK-COUNT-4: llvm.load {{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
+// CHECK: arith.constant dense<2147450879> : vector<4xi32>
+// CHECK-COUNT-3: llvm.intr.maxnum({{.*}}) : (vector<8xbf16>, vector<8xbf16>) -> vector<8xbf16>
 // CHECK: scf.yield
 // CHECK-COUNT-2: gpu.shuffle  xor {{.*}} : f32
 // CHECK: gpu.shuffle  idx {{.*}} : f32
