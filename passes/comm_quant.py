@@ -19,9 +19,9 @@ Conversions per target (``WireCodec``; the op's ``format`` must be the target's,
   (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) the magnitude passes, ``>`` at the thresholds whose tie goes down
   to an even code and ``>=`` where it goes up, which is round to nearest even and saturation at 6 (±inf:
   ±6); the sign bit is copied (-0.1 -> 0x8). NaN (refused by the model) becomes a signed zero.
-* fp4 decode: gfx950 ``v_cvt_scalef32_pk_f32_fp4`` at scale 1.0 (two codes per instruction); sm_90
-  integer arithmetic (a code's f32 bits: exponent e = code >> 1 & 3 gives ``(e + 126) << 23 | m << 22``,
-  e = 0 gives 0 or 0.5).
+* fp4 decode: gfx950 ``v_cvt_scalef32_pk_f32_fp4`` at scale 1.0 (two codes per instruction); sm_90: the
+  code's magnitude bits at f32 bits 22-24 (the value times 2**-126, a denormal for 0 and 0.5) times 2**126,
+  exact, and the sign bit.
 """
 
 from __future__ import annotations
@@ -78,8 +78,10 @@ def _fabs(b: Builder, x):
 
 
 def _maxnum(b: Builder, acc, x):
-    """max(acc, x) for a non-NaN ``acc``: a NaN ``x`` compares false and is ignored, like fmaxf."""
-    return b.select(_cmpf(b, "ogt", x, acc), x, acc)
+    """max(acc, x) for a non-NaN ``acc``: a NaN ``x`` is ignored, like fmaxf (``llvm.intr.maxnum``: one
+    instruction, sm_90 ``max.f32``, AMDGPU ``v_max_f32``). The amaxes compare magnitudes (never -0), so which
+    of two equal operands it returns does not matter."""
+    return _one(b, "llvm.intr.maxnum", (acc, x), acc.type)
 
 
 def _extract(b: Builder, vec, i: int, elem):
@@ -216,16 +218,16 @@ class WireCodec:
                           {"srcSelIndex": _i32_attr(j)})  # fmt: skip
                 out += [_extract(b, f2, 0, b.f32), _extract(b, f2, 1, b.f32)]
             return out
-        c1, c3, c7 = b.const_i32(1), b.const_i32(3), b.const_i32(15)
+        # sm_90: a code's 3 magnitude bits put at f32 bits 22-24 read as the value times 2**-126 (exponent
+        # e - 127 + 1 and the mantissa bit; e = 0: the denormal 0 or 2**-127), so one exact multiplication
+        # by 2**126 decodes them (IEEE denormals: no flush to zero); the sign bit is copied (code 8: -0.0).
+        mag_mask, sign_mask, two126 = b.const_i32(7 << 22), b.const_i32(-(1 << 31)), b.const_f32(2.0**126)
         for i in range(UNIT):
-            code = b.andi(b.shrui(word, b.const_i32(4 * i)), c7)
-            e = b.andi(b.shrui(code, c1), c3)
-            m = b.andi(code, c1)
-            normal = b.ori(b.shli(b.addi(e, b.const_i32(126)), b.const_i32(23)), b.shli(m, b.const_i32(22)))
-            sub = b.select(b.cmpi("ne", m, b.const_i32(0)), b.const_i32(0x3F000000), b.const_i32(0))
-            mag = b.select(b.cmpi("eq", e, b.const_i32(0)), sub, normal)
-            bits = b.ori(mag, b.shli(b.andi(code, b.const_i32(8)), b.const_i32(28)))
-            out.append(b.bitcast(b.f32, bits))
+            at = 4 * i  # the nibble's lowest bit
+            mag = b.shli(word, b.const_i32(22 - at)) if at <= 22 else b.shrui(word, b.const_i32(at - 22))
+            sign = b.shli(word, b.const_i32(28 - at)) if at < 28 else word
+            bits = b.ori(b.andi(mag, mag_mask), b.andi(sign, sign_mask))
+            out.append(_mulf(b, b.bitcast(b.f32, bits), two126))
         return out
 
     # units -----------------------------------------------------------------------------------------------
@@ -237,12 +239,21 @@ class WireCodec:
         words = [self.fp8_encode4(b, values[:4]), self.fp8_encode4(b, values[4:])]
         b.store(_vector_of(b, words, b.i32), dst, alignment=8)
 
+    def load_raw_unit(self, b: Builder, src) -> ir.Value:
+        """The payload bytes of the unit at ``src`` (fp4: an i32, fp8: a vector<2xi32>)."""
+        if self.is_fp4:
+            return b.load(b.i32, src, alignment=4)
+        return b.load(b.vector(2, b.i32), src, alignment=8)
+
+    def decode_unit(self, b: Builder, raw) -> list[ir.Value]:
+        """The 8 decoded f32 values of a unit's payload bytes (``load_raw_unit``)."""
+        if self.is_fp4:
+            return self.fp4_decode8(b, raw)
+        return self.fp8_decode4(b, _extract(b, raw, 0, b.i32)) + self.fp8_decode4(b, _extract(b, raw, 1, b.i32))
+
     def load_unit(self, b: Builder, src) -> list[ir.Value]:
         """The 8 decoded f32 values of the unit payload at ``src``."""
-        if self.is_fp4:
-            return self.fp4_decode8(b, b.load(b.i32, src, alignment=4))
-        pair = b.load(b.vector(2, b.i32), src, alignment=8)
-        return self.fp8_decode4(b, _extract(b, pair, 0, b.i32)) + self.fp8_decode4(b, _extract(b, pair, 1, b.i32))
+        return self.decode_unit(b, self.load_raw_unit(b, src))
 
 
 # ---- row geometry (the runtime twin of wire_quant.wire_*) -------------------------------------------------
@@ -258,10 +269,27 @@ def _block_elems(b: Builder, elems, scale_blocks: int) -> ir.Value:
     return b.divui(b.subi(b.addi(elems, s), b.const_i64(1)), s)
 
 
+class _BlockOf:
+    """The scale block ``e // B`` (i32) of element indices ``e`` (i32) by one multiplication instead of a
+    division per unit: ``m = 2**32 // B + 1`` once per call, then ``e * m >> 32``. Exact while ``e * B < 2**32``
+    (the error ``e * (m - 2**32 / B) / 2**32 < e / 2**32`` stays below ``1 / B``), which rows of at most 2**16
+    elements (ep_schema.MAX_HIDDEN_DIM) guarantee."""
+
+    def __init__(self, b: Builder, blk_elems):
+        self.b = b
+        size = b.maxui(blk_elems, b.const_i64(1))  # (an empty row: B = 0, no element to place)
+        self.magic = b.addi(b.divui(b.const_i64(1 << 32), size), b.const_i64(1))
+
+    def __call__(self, e32) -> ir.Value:
+        b = self.b
+        return b.trunci(b.i32, b.shrui(b.muli(b.extui(b.i64, e32), self.magic), b.const_i64(32)))
+
+
 def _unit_blocks(b: Builder, e0, blk_elems) -> list[ir.Value]:
     """The scale block (i32) of each of the 8 elements from ``e0`` (i64): one 32-bit division, then a step
     per element (consecutive elements cross at most one block boundary, whatever the block size). Rows
-    have at most 2**16 elements (ep_schema.MAX_HIDDEN_DIM), so 32 bits hold every index."""
+    have at most 2**16 elements (ep_schema.MAX_HIDDEN_DIM), so 32 bits hold every index. (The general path
+    of blocks shorter than a unit; units of longer blocks cross at most one boundary.)"""
     e, size = b.trunci(b.i32, e0), b.trunci(b.i32, blk_elems)
     c1 = b.const_i32(1)
     blk = b.divui(e, size)
@@ -279,27 +307,197 @@ def _cast(b: Builder, value, global_space: bool):
     return b.addrspacecast(b.ptr_global, value) if global_space else value
 
 
+def _load_raw_unit(b: Builder, src, unit) -> ir.Value:
+    """The 16 bytes of bf16 unit ``unit`` (i64) of the row ``src`` (a vector<4xi32>)."""
+    return b.load(b.vector(4, b.i32), b.gep(src, b.muli(unit, b.const_i64(16)), b.i8), alignment=16)
+
+
+def _bf16_values(b: Builder, raw) -> list[ir.Value]:
+    """The 8 bf16 elements of a raw unit as f32 values."""
+    wide = b.extf(b.vector(UNIT, b.f32), b.bitcast(b.vector(UNIT, b.bf16), raw))
+    return [_extract(b, wide, i, b.f32) for i in range(UNIT)]
+
+
+def _load_bf16_unit(b: Builder, src, unit) -> list[ir.Value]:
+    """The 8 bf16 elements of unit ``unit`` (i64) of the row ``src`` as f32 values."""
+    return _bf16_values(b, _load_raw_unit(b, src, unit))
+
+
+def _pick(b: Builder, values, index):
+    """``values[index]`` for an i32 ``index`` (the first value past the end)."""
+    out = values[0]
+    for i, v in enumerate(values[1:], 1):
+        out = b.select(b.cmpi("eq", index, b.const_i32(i)), v, out)
+    return out
+
+
+# ---- the amax pass: blocks in parallel ------------------------------------------------------------------
+
+AMAX_LANES = 4  # the fewest lanes per block in the amax pass (their units: 64 contiguous bytes per load)
+AMAX_UNROLL = 4  # units each lane loads before reducing them (loads in flight)
+CONVERT_ROUNDS = 2  # rounds of units the conversion pass loads before converting them
+
+
+def amax_lanes(scale_blocks: int, wave: int) -> int:
+    """Lanes per block in the amax pass: 4, or more (a power of two) while every block still fits one round
+    (e.g. 32 for one block on 32 lanes)."""
+    g = AMAX_LANES
+    while 2 * g <= wave and 2 * g * scale_blocks <= wave:
+        g *= 2
+    return g
+
+
+def _lane_block_amax(b: Builder, src, start, end, last_unit, sub, group: int, whole, packed: bool) -> ir.Value:
+    """This lane's share of ``max |x|`` over the elements [start, end) (i32; an empty range gives 0).
+
+    The block's units ``start // 8 ..= (end - 1) // 8`` are strided over the ``group`` lanes (``sub`` in
+    [0, group)), AMAX_UNROLL loads at a time (an index past the end is clamped to the last unit: a unit
+    counted twice does not change a max). Unless the blocks are whole units (``whole``, warp-uniform: B a
+    multiple of 8), the two end units, which may hold elements of the neighbour blocks, are left out of the
+    strided loop and masked, the head by the even lanes, the tail by the odd ones (both by a lane alone).
+    Unit indices are clamped to ``last_unit`` (an empty block may start past the row). ``packed`` (sm_90):
+    the strided units' maxima on the packed bf16 values, two per instruction (|x| by clearing the sign bits,
+    ``max.bf16x2``, NaN ignored like fmaxf: the same maximum, bf16 -> f32 being exact and monotonic)."""
+    zero = b.const_f32(0.0)
+    c0, c1, c3 = b.const_i32(0), b.const_i32(1), b.const_i32(3)
+    nonempty = b.cmpi("slt", start, end)
+    u_lo = b.minui(b.shrui(start, c3), last_unit)
+    u_hi = b.minui(b.shrui(b.select(nonempty, b.subi(end, c1), start), c3), last_unit)
+    inner = b.select(whole, c0, c1)  # the end units strided (whole units) or masked apart
+    first = b.addi(u_lo, inner)
+    top = b.subi(u_hi, inner)  # the strided units: [first, top]
+    lower = b.addi(first, sub)
+    upper = b.select(nonempty, b.addi(top, c1), lower)
+
+    def strided(t, acc):
+        t32 = b.index_cast(b.i32, t)
+        units = [b.minui(b.addi(t32, b.const_i32(j * group)), top) for j in range(AMAX_UNROLL)]
+        loaded = [_load_raw_unit(b, src, b.extui(b.i64, u)) for u in units]
+        if packed:
+            bf16s = b.vector(UNIT, b.bf16)
+            signless = _one(b, "arith.constant", (), loaded[0].type,
+                            {"value": ir.DenseElementsAttr.get_splat(loaded[0].type, _i32_attr(0x7FFF7FFF))})
+            mags = [b.bitcast(bf16s, b.andi(raw, signless)) for raw in loaded]
+            most = mags[0]
+            for m in mags[1:]:
+                most = _one(b, "llvm.intr.maxnum", (most, m), bf16s)
+            wide = b.extf(b.vector(UNIT, b.f32), most)
+            for i in range(UNIT):
+                acc = _maxnum(b, acc, _extract(b, wide, i, b.f32))
+            return [acc]
+        for raw in loaded:
+            for x in _bf16_values(b, raw):
+                acc = _maxnum(b, acc, _fabs(b, x))
+        return [acc]
+
+    (acc,) = b.for_iter(b.index_cast(b.index, lower), b.index_cast(b.index, upper),
+                        b.const_index(group * AMAX_UNROLL), [zero], strided)  # fmt: skip
+
+    def masked():
+        ends = [u_lo, u_hi] if group == 1 else [b.select(b.cmpi("eq", b.andi(sub, c1), c1), u_hi, u_lo)]
+        out = acc
+        for u in ends:
+            e0 = b.shli(u, c3)
+            lo, hi = b.subi(start, e0), b.subi(end, e0)  # element i of the unit is in the block: lo <= i < hi
+            for i, x in enumerate(_load_bf16_unit(b, src, b.extui(b.i64, u))):
+                ci = b.const_i32(i)
+                inside = b.andi(b.cmpi("sle", lo, ci), b.cmpi("sgt", hi, ci))
+                out = _maxnum(b, out, b.select(inside, _fabs(b, x), zero))
+        return [out]
+
+    return b.if_else(whole, [b.f32], lambda: [acc], masked)[0]
+
+
+def _block_amaxes(b: Builder, src, elems32, blk32, last_unit, scale_blocks: int, wave: int,
+                  packed: bool) -> list[ir.Value]:  # fmt: skip
+    """Every block's amax in the owner layout: lane l's register r holds block ``r * wave + l``
+    (``ceil(S / wave)`` registers; blocks past S: 0).
+
+    Rounds of ``wave / G`` blocks (G = amax_lanes): lane group g (lanes g*G ..) reduces block
+    ``round * wave / G + g``, its lanes' shares combined by an xor butterfly inside the group (log2 G
+    shuffles), then one idx shuffle hands each block to its owner lane. A round's blocks share one owner
+    register (wave / G divides wave), so the hand-over is one select per register."""
+    group = amax_lanes(scale_blocks, wave)
+    per_round = wave // group
+    rounds = -(-scale_blocks // per_round)
+    regs = -(-scale_blocks // wave)
+    lane = b.index_cast(b.i32, b.lane_id())
+    sub = b.andi(lane, b.const_i32(group - 1))
+    grp = b.shrui(lane, b.const_i32(group.bit_length() - 1))
+    width = b.const_i32(wave)
+    wmask = b.const_i32(wave - 1)
+    whole = b.cmpi("eq", b.andi(blk32, b.const_i32(UNIT - 1)), b.const_i32(0))
+
+    def one_round(r, held):
+        first = b.muli(r, b.const_i32(per_round))  # the round's first block
+        start = b.muli(b.addi(first, grp), blk32)
+        end = b.minui(b.addi(start, blk32), elems32)
+        amax = _lane_block_amax(b, src, start, end, last_unit, sub, group, whole, packed)
+        offset = group // 2
+        while offset >= 1:
+            amax = _maxnum(b, amax, b.shuffle("xor", amax, b.const_i32(offset), width)[0])
+            offset //= 2
+        g = b.andi(b.subi(lane, first), wmask)  # the group holding this lane's block of the round, if < wave / G
+        v = b.shuffle("idx", amax, b.andi(b.muli(g, b.const_i32(group)), wmask), width)[0]
+        mine = b.cmpi("ult", g, b.const_i32(per_round))
+        reg = b.shrui(first, b.const_i32(wave.bit_length() - 1))
+        return [b.select(b.andi(mine, b.cmpi("eq", reg, b.const_i32(i))), v, h) for i, h in enumerate(held)]
+
+    def step(r, *held):
+        return one_round(b.index_cast(b.i32, r), held)
+
+    return b.for_iter(b.const_index(0), b.const_index(rounds), b.const_index(1), [b.const_f32(0.0)] * regs, step)
+
+
 # ---- the helpers -----------------------------------------------------------------------------------------
+
+
+def _by_block_length(b: Builder, blk_elems, loop, whole_units, two_blocks, per_element) -> None:
+    """``loop(body)`` with the body for the row's block length B (warp-uniform branches; one path when the
+    row length is a constant): ``whole_units`` (B a multiple of 8: a unit lies in one block), ``two_blocks``
+    (B > 8: a unit lies in at most two), ``per_element`` (B < 8)."""
+    c8 = b.const_i64(UNIT)
+    aligned = b.cmpi("eq", b.andi(blk_elems, b.const_i64(UNIT - 1)), b.const_i64(0))
+    long_blocks = b.cmpi("uge", blk_elems, c8)
+
+    def unaligned():
+        return b.if_else(long_blocks, [], lambda: loop(two_blocks), lambda: loop(per_element))
+
+    b.if_else(b.andi(aligned, long_blocks), [], lambda: loop(whole_units), unaligned)
+
+
+def _always_inlined(helper: Helper) -> Helper:
+    """``helper`` marked alwaysinline: the K-source and two-path loops make these helpers larger than LLVM's
+    inlining threshold once a module calls them twice (the constant-rows and ``_anyhidden`` kernels), and a
+    call keeps the kernel from its registers (AMDGPU: the callee's conservative VGPR count and scratch)."""
+
+    def build(block: ir.Block, before: ir.Operation) -> ir.Operation:
+        fn = helper.build(block, before)
+        fn.attributes["passthrough"] = ir.ArrayAttr.get([ir.StringAttr.get("alwaysinline")])
+        return fn
+
+    return Helper(helper.symbol, build)
+
 
 
 def quantize_row(symbol: str, function, codec: WireCodec, scale_blocks: int, wave: int, global_space: bool) -> Helper:
     # One warp. Direct cast: lane-strided units, load 8 bf16, saturate + convert, store the unit's bytes.
-    # (Each unit's element blocks: _unit_blocks, one 32-bit division per unit.)
-    # Blockwise (S blocks of B = ceil(elems / S)): (1) a warp-uniform loop over the blocks: each lane's
-    # strided max of |x| over the block, the warp's max by an xor butterfly; lane l keeps the amax of
-    # blocks r * wave + l (r < ceil(S / wave) registers); (2) each lane's blocks' scale (amax / max or 1)
-    # stored after the payload, block 0's negated when any block of the row was scaled (a ballot), and
-    # their multipliers (max / amax or 1); (3) warp-uniform rounds of units (every lane in every round:
-    # the multipliers of each element's block are read from lane blk % wave with shuffles), the values
-    # multiplied, converted and stored. Plain stores to the peer's row: the caller's release fence
-    # publishes them.
+    # Blockwise (S blocks of B = ceil(elems / S)): (1) the blocks' amaxes, blocks in parallel across the warp
+    # (_block_amaxes: lane l ends with blocks r * wave + l, r < ceil(S / wave) registers); (2) each lane's
+    # blocks' scale (amax / max or 1) stored after the payload, block 0's negated when any block of the row
+    # was scaled (a ballot), and their multipliers (max / amax or 1); (3) warp-uniform rounds of
+    # lane-strided units (coalesced stores), two rounds a step with their loads first, the values
+    # multiplied, converted and stored. A unit of a block of B >= 8 elements lies in one block (B a multiple
+    # of 8) or at most two (b0 = its first element's, b0 + 1): one or two multipliers read from their owner
+    # lanes, an idx shuffle each (fetcher), and then one select per element. Shorter blocks (B < 8: rows
+    # of fewer than 8 * S elements): each element's multiplier read alone (a shuffle per owner register).
+    # Plain stores to the peer's row: the caller's release fence publishes them.
     @function(symbol, "ptr ptr i64 i32")
     def helper(b, dst, src, elems, pe):
         peer = _cast(b, mori_shmem.ptr(dst, pe, **b.at()), global_space)
         src = _cast(b, src, global_space)
         lane32 = b.index_cast(b.i32, b.lane_id())
         lane = b.extui(b.i64, lane32)
-        w64 = b.const_i64(wave)
         nunits = b.divui(elems, b.const_i64(UNIT))
         ubytes = b.const_i64(codec.unit_bytes())
         if scale_blocks == 0:
@@ -310,25 +508,12 @@ def quantize_row(symbol: str, function, codec: WireCodec, scale_blocks: int, wav
             return
         regs = -(-scale_blocks // wave)
         blk_elems = _block_elems(b, elems, scale_blocks)
+        elems32, blk32 = b.trunci(b.i32, elems), b.trunci(b.i32, blk_elems)
         zero = b.const_f32(0.0)
-
-        def block_amax(bi, *held):
-            bi64 = b.index_cast(b.i64, bi)
-            start = b.muli(bi64, blk_elems)
-            end = b.minui(b.addi(start, blk_elems), elems)
-
-            def lane_max(e, acc):
-                x = b.extf(b.f32, b.load(b.bf16, b.gep(src, b.index_cast(b.i64, e), b.bf16)))
-                return [_maxnum(b, acc, _fabs(b, x))]
-
-            (mine,) = b.for_iter(b.index_cast(b.index, b.addi(start, lane)), b.index_cast(b.index, end),
-                                 b.const_index(wave), [zero], lane_max)  # fmt: skip
-            amax = _warp_max_f32(b, mine, wave)
-            return [b.select(b.cmpi("eq", bi64, b.addi(b.const_i64(r * wave), lane)), amax, held[r])
-                    for r in range(regs)]  # fmt: skip
-
-        amaxes = b.for_iter(b.const_index(0), b.const_index(scale_blocks), b.const_index(1), [zero] * regs,
-                            block_amax)  # fmt: skip
+        last_unit = b.subi(b.trunci(b.i32, nunits), b.const_i32(1))
+        amaxes = b.if_else(b.cmpi("ne", nunits, b.const_i64(0)), [b.f32] * regs,
+                           lambda: _block_amaxes(b, src, elems32, blk32, last_unit, scale_blocks, wave, codec.nvptx),
+                           lambda: [zero] * regs)  # fmt: skip
         qmax = b.const_f32(codec.qmax)
         one = b.const_f32(1.0)
         scaled = [_cmpf(b, "ogt", a, qmax) for a in amaxes]
@@ -346,34 +531,79 @@ def quantize_row(symbol: str, function, codec: WireCodec, scale_blocks: int, wav
             with b.if_(b.cmpi("ult", blk, b.const_i64(scale_blocks))):
                 b.store(scale, b.gep(peer, b.addi(soff, b.muli(blk, b.const_i64(4))), b.i8), alignment=4)
         width = b.const_i32(wave)
-        wave32 = b.const_i32(wave)
-        with b.for_(b.const_index(0), b.index_cast(b.index, nunits), b.const_index(wave)) as u0:
-            u = b.addi(b.index_cast(b.i64, u0), lane)
-            inside = b.cmpi("ult", u, nunits)
-            u_safe = b.select(inside, u, b.const_i64(0))  # a lane past the end reads unit 0, stores nothing
-            values = _load_bf16_unit(b, src, u_safe)
-            scaled_values = []
+        wmask = b.const_i32(wave - 1)
+        wave_bits = b.const_i32(wave.bit_length() - 1)
+        block_of = _BlockOf(b, blk_elems)
+
+        def rounds(body):
+            # CONVERT_ROUNDS rounds of units a step, their loads first (in flight together)
+            span = CONVERT_ROUNDS * wave
+            with b.for_(b.const_index(0), b.index_cast(b.index, nunits), b.const_index(span)) as ux:
+                units = []
+                for r in range(CONVERT_ROUNDS):
+                    u0 = b.addi(b.index_cast(b.i64, ux), b.const_i64(r * wave))
+                    u = b.addi(u0, lane)
+                    inside = b.cmpi("ult", u, nunits)
+                    u_safe = b.select(inside, u, b.const_i64(0))  # a lane past the end reads unit 0, stores nothing
+                    units.append((u0, u, inside, u_safe, _load_raw_unit(b, src, u_safe)))
+                for u0, u, inside, u_safe, raw in units:
+                    scaled_values = body(b.trunci(b.i32, u0), u_safe, _bf16_values(b, raw))
+                    with b.if_(inside):
+                        codec.store_unit(b, scaled_values, b.gep(peer, b.muli(u, ubytes), b.i8))
+
+        def fetcher(u0):
+            """The multiplier of block ``bk`` (i32) from its owner lane, for the blocks of the round from unit u0
+            (B >= 8). With several owner registers, each lane offers the one of the round's block it owns: the
+            round's blocks (from its first element's, bmin) are at most ``wave`` consecutive ones (8 * wave
+            elements), so lane l owns exactly one of them, ``bmin + ((l - bmin) mod wave)``: one idx shuffle."""
+            offered = mults[0]
+            if regs > 1:
+                bmin = block_of(b.muli(u0, b.const_i32(UNIT)))
+                mine = b.addi(bmin, b.andi(b.subi(lane32, bmin), wmask))
+                offered = _pick(b, mults, b.shrui(mine, wave_bits))
+            return lambda bk: b.shuffle("idx", offered, b.andi(bk, wmask), width)[0]
+
+        def one_block(u0, u_safe, values):  # B a multiple of 8: each unit inside one block
+            m0 = fetcher(u0)(block_of(b.trunci(b.i32, b.muli(u_safe, b.const_i64(UNIT)))))
+            return [_mulf(b, x, m0) for x in values]
+
+        def two_blocks(u0, u_safe, values):
+            e0 = b.trunci(b.i32, b.muli(u_safe, b.const_i64(UNIT)))
+            b0 = block_of(e0)
+            b1 = b.addi(b0, b.const_i32(1))
+            split = b.subi(b.muli(b1, blk32), e0)  # elements i < split are in b0, the others in b0 + 1
+            fetch = fetcher(u0)
+            m0, m1 = fetch(b0), fetch(b1)
+            return [_mulf(b, x, b.select(b.cmpi("sgt", split, b.const_i32(i)), m0, m1)) for i, x in enumerate(values)]
+
+        def per_element(u0, u_safe, values):
+            out = []
             for x, blk in zip(values, _unit_blocks(b, b.muli(u_safe, b.const_i64(UNIT)), blk_elems)):
-                owner = b.remui(blk, wave32)
-                reg = b.divui(blk, wave32)
+                owner, reg = b.andi(blk, wmask), b.shrui(blk, wave_bits)
                 mult = b.shuffle("idx", mults[0], owner, width)[0]
                 for r in range(1, regs):
                     other = b.shuffle("idx", mults[r], owner, width)[0]
                     mult = b.select(b.cmpi("eq", reg, b.const_i32(r)), other, mult)
-                scaled_values.append(_mulf(b, x, mult))
-            with b.if_(inside):
-                codec.store_unit(b, scaled_values, b.gep(peer, b.muli(u, ubytes), b.i8))
+                out.append(_mulf(b, x, mult))
+            return out
+
+        _by_block_length(b, blk_elems, lambda body: rounds(body) or [], one_block, two_blocks, per_element)
         b.return_()
 
-    return helper
+    return _always_inlined(helper)
 
 
 def accumulate_quantized_rows(symbol: str, function, codec: WireCodec, scale_blocks: int, k: int, wave: int,
                               global_space: bool) -> Helper:  # fmt: skip
-    # One warp, lane-strided units of the slice [first, first + count): per unit, each source's payload
-    # decoded, multiplied by |scale[block]| when that source's scale[0] < 0 (a per-row, warp-uniform
-    # branch; a plain cast otherwise), summed in fp32 in source order from 0.0, rounded once to bf16 and
-    # stored as one 16-byte vector. No ordering of its own: the caller acquired the sources.
+    # One warp, lane-strided units of the slice [first, first + count): per unit, the K sources' payloads
+    # loaded first (K loads in flight), decoded, multiplied by |scale[block]| for a source whose scale[0] < 0
+    # (the factor 1.0 for the others), summed in fp32 in source order from 0.0, rounded once to bf16 and
+    # stored as one 16-byte vector. When no source's scale[0] is negative (the reader's flag, read once per
+    # call: a warp-uniform branch), the loop is the plain cast's, without scales. A unit of a block of B >= 8
+    # elements lies in one block (B a multiple of 8: one scale load per source and unit, branch-free: a source
+    # without the flag loads scale[0] and uses 1.0) or at most two (two loads under a per-source warp-uniform
+    # branch on the flag, one select per element); shorter blocks: a scale load per element (same branch).
+    # No ordering of its own: the caller acquired the sources.
     @function(symbol, "ptr i64 i64 i64" + " ptr" * k)
     def helper(b, out, first, count, elems, *sources):
         out = _cast(b, out, global_space)
@@ -384,31 +614,98 @@ def accumulate_quantized_rows(symbol: str, function, codec: WireCodec, scale_blo
         u_first = b.divui(first, unit)
         u_end = b.divui(b.addi(first, count), unit)
         one = b.const_f32(1.0)
-        if scale_blocks:
-            soff = _scale_offset(b, codec, elems)
-            blk_elems = _block_elems(b, elems, scale_blocks)
-            active = [_cmpf(b, "olt", b.load(b.f32, b.gep(s, soff, b.i8), alignment=4), b.const_f32(0.0))
-                      for s in sources]  # fmt: skip
-        lower = b.index_cast(b.index, b.addi(u_first, lane))
-        with b.for_(lower, b.index_cast(b.index, u_end), b.const_index(wave)) as ux:
-            u = b.index_cast(b.i64, ux)
-            e0 = b.muli(u, unit)
-            if scale_blocks:
-                blocks = [b.muli(b.extui(b.i64, blk), b.const_i64(4)) for blk in _unit_blocks(b, e0, blk_elems)]
-            acc = [b.const_f32(0.0)] * UNIT
-            for j, s in enumerate(sources):
-                vals = codec.load_unit(b, b.gep(s, b.muli(u, ubytes), b.i8))
-                if scale_blocks:
-                    def scales(s=s):
-                        return [_fabs(b, b.load(b.f32, b.gep(s, b.addi(soff, off), b.i8), alignment=4))
-                                for off in blocks]  # fmt: skip
 
-                    factors = b.if_else(active[j], [b.f32] * UNIT, scales, lambda: [one] * UNIT)
-                    vals = [_mulf(b, v, f) for v, f in zip(vals, factors)]
+        def units(body):
+            """The loop over the lane's units; ``body(u, raw payloads)`` returns the unit's 8 sums."""
+            lower = b.index_cast(b.index, b.addi(u_first, lane))
+            with b.for_(lower, b.index_cast(b.index, u_end), b.const_index(wave)) as ux:
+                u = b.index_cast(b.i64, ux)
+                raws = [codec.load_raw_unit(b, b.gep(s, b.muli(u, ubytes), b.i8)) for s in sources]
+                packed = b.truncf(b.vector(UNIT, b.bf16), _vector_of(b, body(u, raws), b.f32))
+                b.store(b.bitcast(b.vector(4, b.i32), packed), b.gep(out, b.muli(u, b.const_i64(16)), b.i8),
+                        alignment=16)  # fmt: skip
+
+        def summed(products):
+            """Each source's 8 products (an iterable, source order) summed in fp32 from 0.0."""
+            acc = [b.const_f32(0.0)] * UNIT
+            for vals in products:  # (a generator: each source's products summed as they come)
                 acc = [b.addf(a, v) for a, v in zip(acc, vals)]
-            packed = b.truncf(b.vector(UNIT, b.bf16), _vector_of(b, acc, b.f32))
-            b.store(b.bitcast(b.vector(4, b.i32), packed), b.gep(out, b.muli(u, b.const_i64(16)), b.i8),
-                    alignment=16)  # fmt: skip
+            return acc
+
+        def plain(u, raws):
+            return summed(codec.decode_unit(b, raw) for raw in raws)
+
+        if not scale_blocks:
+            units(plain)
+            b.return_()
+            return
+        soff = _scale_offset(b, codec, elems)
+        blk_elems = _block_elems(b, elems, scale_blocks)
+        blk32 = b.trunci(b.i32, blk_elems)
+        block_of = _BlockOf(b, blk_elems)
+        active = [_cmpf(b, "olt", b.load(b.f32, b.gep(s, soff, b.i8), alignment=4), b.const_f32(0.0))
+                  for s in sources]  # fmt: skip
+        any_active = active[0]
+        for a in active[1:]:
+            any_active = b.ori(any_active, a)
+
+        def factor(j, blk):
+            """|scale[blk]| of source j when its flag is set, else 1.0 (the load then reads scale[0])."""
+            off = b.select(active[j], b.addi(soff, b.muli(b.extui(b.i64, blk), b.const_i64(4))), soff)
+            s = _fabs(b, b.load(b.f32, b.gep(sources[j], off, b.i8), alignment=4))
+            return b.select(active[j], s, one)
+
+        def one_block(u, raws):  # B a multiple of 8: each unit inside one block
+            b0 = block_of(b.trunci(b.i32, b.muli(u, unit)))
+
+            def products():
+                for j, raw in enumerate(raws):
+                    f0 = factor(j, b0)
+                    yield [_mulf(b, v, f0) for v in codec.decode_unit(b, raw)]
+
+            return summed(products())
+
+        def branched_factors(j, scales):
+            """Source j's 8 factors: ``scales()`` (its loads) under a warp-uniform branch on its flag, else 1.0.
+            (The rare paths: a branch per source keeps the compiler from hoisting every source's scale loads at
+            once, which took sm_90's kernels past 128 registers.)"""
+            return b.if_else(active[j], [b.f32] * UNIT, scales, lambda: [one] * UNIT)
+
+        def scaled_sums(raws, factors_of):
+            def products():
+                for j, raw in enumerate(raws):
+                    factors = branched_factors(j, lambda j=j: factors_of(j))
+                    yield [_mulf(b, v, f) for v, f in zip(codec.decode_unit(b, raw), factors)]
+
+            return summed(products())
+
+        def scale_of(j, blk):
+            return _fabs(b, b.load(b.f32, b.gep(sources[j], b.addi(soff, b.muli(b.extui(b.i64, blk), b.const_i64(4))),
+                                                b.i8), alignment=4))  # fmt: skip
+
+        def two_blocks(u, raws):
+            e0 = b.trunci(b.i32, b.muli(u, unit))
+            b0 = block_of(e0)
+            b1 = b.addi(b0, b.const_i32(1))
+            split = b.subi(b.muli(b1, blk32), e0)  # elements i < split are in b0, the others in b0 + 1
+            crosses = b.cmpi("slt", split, b.const_i32(UNIT))
+
+            def factors(j):
+                f0 = scale_of(j, b0)
+                f1 = scale_of(j, b.select(crosses, b1, b0))  # (b0 + 1 may be past the row's S scales)
+                return [b.select(b.cmpi("sgt", split, b.const_i32(i)), f0, f1) for i in range(UNIT)]
+
+            return scaled_sums(raws, factors)
+
+        def per_element(u, raws):  # B < 8: a unit holds up to 8 blocks, a scale load per element
+            blocks = _unit_blocks(b, b.muli(u, unit), blk_elems)
+            return scaled_sums(raws, lambda j: [scale_of(j, blk) for blk in blocks])
+
+        def scaled():
+            _by_block_length(b, blk_elems, lambda body: units(body) or [], one_block, two_blocks, per_element)
+            return []
+
+        b.if_else(any_active, [], scaled, lambda: units(plain) or [])
         b.return_()
 
-    return helper
+    return _always_inlined(helper)

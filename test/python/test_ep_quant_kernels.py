@@ -1,10 +1,16 @@
 """The quantizing combines' bundles compiled for every target (CPU only, issue 15): on AMDGPU no scratch and
 no VGPR spills in the quantizing kernels (the fp4 decode on gfx950 is the conversion instruction: in
-integer arithmetic it needed 248 VGPRs and scratch); sm_90's PTX has the kernels of every kind. The
+integer arithmetic it needed 248 VGPRs and scratch); sm_90's PTX has the kernels of every kind, the wire
+helpers inlined (passes/comm_quant.py marks them alwaysinline: at LLVM's threshold, with two kernels calling
+them, they stayed functions, and on AMDGPU a call took 248 VGPRs and scratch). The
 instructions themselves are pinned by test/lit/Target/wire-quant-*.mlir and
 test/lit/Conversion/mori-ep-to-kernels-quant.mlir."""
 
 from __future__ import annotations
+
+import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -60,3 +66,19 @@ def test_sm90_bundles_of_the_quantizing_kinds(kind, quant):
     combines = [n for n in result.kernels if "combine" in n and "pull" not in n]
     ptx = result.binary.decode()
     assert combines and all(f".entry {n}(" in ptx for n in combines)
+    # The wire helpers are alwaysinline: a call would cost the kernel its registers (AMDGPU: scratch).
+    assert "__mori_comm_" not in ptx, "a mori_comm helper was left as a function"
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
+@pytest.mark.parametrize("quant", ["fp8_blockwise", "fp4_blockwise"])
+def test_sm90_quantizing_push_combines_fit_two_blocks_per_sm(quant, tmp_path):
+    """ptxas gives the push combine (both row variants) at most 128 registers: two blocks of 256 threads per
+    SM, which the virtual-PE benchmark's cooperative grid (8 PEs x 32 blocks on an H200's 132 SMs) needs."""
+    ptx = tmp_path / "k.ptx"
+    ptx.write_bytes(_compile("IntraNode", quant, "sm_90").binary)
+    done = subprocess.run(["ptxas", "-arch=sm_90", "-v", str(ptx), "-o", str(tmp_path / "k.cubin")],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    used = dict(re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", done.stderr, re.S))
+    for name in ("ep_combine_push_bf16", "ep_combine_push_bf16_anyhidden"):
+        assert int(used[name]) <= 128, f"{name} uses {used[name]} registers\n{done.stderr}"

@@ -8,29 +8,68 @@
 // NOCHIP: error: {{.*}}'mori_comm.quantize_row' needs the pass option chip (the target, e.g. chip=sm_90)
 // BADCHIP: error: {{.*}}option chip='sm_80' is not a known target (allowed: gfx942, gfx950, gfx1250, sm_90)
 
-// (Helpers are placed at the top of the module, the latest first.)
-// accumulate_quantized_rows, fp8 blockwise, K = 2: each source's scale[0] sign decides (a warp-uniform
-// scf.if) whether its scales are loaded; 8 fp32 sums per unit, one bf16 rounding, a 16-byte store.
+// (Helpers are placed at the top of the module, the latest first; each is alwaysinline: the kernels inline them.)
+// accumulate_quantized_rows, fp8 blockwise, K = 2: each source's scale[0] sign (the reader's flag) is read
+// once; when any is set (a warp-uniform scf.if), the scaled loops (a unit inside one block: one scale load per
+// source; a unit across two blocks: two; blocks shorter than a unit: one per element), else the plain cast's
+// loop. Every loop loads the K payloads first, decodes, sums 8 fp32 values per unit, rounds once to bf16 and
+// stores 16 bytes.
 // CHECK-LABEL: func.func @__mori_comm_accumulate_quantized_rows_e4m3fn_s56_k2(
-// CHECK-SAME: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64, %{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr)
-// CHECK: arith.cmpf olt
-// CHECK: arith.cmpf olt
+// CHECK-SAME: !llvm.ptr, %{{.*}}: i64, %{{.*}}: i64, %{{.*}}: i64, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr) attributes {passthrough = ["alwaysinline"]}
+// CHECK: %[[FLAG0:.*]] = arith.cmpf olt
+// CHECK: %[[FLAG1:.*]] = arith.cmpf olt
+// CHECK: %[[ANY:.*]] = arith.ori %[[FLAG0]], %[[FLAG1]] : i1
+// CHECK: scf.if %[[ANY]] {
+// CHECK: scf.if %{{.*}} {
 // CHECK: scf.for
+// CHECK-COUNT-2: llvm.load {{.*}} {alignment = 8 : i64} : !llvm.ptr -> vector<2xi32>
 // CHECK: nvvm.convert.f8x2.to.f16x2
-// CHECK: scf.if {{.*}} -> (f32, f32, f32, f32, f32, f32, f32, f32)
+// CHECK: llvm.load {{.*}} {alignment = 4 : i64} : !llvm.ptr -> f32
+// CHECK: arith.mulf
 // CHECK: arith.truncf {{.*}} : vector<8xf32> to vector<8xbf16>
 // CHECK: llvm.store {{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
+// CHECK: } else {
+// CHECK: scf.if %{{.*}} {
+// CHECK: scf.for
+// CHECK: } else {
+// CHECK: scf.for
+// The plain loop (no flag set): no scale is loaded, nothing multiplied.
+// CHECK: } else {
+// CHECK: scf.for
+// CHECK-COUNT-2: llvm.load {{.*}} {alignment = 8 : i64} : !llvm.ptr -> vector<2xi32>
+// CHECK-NOT: arith.mulf
+// CHECK-NOT: : !llvm.ptr -> f32
+// CHECK: arith.truncf {{.*}} : vector<8xf32> to vector<8xbf16>
+// CHECK: llvm.store {{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr
+// CHECK: return
 
-// quantize_row, fp4 blockwise (56 blocks, wave 32: two amax registers per lane): a loop over the blocks with the warp's
-// max (xor butterfly of 5 shuffles), the ballot of "any block scaled", the scales stored after the
-// payload (block 0 negated when any was), then warp-uniform rounds of units reading each element's
-// multiplier from its block's owner lane (idx shuffles).
+// quantize_row, fp4 blockwise (56 blocks, wave 32: 4 lanes per block, 8 blocks a round, 7 rounds, two owner
+// registers per lane): the amax rounds (a loop carrying the two registers; each lane's units of its block
+// 4 loads at a time, their magnitudes' max on the packed bf16 values (sign bits cleared, llvm.intr.maxnum:
+// max.bf16x2), its group's max by 2 xor shuffles, one idx shuffle to the block's owner lane), the
+// ballot of "any block scaled" (5 xor shuffles), the scales stored after the payload (block 0 negated when any
+// was), then the conversion loop (two rounds of lane-strided units a step, their loads first; a unit's
+// multiplier read from its block's owner lane, one idx shuffle: each lane offers the owner register of the
+// round's block it owns), multiplied, converted and stored.
 // CHECK-LABEL: func.func @__mori_comm_quantize_row_e2m1_s56(
-// CHECK: scf.for {{.*}} iter_args
-// CHECK-COUNT-5: gpu.shuffle  xor
+// CHECK: scf.for %{{.*}} = %c0 to %c7 step %c1 iter_args({{.*}}) -> (f32, f32)
+// CHECK: scf.for {{.*}} step %c16 iter_args
+// CHECK-COUNT-4: llvm.load {{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
+// CHECK: arith.constant dense<2147450879> : vector<4xi32>
+// CHECK-COUNT-3: llvm.intr.maxnum({{.*}}) : (vector<8xbf16>, vector<8xbf16>) -> vector<8xbf16>
+// CHECK: scf.yield
+// CHECK-COUNT-2: gpu.shuffle  xor {{.*}} : f32
+// CHECK: gpu.shuffle  idx {{.*}} : f32
+// CHECK-COUNT-5: gpu.shuffle  xor {{.*}} : i32
 // CHECK: arith.negf
 // CHECK: llvm.store {{.*}} {alignment = 4 : i64} : f32, !llvm.ptr
+// CHECK: scf.for
+// CHECK-COUNT-2: llvm.load {{.*}} {alignment = 16 : i64} : !llvm.ptr -> vector<4xi32>
 // CHECK: gpu.shuffle  idx
+// CHECK-NOT: gpu.shuffle
+// CHECK: arith.mulf
+// CHECK: gpu.shuffle  idx
+// CHECK-NOT: gpu.shuffle
 // CHECK: arith.mulf
 // CHECK: llvm.store {{.*}} {alignment = 4 : i64} : i32, !llvm.ptr
 // CHECK: return

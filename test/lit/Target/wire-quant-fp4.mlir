@@ -7,7 +7,9 @@
 // fp4 (E2M1) wire rows: gfx950 converts with v_cvt_scalef32_pk_fp4_f32 at scale 1.0 (four per unit of 8
 // elements, one byte each); sm_90 has no fp4 instruction and converts in integer arithmetic: seven
 // threshold compares per element (round to nearest even, saturating at 6), no cvt of fp4. Decoding:
-// gfx950 v_cvt_scalef32_pk_f32_fp4 at scale 1.0 (two codes each), sm_90 integer arithmetic. gfx942 has no fp4 conversion and LLVM 22 aborts selecting gfx950's for
+// gfx950 v_cvt_scalef32_pk_f32_fp4 at scale 1.0 (two codes each), sm_90 the code's magnitude bits placed at
+// f32 bits 22-24 (the value times 2^-126, a denormal for 0 and 0.5) times 2^126 (0f7E800000): exact only
+// without flush to zero, so no .ftz. gfx942 has no fp4 conversion and LLVM 22 aborts selecting gfx950's for
 // gfx1250: both refuse the op, naming its attribute (no abort, no launch).
 // REFUSED: error: {{.*}}'mori_comm.quantize_row' attribute 'format' fp4_e2m1 is not supported on [[CHIP]] (fp4 wire rows: gfx950, sm_90)
 // REFUSED-NOT: Assertion
@@ -21,6 +23,11 @@
 // SM90-LABEL: .entry quant(
 // SM90-NOT: e2m1
 // SM90: setp.{{(gt|ge)}}.f32
+// SM90: ret;
+// SM90-LABEL: .entry dequant(
+// SM90-NOT: .ftz
+// SM90: mul.rn.f32 %r{{[0-9]+}}, %r{{[0-9]+}}, 0f7E800000;
+// SM90-NOT: .ftz
 // SM90: ret;
 module attributes {gpu.container_module} {
   gpu.module @m {
