@@ -44,18 +44,14 @@ from __future__ import annotations
 from mori_compiler._mlir import ir
 from mori_compiler.dialects import mori_comm, mori_shmem
 
-from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, Reservation, combine_row_stride,
-                              dispatch_completion, dispatch_round, finish_route, open_kernel, reduce_tokens,
-                              replay_or_reserve, reserve_on_peer, reserve_route, return_rows, send_row_to_peers,
-                              send_to_destinations, token_inputs, token_source, trace_point)  # fmt: skip
+from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, combine_row_stride, dispatch_completion,
+                              dispatch_round, open_kernel, reduce_tokens, replay_or_reserve, reserve_on_peer,
+                              return_rows, route_token, send_row_to_peers, send_to_destinations, token_inputs,
+                              token_source, trace_point)  # fmt: skip
 
 
 def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | None = None) -> ir.Operation:
-    """``ep_dispatch_<dtype>``: one warp per token (grid-strided), then the completion handshake. The loop is
-    software-pipelined by one token: a warp reserves its next token's slots (``reserve_route``) before it
-    copies the current token, so the reservations' round trips overlap the copy and ``finish_route`` at the
-    top of the next iteration finds the slots there (the trace points put them at 3.4 µs of each 52 µs token
-    at 4096 tokens on the H200, when they came first)."""
+    """``ep_dispatch_<dtype>``: one warp per token (grid-strided), then the completion handshake."""
     f = open_kernel(cfg, "dispatch", generator="ep_intranode_kernels.dispatch_kernel", block=block, before=before)
     b = f.b
     trace_point(f, "dispatch", "begin")
@@ -63,33 +59,17 @@ def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation |
     rnd = dispatch_round(f)
     n_x = b.index_cast(b.index, f.params.n)
     replay = f.present(f.params.routing)
-
-    def reserve(t_x: ir.Value) -> list[ir.Value]:
-        """Token t_x's reservation as carried values (none past the last token)."""
-
-        def take():
-            recorded = lambda: b.gep(f.params.routing, b.addi(b.muli(b.index_cast(b.i32, t_x), f.K), f.lane), b.i32)  # noqa: E731
-            r = reserve_route(f, t_x, inputs, reserve=replay_or_reserve(f, replay, recorded, reserve_on_peer(rnd.slot_ctr)))
-            return r.carried(f)
-
-        types = [b.i32] * 6
-        return b.if_else(b.cmpi("ult", t_x, n_x), types, take,
-                         lambda: Reservation.none(f, b.index_cast(b.i32, t_x)).carried(f))  # fmt: skip
-
-    def token_step(t_x, *carried):
+    with b.for_(f.gw, n_x, f.nw) as t_x:
+        recorded = lambda: b.gep(f.params.routing, b.addi(b.muli(b.index_cast(b.i32, t_x), f.K), f.lane), b.i32)  # noqa: E731
         trace_point(f, "route", "begin")
-        route = finish_route(f, Reservation.from_carried(f, carried))
+        route = route_token(f, t_x, inputs, reserve=replay_or_reserve(f, replay, recorded, reserve_on_peer(rnd.slot_ctr)))
         trace_point(f, "route", "end")
-        following = reserve(b.addi(t_x, f.nw))
         source = token_source(f, route, inputs)
         dbase = b.const_i32(0)  # IntraNode: a destination's rows start at 0
         send_row_to_peers(f, route, source, inputs, dbase)
         trace_point(f, "copy", "end")
         send_to_destinations(f, route, source, inputs, dbase, rows=False)
         trace_point(f, "meta", "end")
-        return following
-
-    b.for_iter(f.gw, n_x, f.nw, reserve(f.gw), token_step)
     dispatch_completion(f, rnd)
     trace_point(f, "dispatch", "end")
     b.gpu_return()

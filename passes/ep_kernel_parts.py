@@ -416,47 +416,24 @@ def replay_or_reserve(f: KernelFrame, replay: ir.Value, recorded: Callable[[], i
     return take
 
 
-class Reservation(NamedTuple):
-    """A token's route up to its slot reservations (``reserve_route``): per lane the token ``t`` (i32), the
-    expert id ``e``, ``valid``, the destination ``pe`` (W when invalid), ``rep`` (this lane represents its
-    destination) and the reserved ``slot`` (0 where not rep), whose fetch-add may still be in flight:
-    ``finish_route`` is the first use of it."""
-
-    t: ir.Value
-    e: ir.Value
-    valid: ir.Value
-    pe: ir.Value
-    rep: ir.Value
-    slot: ir.Value
-
-    def carried(self, f: "KernelFrame") -> list[ir.Value]:
-        """The reservation as loop-carried i32 values (``from_carried`` reads them back)."""
-        b = f.b
-        return [self.t, self.e, b.extui(b.i32, self.valid), self.pe, b.extui(b.i32, self.rep), self.slot]
-
-    @classmethod
-    def from_carried(cls, f: "KernelFrame", values) -> "Reservation":
-        b = f.b
-        t, e, valid, pe, rep, slot = values
-        return cls(t, e, b.cmpi("ne", valid, f.c0i), pe, b.cmpi("ne", rep, f.c0i), slot)
-
-    @classmethod
-    def none(cls, f: "KernelFrame", token: ir.Value) -> "Reservation":
-        """No token (past the end): nothing valid, nothing reserved."""
-        return cls(token, f.b.const_i32(-1), f.false, f.W, f.false, f.c0i)
-
-
-def reserve_route(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
-                  reserve: Callable[[KernelFrame, ir.Value], ir.Value], ids: ir.Value | None = None,
-                  accept: Callable[[ir.Value], ir.Value] | None = None, count_invalid: bool = True) -> Reservation:  # fmt: skip
-    """The first half of ``route_token``: read token ``token``'s expert ids, drop invalid ones and duplicates
-    per destination PE (the lowest k represents it), count invalid ids, and reserve a slot on each
-    destination (``reserve(f, pe)``); the slots are not used here, so a caller can overlap the reservations'
-    round trips with other work before ``finish_route``."""
+def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
+                reserve: Callable[[KernelFrame, ir.Value], ir.Value], capacity: ir.Value | None = None,
+                count_dest: bool = True, ids: ir.Value | None = None, fwd_row: ir.Value | None = None,
+                accept: Callable[[ir.Value], ir.Value] | None = None, count_invalid: bool = True) -> Route:  # fmt: skip
+    """Route token ``token`` (index; one warp, lanes < K hold one expert slot each): read the expert id
+    (``idx``), drop invalid ids and duplicates per destination PE (the lowest k represents it), reserve
+    a slot on the destination (``reserve(f, pe)`` returns it), drop and count (``status``) reservations at
+    or past ``capacity`` (default R), store the forward map (pe * R + slot, or NULL) in ``fwd``, and,
+    with ``count_dest``, count the tokens sent to each PE (``dest_ctr``). The inter-node kernels route
+    records: ``ids`` (the token's K ids, default row t of ``idx``), ``fwd_row`` (where its K forward codes
+    go, default row t of ``fwd``) and ``accept(pe) -> i1`` (the destinations this warp serves; the others
+    get NULL and are no duplicates of anything). With ``count_invalid`` (every kernel's own tokens, once
+    each; not the inter-node forwarding of records another PE routed and counted), lanes whose id is
+    neither -1 nor a valid expert add 1 to the status word ``invalid_ids`` (a relaxed local atomic: the
+    host reads it after the fact, no host synchronization on the call)."""
     b, p = f.b, f.params
     t = b.index_cast(b.i32, token)
     slotidx = b.addi(b.muli(t, f.K), f.lane)
-
     def load_id():
         return [b.load(b.i32, b.gep(p.idx, slotidx, b.i32) if ids is None else b.gep(ids, f.lane, b.i32))]
 
@@ -484,50 +461,19 @@ def reserve_route(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
     dup = b.for_iter(f.c0x, f.Kx, f.c1x, [f.false], earlier_same)[0]
     rep = b.andi(valid, b.xori(dup, f.true))
     slot = b.if_else(rep, [b.i32], lambda: [reserve(f, pe)], lambda: [f.c0i])[0]
-    return Reservation(t, e, valid, pe, rep, slot)
-
-
-def finish_route(f: KernelFrame, r: Reservation, *, capacity: ir.Value | None = None, count_dest: bool = True,
-                 fwd_row: ir.Value | None = None) -> Route:  # fmt: skip
-    """The second half of ``route_token``: drop and count (``status``) reservations at or past ``capacity``
-    (default R), store the forward map (pe * R + slot, or NULL) in ``fwd`` (or ``fwd_row``), and, with
-    ``count_dest``, count the tokens sent to each PE (``dest_ctr``)."""
-    b, p = f.b, f.params
-    slotidx = b.addi(b.muli(r.t, f.K), f.lane)
-    fits = b.cmpi("ult", r.slot, capacity if capacity is not None else f.R)
-    ok = b.andi(r.rep, fits)
-    overflow = b.andi(r.rep, b.xori(fits, f.true))
+    fits = b.cmpi("ult", slot, capacity if capacity is not None else f.R)
+    ok = b.andi(rep, fits)
+    overflow = b.andi(rep, b.xori(fits, f.true))
     with b.if_(overflow):
         b.atomicrmw("add", p.status, f.c1i, "monotonic")
     with b.if_(f.is_k):
-        code = b.select(ok, b.addi(b.muli(r.pe, f.R), r.slot), f.NULL)
+        code = b.select(ok, b.addi(b.muli(pe, f.R), slot), f.NULL)
         b.store(code, b.gep(p.fwd, slotidx, b.i32) if fwd_row is None else b.gep(fwd_row, f.lane, b.i32))
     if count_dest:
         with b.if_(ok):
-            b.atomicrmw("add", b.gep(p.dest_ctr, r.pe, b.i32), f.c1i, "monotonic")
+            b.atomicrmw("add", b.gep(p.dest_ctr, pe, b.i32), f.c1i, "monotonic")
     ok32 = b.extui(b.i32, ok)
-    return Route(r.t, slotidx, r.e, r.valid, r.pe, r.slot, ok, ok32)
-
-
-def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
-                reserve: Callable[[KernelFrame, ir.Value], ir.Value], capacity: ir.Value | None = None,
-                count_dest: bool = True, ids: ir.Value | None = None, fwd_row: ir.Value | None = None,
-                accept: Callable[[ir.Value], ir.Value] | None = None, count_invalid: bool = True) -> Route:  # fmt: skip
-    """Route token ``token`` (index; one warp, lanes < K hold one expert slot each): read the expert id
-    (``idx``), drop invalid ids and duplicates per destination PE (the lowest k represents it), reserve
-    a slot on the destination (``reserve(f, pe)`` returns it), drop and count (``status``) reservations at
-    or past ``capacity`` (default R), store the forward map (pe * R + slot, or NULL) in ``fwd``, and,
-    with ``count_dest``, count the tokens sent to each PE (``dest_ctr``): ``reserve_route`` then
-    ``finish_route``. The inter-node kernels route
-    records: ``ids`` (the token's K ids, default row t of ``idx``), ``fwd_row`` (where its K forward codes
-    go, default row t of ``fwd``) and ``accept(pe) -> i1`` (the destinations this warp serves; the others
-    get NULL and are no duplicates of anything). With ``count_invalid`` (every kernel's own tokens, once
-    each; not the inter-node forwarding of records another PE routed and counted), lanes whose id is
-    neither -1 nor a valid expert add 1 to the status word ``invalid_ids`` (a relaxed local atomic: the
-    host reads it after the fact, no host synchronization on the call)."""
-    reservation = reserve_route(f, token, inputs, reserve=reserve, ids=ids, accept=accept,
-                                count_invalid=count_invalid)  # fmt: skip
-    return finish_route(f, reservation, capacity=capacity, count_dest=count_dest, fwd_row=fwd_row)
+    return Route(t, slotidx, e, valid, pe, slot, ok, ok32)
 
 
 class TokenSource(NamedTuple):

@@ -1,5 +1,4 @@
 // RUN: mori-opt %s -p 'mori-ep-to-kernels{wave-size=64}' --split-input-file | FileCheck %s
-// RUN: mori-opt %s -p 'mori-ep-to-kernels{wave-size=64}' --split-input-file | FileCheck %s --check-prefix=PIPE
 // RUN: mori-opt %s -p 'mori-ep-to-kernels{wave-size=64},mori-comm-to-calls{wave-size=64}' --split-input-file | FileCheck %s --check-prefix=CALLS
 
 // mori-ep-to-kernels replaces every mori_ep.dispatch / mori_ep.combine at the top of a gpu.module by
@@ -38,17 +37,6 @@
 // CHECK: %[[DST:.*]] = llvm.getelementptr %arg6[%{{.*}}] : (!llvm.ptr, i64) -> !llvm.ptr, i8
 // CHECK-NEXT: "mori_comm.row_copy_to_peers"(%[[DST]], %{{.*}}, %[[ROW]], %{{.*}}, %{{.*}}) {max_peers = 8 : i64} : (!llvm.ptr, !llvm.ptr, i64, i32, i1) -> ()
 // CHECK-NOT: "mori_comm.row_copy
-// The token loop is pipelined by one token: the first token's slots are reserved before the loop, which
-// carries the reservation (6 i32 per lane); each iteration finishes its token's route (forward map into
-// fwd = %arg15), reserves the next token's slots, and only then copies its row.
-// PIPE-LABEL: gpu.func @ep_dispatch_bf16(
-// PIPE: "mori_comm.reserve_slot"
-// PIPE: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args({{.*}}) -> (i32, i32, i32, i32, i32, i32) {
-// PIPE: llvm.getelementptr %arg15[%{{.*}}] : (!llvm.ptr, i32) -> !llvm.ptr, i32
-// PIPE-NOT: "mori_comm.row_copy_to_peers"
-// PIPE: "mori_comm.reserve_slot"
-// PIPE: "mori_comm.row_copy_to_peers"
-// PIPE-LABEL: gpu.func @ep_combine_pull_bf16(
 // Completion: every block arrives; warp 0 of the last one runs the count handshake (no grid barrier).
 // CHECK-NOT: "mori_comm.grid_barrier"
 // CHECK: %[[LAST:.*]] = "mori_comm.grid_last_arrival"(%arg13) : (!llvm.ptr) -> i1
