@@ -11,9 +11,9 @@ The protocols (docs/ep-protocols.md, IntraNode), with who writes, who waits, the
   ids and weights, lane 0 the source position (src_pe * S + token), all as relaxed system-scope stores.
   Then ``grid_last_arrival`` (each block's release before it arrives, the last one's acquire) and, in warp
   0 of the last block, ``count_signal`` (flow-controlled count + 1 per peer: release fence before, acquire
-  fence after), so every payload store a peer made to us is visible once its count has arrived. Slot counters are double buffered by round parity: round r
-  reserves on counter r % 2 and, at its start, clears counter (r + 1) % 2, which nobody can touch then
-  (round r - 1 is complete, and no peer starts round r + 1 before our round-r count reaches it, which is
+  fence after), so every payload store a peer made to us is visible once its count has arrived. Slot
+  counters are double buffered by round parity: round r reserves on counter r % 2 and, at its start,
+  clears counter (r + 1) % 2, which nobody can touch then (round r - 1 is complete, and no peer starts round r + 1 before our round-r count reaches it, which is
   after the clear and a release fence). The round counter is incremented on the device at the end, so
   CUDA-graph replay is correct.
 * dispatch replay (a routing handle, ``routing`` not null): every slot comes from the handle's recorded

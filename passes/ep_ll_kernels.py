@@ -16,7 +16,8 @@ that barrier (the first route is made before the loop). Warp 1 first copies the 
 split the row into 16-byte vectors, **load each vector once** (four in flight per lane) and store it to
 every destination, starting at a per-warp rotated destination so that the links are loaded evenly.
 Completion is IntraNode's (every block arrives, the last one runs the count handshake with its
-release/acquire fences), so IntraNode's combine reads the result unchanged; the counters, signals and round parity are shared with it.
+release/acquire fences), so IntraNode's combine reads the result unchanged; the counters, signals and round
+parity are shared with it.
 
 **AsyncLL** (over the P2P store transport). Every PE owns, per round parity and per source PE, a receive
 region of Rp records (row, scales, ids, weights, source position) and a combine region of Rp rows; parity

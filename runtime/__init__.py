@@ -23,6 +23,7 @@ _LAZY = {
     "Bundle": "bundle", "BundleError": "bundle", "KernelInfo": "bundle", "load_bundle": "bundle",
     "Driver": "driver", "DriverError": "driver", "get_driver": "driver",
     "KernelSet": "launcher", "WaitTimeoutError": "launcher",
+    "KernelTrace": "trace", "export_to_perfetto": "trace", "format_phase_table": "trace", "phase_summary": "trace",
     "ShmemError": "shmem", "ShmemStateError": "shmem",
 }
 __all__ = sorted(_LAZY)

@@ -17,12 +17,13 @@ The contract with the compiler (the compiler half is passes/ and mori_compiler/c
   ``linear_warp = linear_block * warps_per_block + flat_thread_id // wave``,
   ``linear_block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)`` and
   ``warps_per_block = ceil(block threads / wave)`` (the target's wave: 32 on sm_90 and gfx1250, 64 on
-  gfx942 and gfx950). Lane 0 of each warp that executes a trace op stores the timer into its slot; a
-  later execution overwrites an earlier one (in a loop the last iteration wins); 0 means never executed.
+  gfx942 and gfx950). The lanes of each warp that execute a trace op store the timer into their warp's
+  slot (no branch on the lane); a later execution overwrites an earlier one (in a loop the last iteration
+  wins); 0 means never executed.
 * With virtual PEs blockIdx.z is the PE: a record's PE is ``linear_block // (gridDim.x * gridDim.y)`` and its
   block within the PE the remainder. With a process per PE, the PE is the process's own and the block is
   the whole linear block.
-* A timestamp is when lane 0 issued the trace op, not when the stores before it completed.
+* A timestamp is when the warp issued the trace op, not when the stores before it completed.
 
 The timer: NVIDIA's ``%globaltimer`` counts nanoseconds (``NS_PER_TICK["sm_90"] == 1``). AMD's
 ``s_memrealtime`` / ``REALTIME`` counts ticks of a constant clock whose rate is the part's (100 MHz on MI300,
@@ -44,20 +45,21 @@ import sys
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from mori_compiler.lib_bitcode.kernel_abi import TRACE_GLOBAL_PREFIX, TRACE_SLOT_BYTES, trace_global
 from mori_compiler.targets import TARGETS
 
 from .bundle import KernelInfo, split_trace_event
 from .driver import DriverError
 
-TRACE_SYMBOL_PREFIX = "__mori_trace_"
+TRACE_SYMBOL_PREFIX = TRACE_GLOBAL_PREFIX  # the compiler's name for it (lib_bitcode.kernel_abi owns it)
 TRACE_POINTER_SIZE = 8  # the global holds one device address
 NS_PER_TICK = {"sm_90": 1.0}  # targets whose timer is in ns; the others (AMD) are recorded in ticks
-_WORD = 8  # one u64 timer value
+_WORD = TRACE_SLOT_BYTES  # one u64 timer value
 
 
 def trace_symbol(kernel: str) -> str:
     """The module global that holds ``kernel``'s trace buffer address."""
-    return TRACE_SYMBOL_PREFIX + kernel
+    return trace_global(kernel)
 
 
 class TraceRecord(NamedTuple):
