@@ -552,8 +552,8 @@ def send_to_destinations(f: KernelFrame, route: Route, source: TokenSource, inpu
     broadcasts them. (A ``mori_shmem.p`` per store re-read the heap table for every destination: on sm_90
     a chain of dependent loads each time, 3-6 µs of a 128-token dispatch.)"""
     b, p, cfg = f.b, f.params, f.cfg
-    lane_pe = route.pe if peer is None else peer(b.select(route.ok, route.pe, f.me))
-    tpe = b.select(route.ok, lane_pe, f.me)
+    chosen = b.select(route.ok, route.pe, f.me)
+    tpe = chosen if peer is None else peer(chosen)  # (inter-node: the PE is node_pe's, on this node by construction)
     drow_lane = b.addi(dbase, b.select(route.ok, route.slot, f.c0i))
     meta_row = b.muli(drow_lane, f.K)
     idx_dst = _LanePointer.of(f, mori_shmem.ptr(b.gep(p.out_idx, meta_row, b.i32), tpe, **b.at()))

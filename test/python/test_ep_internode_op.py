@@ -168,7 +168,7 @@ class RecordingKernelSet:
         self.launches.append((name, [tuple(args)], grid, block, cooperative))
 
 
-def _fake_bundle(config, target, *, virtual_pes, asyncll=None, scale_blocks=None):
+def _fake_bundle(config, target, *, virtual_pes, asyncll=None, scale_blocks=None, trace=False):
     """A bundle whose kernel table is the EP schema's signatures of the config's kernels, named."""
     param = types.SimpleNamespace
     kernels = {k.name: param(params=[param(name=p.name, type=p.type, named=True) for p in k.signature.params])
