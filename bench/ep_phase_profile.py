@@ -108,7 +108,9 @@ def profile(kind: str, world: int, tokens: int, blocks: int, warps: int, reps: i
             tr.reset()
             g_traced.replay()
             torch.cuda.synchronize()
-            trace = tr.read().placed(f"{kind} {leg} {dname} {tokens} tok")
+            # (a graph replay is no launch the KernelSet sees: the trace is told the replayed grid)
+            trace = tr.read(grid=(blocks, 1, world), block=(warps * traced.target.wave_size, 1, 1)).placed(
+                f"{kind} {leg} {dname} {tokens} tok")
             tr.disable()
             traces.append(trace)
             summary = phase_summary([trace])

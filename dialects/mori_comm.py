@@ -332,14 +332,15 @@ def trace(event: str, phase: str, *, loc=None, ip=None) -> ir.Operation:
 
     Who: a warp, or the lanes of it that reach the point (they store to the same slot: no branch on the lane,
     so a trace point never splits a warp). What: with tracing on (the compile option ``trace``), the lanes
-    store the GPU's global timer (``llvm.readsteadycounter``: sm_90 ``%globaltimer``,
-    ns; AMDGPU ``s_memrealtime`` / gfx12 ``s_sendmsg_rtn_b64 REALTIME``, ticks) into its warp's slot of the
-    kernel's trace buffer, whose address the runtime writes into the module global
-    ``__mori_trace_<kernel>`` (0: nothing is recorded); the last execution of a slot wins. With tracing off
-    the op is erased: no code. Order: none. The timer is read when lane 0 gets there: stores issued before
-    it may still be in flight (a phase ends where its fence or barrier does). Layout: docs/tracing.md.
+    store the GPU's global timer (``llvm.readsteadycounter``: sm_90 ``%globaltimer``, ns; AMDGPU
+    ``s_memrealtime`` / gfx12 ``s_sendmsg_rtn_b64 REALTIME``, ticks) into their warp's slot of the kernel's
+    trace buffer, whose address and slot count the runtime writes into the module global
+    ``__mori_trace_<kernel>`` (address 0: nothing is recorded; a slot past the count is not written); the last
+    execution of a slot wins. With tracing off the op is erased: no code. Order: none. Each lane reads the
+    timer when it gets there: stores issued before it may still be in flight (a phase ends where its fence
+    or barrier does). Layout: docs/tracing.md.
 
-    Helper: none (``mori-trace-to-timer`` lowers it inline: a timer read, a global load, one store).
+    Helper: none (``mori-trace-to-timer`` lowers it inline: a timer read, two global loads, one store).
     """
     attrs = {"event": ir.StringAttr.get(event), "phase": ir.StringAttr.get(phase)}
     return _create("trace", [], attrs, loc=loc, ip=ip)
@@ -354,12 +355,13 @@ def grid_last_arrival(counter, *, loc=None, ip=None) -> ir.Value:
     thread 0 fences (release: the block's stores, ordered before by the block barrier) and adds 1 to the
     count (relaxed, system scope); the block whose add returns blocks - 1 is the last: its thread 0
     resets the count (relaxed store: nobody touches it until the next launch on the stream) and fences
-    (acquire: every block's stores before its arrival are visible to it). The others do not wait: a block
-    that is not last may exit. Use: a completion that only the last block performs (the EP dispatch's
+    (acquire: every block's stores before its arrival are visible to it); the block meets again, so the
+    acquire covers all its threads. The others do not wait for one another: a block that is not last may exit. Use: a completion that only the last block performs (the EP dispatch's
     count handshake), where a grid barrier would make every block wait for it.
 
     Helper: ``__mori_comm_grid_last_arrival`` (``mori_shmem_my_pe``, ``mori_shmem_uint64_atomic_fetch_add_thread``,
-    ``mori_shmem_uint64_p``, ``mori_shmem_fence_thread``).
+    ``mori_shmem_uint64_p``, ``mori_shmem_fence_thread``; with ``global-address-space`` the add and the reset
+    are LLVM's relaxed system-scope atomics on the global-space word instead, as grid_barrier's).
     """
     return _create("grid_last_arrival", [counter], results=[ir.IntegerType.get_signless(1)], loc=loc, ip=ip).result
 

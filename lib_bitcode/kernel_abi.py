@@ -73,10 +73,13 @@ def pack_arg_table(types, per_pe_values) -> bytes:
     return b"".join(pack_record(types, values) for values in per_pe_values)
 
 
-# Kernel traces (mori_comm.trace, pass mori-trace-to-timer; docs/tracing.md): a traced kernel K has an 8-byte
-# module global TRACE_GLOBAL_PREFIX + K holding its trace buffer's device address (0: off), which the runtime
-# writes; the buffer is u64 timer values, warp-major: slot ``linear_warp * E + e`` for the kernel's E events.
+# Kernel traces (mori_comm.trace, pass mori-trace-to-timer; docs/tracing.md): a traced kernel K has a 16-byte
+# module global TRACE_GLOBAL_PREFIX + K, {u64 trace buffer device address (0: off), u64 slots in the buffer},
+# which the runtime writes; the buffer is u64 timer values, warp-major: slot ``linear_warp * E + e`` for the
+# kernel's E events. The kernel stores only to slots below the count (a launch larger than the buffer, e.g.
+# a CUDA-graph replay of a larger grid, records its first slots and writes nothing past the buffer).
 TRACE_GLOBAL_PREFIX = "__mori_trace_"
+TRACE_GLOBAL_BYTES = 16
 TRACE_SLOT_BYTES = 8
 
 

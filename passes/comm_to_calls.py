@@ -385,8 +385,9 @@ def grid_last_arrival(symbol: str, global_space: bool, wave: int) -> Helper:
     # Protocol (one u64 arrival count): the block meets (gpu.barrier); thread 0 fences (release: the block's
     # stores) and adds 1 to the count (relaxed, system scope); the block that sees blocks - 1 is the last:
     # it resets the count to 0 (relaxed: untouched until the next launch) and fences (acquire: every other
-    # block's stores, released before its add, are visible). No block waits. The flag is broadcast from
-    # lane 0 of each warp, so it is true in warp 0 of the last block only. ``global_space`` (AMDGPU): the
+    # block's stores, released before its add, are visible); the block meets again (thread 0's acquire then
+    # covers every thread of the block). No block waits for another. The flag is broadcast from lane 0 of each
+    # warp, so it is true in warp 0 of the last block only. ``global_space`` (AMDGPU): the
     # add and the reset are the LLVM atomics the ABI calls are made of, on the global-space word (as
     # grid_barrier's).
     @_function(symbol, "ptr", "i1")
@@ -415,6 +416,9 @@ def grid_last_arrival(symbol: str, global_space: bool, wave: int) -> Helper:
 
         t0 = b.cmpi("eq", b.thread_id(), b.const_index(0))
         flag = b.if_else(t0, [b.i32], arrive, lambda: [b.const_i32(0)])[0]
+        # Thread 0's acquire reaches the other threads through the block barrier (a shuffle orders no memory):
+        # the lanes of the warp that runs the handshake read what every block released.
+        b.barrier()
         lane0_flag = b.shuffle("idx", flag, b.const_i32(0), b.const_i32(wave))[0]
         b.return_([b.cmpi("ne", lane0_flag, b.const_i32(0))])
 

@@ -1,13 +1,14 @@
 """``mori-trace-to-timer``: lower ``mori_comm.trace`` points to global-timer stores, or erase them.
 
 Input: gpu.module with gpu.func kernels holding ``mori_comm.trace {event, phase}`` ops (anywhere in the
-kernel body, in scf regions too). Output (``enabled``): per traced kernel K an 8-byte global
-``__mori_trace_K`` (addrspace 1, externally initialized to 0: the runtime writes the trace buffer's address
-there; lib_bitcode.kernel_abi.trace_global), the kernel attribute ``mori.trace_events`` (its E slots,
+kernel body, in scf regions too). Output (``enabled``): per traced kernel K a 16-byte global
+``__mori_trace_K`` (addrspace 1, externally initialized to 0: the runtime writes the trace buffer's address and
+its slot count there; lib_bitcode.kernel_abi), the kernel attribute ``mori.trace_events`` (its E slots,
 ``"event:phase"`` in order of first appearance), and in place of each op: each lane reads the timer
 (``llvm.readsteadycounter``), loads the buffer address and, when it is not 0, stores the value to its warp's
-slot ``linear_warp * E + e`` (scf, arith, gpu, llvm): the active lanes store to the same word (one store; no
-branch on the lane, so that no warp-collective code after a trace point is split across lanes). Not
+slot ``linear_warp * E + e`` when that slot is below the count (scf, arith, gpu, llvm): the active lanes store to
+the same word (one store; no branch on the lane, so that no warp-collective code after a trace point is split
+across lanes). Not
 ``enabled``: every trace op erased, nothing else changes. Options: enabled (default false), wave-size (32 or 64: the lanes of a warp, for the warp index).
 
 Record layout (docs/tracing.md): linear_block = bid.x + grid.x * (bid.y + grid.y * bid.z) (with virtual PEs
@@ -29,7 +30,7 @@ from mori_compiler._mlir import ir, nested_ops
 from mori_compiler.dialects.builder import Builder
 from mori_compiler.dialects.irdl_spec import string_value
 from mori_compiler.errors import MoriCompilerError
-from mori_compiler.lib_bitcode.kernel_abi import TRACE_SLOT_BYTES, trace_global
+from mori_compiler.lib_bitcode.kernel_abi import TRACE_GLOBAL_BYTES, TRACE_SLOT_BYTES, trace_global
 
 from .gpu_kernels import TRACE_EVENTS_ATTR, gpu_kernels
 
@@ -45,7 +46,8 @@ def _lower_point(op: ir.Operation, symbol: str, slot: int, slots: int, wave: int
     now = b.op("llvm.call_intrinsic", (), (b.i64,), {"intrin": ir.StringAttr.get("llvm.readsteadycounter"),
                                                      "op_bundle_sizes": ir.DenseI32ArrayAttr.get([])}).results[0]
     gptr = ir.Type.parse("!llvm.ptr<1>")
-    buf = b.load(b.i64, b.address_of(symbol, gptr), alignment=8)
+    switch = b.address_of(symbol, gptr)
+    buf = b.load(b.i64, switch, alignment=8)
     # Every active lane stores to its warp's slot (one coalesced store), and the only branch is on the buffer
     # address, which is the same for the whole kernel: a trace point never splits a warp. (A lane-0 branch
     # let LLVM duplicate the warp-collective code after it into a lane-0 copy and a copy for the other
@@ -60,14 +62,17 @@ def _lower_point(op: ir.Operation, symbol: str, slot: int, slots: int, wave: int
         warps = b.divui(b.addi(b.muli(b.muli(bx, by), bz), b.const_i64(wave - 1)), w)
         warp = b.addi(b.muli(block, warps), b.divui(thread, w))
         index = b.addi(b.muli(warp, b.const_i64(slots)), b.const_i64(slot))
-        dst = b.gep(b.inttoptr(gptr, buf), b.muli(index, b.const_i64(TRACE_SLOT_BYTES)), b.i8)
-        b.store(now, dst, alignment=TRACE_SLOT_BYTES)
+        capacity = b.load(b.i64, b.gep(switch, 1, b.i64), alignment=8)
+        with b.if_(b.cmpi("ult", index, capacity)):  # (warp-uniform) nothing past the buffer, whatever the grid
+            dst = b.gep(b.inttoptr(gptr, buf), b.muli(index, b.const_i64(TRACE_SLOT_BYTES)), b.i8)
+            b.store(now, dst, alignment=TRACE_SLOT_BYTES)
     op.erase()
 
 
 def _add_global(symbol: str, before: ir.Operation) -> None:
-    text = (f"llvm.mlir.global external @{symbol}(0 : i64) {{addr_space = 1 : i32, alignment = 8 : i64, "
-            f"externally_initialized}} : i64")  # fmt: skip
+    words = TRACE_GLOBAL_BYTES // 8
+    text = (f"llvm.mlir.global external @{symbol}(dense<0> : tensor<{words}xi64>) {{addr_space = 1 : i32, "
+            f"alignment = 8 : i64, externally_initialized}} : !llvm.array<{words} x i64>")  # fmt: skip
     ir.InsertionPoint(before).insert(ir.Operation.parse(text))
 
 

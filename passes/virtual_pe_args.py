@@ -8,7 +8,8 @@ Options: none.
 Why: with virtual PEs, one launch runs every PE (the grid's z index is the PE), yet each PE needs its
 own arguments (its own input tensors and output buffers). The record layout is
 ``lib_bitcode.kernel_abi.arg_table_layout`` (natural alignment, stride rounded to 8), which the
-runtime's packer shares. Kernels compiled this way must not use the grid's z dimension themselves.
+runtime's packer shares. Kernels compiled this way must not use the grid's z dimension themselves (the trace
+points' record index reads it on purpose: there z is the PE, docs/tracing.md).
 
 Before::
 

@@ -45,14 +45,14 @@ import sys
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from mori_compiler.lib_bitcode.kernel_abi import TRACE_GLOBAL_PREFIX, TRACE_SLOT_BYTES, trace_global
+from mori_compiler.lib_bitcode.kernel_abi import TRACE_GLOBAL_BYTES, TRACE_GLOBAL_PREFIX, TRACE_SLOT_BYTES, trace_global
 from mori_compiler.targets import TARGETS
 
 from .bundle import KernelInfo, split_trace_event
 from .driver import DriverError
 
 TRACE_SYMBOL_PREFIX = TRACE_GLOBAL_PREFIX  # the compiler's name for it (lib_bitcode.kernel_abi owns it)
-TRACE_POINTER_SIZE = 8  # the global holds one device address
+TRACE_POINTER_SIZE = TRACE_GLOBAL_BYTES  # the global: {buffer device address, slots in the buffer}
 NS_PER_TICK = {"sm_90": 1.0}  # targets whose timer is in ns; the others (AMD) are recorded in ticks
 _WORD = TRACE_SLOT_BYTES  # one u64 timer value
 
@@ -246,7 +246,10 @@ class KernelTrace:
         ptr = self._driver.malloc(nbytes)
         try:
             self._driver.memset_d8(ptr, 0, nbytes)
-            self._driver.memcpy_htod(self._global, ptr.to_bytes(TRACE_POINTER_SIZE, "little"))
+            # {address, slots}: the kernel stores only below the slot count, so a launch this trace did not see
+            # (a CUDA-graph replay of a larger grid) cannot write past the buffer.
+            slots = self.capacity_warps * len(self.slots)
+            self._driver.memcpy_htod(self._global, ptr.to_bytes(8, "little") + slots.to_bytes(8, "little"))
             # A memset may still run when it returns, and torch's streams do not wait for the legacy default
             # stream: zeroed before any kernel can record.
             self._driver.device_synchronize()
@@ -310,6 +313,12 @@ class KernelTrace:
                              f"({shapes}): reset() between them, or pass grid= and block=")  # fmt: skip
         elif self._launch_shapes:
             (shape,) = self._launch_shapes
+        elif self.virtual_pes:
+            # No launch went through the KernelSet since the reset (a CUDA-graph replay does not): the records'
+            # PEs depend on the launch's grid, which only the caller knows.
+            raise ValueError(f"trace of '{self.kernel}': no launch of it was seen since the last reset (a CUDA-graph "
+                             f"replay?): pass read(grid=, block=) with the replayed launch's full grid "
+                             f"(gx, gy, PEs) and block")  # fmt: skip
         else:
             shape = (self.grid, self.block)
         layout = self._layout(*shape)

@@ -554,6 +554,7 @@ _COMM_SIGNATURES = {
                              []),
     "mori_comm.chunk_wait": (["signal", "signal_base"], ["count"], []),
     "mori_comm.trace": ([], [], ["event", "phase"]),
+    "mori_comm.grid_last_arrival": (["counter"], ["last"], []),
     "mori_comm.quantize_row": (["dest", "source", "elems", "pe"], [], ["format", "scale_blocks"]),
     "mori_comm.accumulate_quantized_rows": (["out", "first", "count", "elems", "sources"], [], ["format", "scale_blocks"]),
 }
@@ -598,6 +599,7 @@ def test_comm_builders_verify_and_print(all_ctx):
         mori_comm.quantize_row(ptr, ptr, n, pe, format="fp8_e4m3fn", scale_blocks=56)
         mori_comm.accumulate_quantized_rows(ptr, n, n, n, [ptr, ptr], format="fp4_e2m1", scale_blocks=7)
         mori_comm.trace("dispatch.route", "begin")
+        assert str(mori_comm.grid_last_arrival(ptr).type) == "i1"
 
     module = _module_with(all_ctx, emit_all)
     assert module.operation.verify()

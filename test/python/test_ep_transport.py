@@ -27,6 +27,7 @@ PE_OPERAND = {"mori_shmem.p": 2, "mori_shmem.ptr": 1, "mori_comm.row_copy": 3, "
 REMOTE = {"mori_comm.chunk_send"}
 # Ops without a PE operand (or whose peers are this node's by their lowering: node_* take G).
 NO_PE = {"mori_shmem.my_pe", "mori_shmem.fence", "mori_shmem.quiet", "mori_shmem.wait_until", "mori_comm.node_pe",
+         "mori_comm.grid_last_arrival", "mori_comm.trace",
          "mori_comm.grid_barrier", "mori_comm.accumulate_rows", "mori_comm.node_count_signal",
          "mori_comm.node_device_barrier", "mori_comm.chunk_wait"}  # fmt: skip
 LOCAL_PE = {"mori_comm.node_pe", "mori_shmem.my_pe"}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mori_compiler.lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
+from mori_compiler.lib_bitcode.kernel_abi import TRACE_GLOBAL_BYTES
 from mori_compiler.runtime import driver as driver_mod
 from mori_compiler.runtime import shmem
 from mori_compiler.runtime.bundle import (BUNDLE_FORMAT, METADATA_FILE, BundleError, KernelInfo, KernelParam,
@@ -157,7 +158,7 @@ def test_a_partial_last_warp_counts_as_a_warp_and_short_buffers_are_refused():
 def gpu():
     g = FakeGPU()
     g.kernels.update({"k": ("ptr",), "plain": ("ptr",)})
-    g.globals[trace_symbol("k")] = 8
+    g.globals[trace_symbol("k")] = TRACE_GLOBAL_BYTES  # {buffer address, slots}
     return g
 
 
@@ -171,6 +172,12 @@ def _pointer(gpu, ks, kernel="k") -> int:
     return int.from_bytes(gpu.read(address, 8), "little")
 
 
+def _slot_count(gpu, ks, kernel="k") -> int:
+    """The global's second word: how many slots the kernel may write (its bound, whatever the launch)."""
+    address, _ = ks.module.global_address(trace_symbol(kernel))
+    return int.from_bytes(gpu.read(address + 8, 8), "little")
+
+
 def _record(gpu, trace, values: dict[int, int]) -> None:
     """What the kernel would store: ``values[word index]``."""
     for index, t in values.items():
@@ -182,6 +189,7 @@ def test_enable_writes_the_buffer_address_and_read_decodes_the_launch(tmp_path, 
     assert _pointer(gpu, ks) == 0  # untouched after load: tracing off
     trace = ks.trace("k", grid=(4, 1, 1), block=(64, 1, 1))
     assert trace.enabled and _pointer(gpu, ks) == trace.ptr and trace.nbytes == 4 * 2 * 3 * 8
+    assert _slot_count(gpu, ks) == 4 * 2 * 3  # 4 blocks x 2 warps x 3 slots: the kernel's bound
     names = [c[0] for c in gpu.calls]
     zeroed = gpu.calls.index(("cuMemsetD8", trace.ptr, 0, trace.nbytes))
     assert names.index("cuCtxSynchronize", zeroed) > zeroed  # zeroed before any kernel can record
@@ -302,6 +310,21 @@ def test_virtual_pes_take_the_grid_z_from_shmem(tmp_path, monkeypatch, gpu):
     with pytest.raises(ValueError, match="this launch of grid \\(3, 1, 2\\) x block \\(64, 1, 1\\) has 12"):
         ks.launch_virtual("k", [[0], [0]], grid=(3, 1), block=(64, 1, 1))
     assert ks.trace("k", grid=(2, 1), n_pes=4).grid == (2, 1, 4)
+
+
+def test_a_replay_the_trace_did_not_see_is_decoded_only_with_its_grid(tmp_path, monkeypatch, gpu):
+    """A CUDA-graph replay goes past the KernelSet: with virtual PEs the records' PEs depend on the replayed grid,
+    so read() refuses to guess it; told the grid, it decodes (here a replay of 1 block per PE into a buffer for 2)."""
+    module = FakeCudaModule(gpu)
+    monkeypatch.setattr(driver_mod, "_drivers", {"nvvm": CudaDriver(bindings=module)})
+    shmem.shmem_init_virtual(2, heap_size=1 << 20)
+    ks = KernelSet(_publish(tmp_path, [_kernel()], virtual=True, state=True))
+    trace = ks.trace("k", grid=(2, 1), block=(64, 1, 1))
+    _record(gpu, trace, {2 * 3 + 0: 10})  # linear warp 2 of a (1, 1, 2) grid = PE 1 block 0 warp 0
+    with pytest.raises(ValueError, match="no launch of it was seen since the last reset"):
+        trace.read()
+    got = trace.read(grid=(1, 1, 2), block=(64, 1, 1))
+    assert [(r.pe, r.block, r.warp) for r in got.records] == [(1, 0, 0)]
 
 
 def test_amd_wave64_and_its_timer_in_ticks(tmp_path, gpu):

@@ -7,7 +7,7 @@
 // stores the value to its warp's slot linear_warp * E + e. Slots are numbered by first appearance
 // (a repeated event:phase reuses its slot); the kernel lists them in mori.trace_events. Off: erased.
 
-// CHECK: llvm.mlir.global external @__mori_trace_k(0 : i64) {addr_space = 1 : i32, alignment = 8 : i64, externally_initialized} : i64
+// CHECK: llvm.mlir.global external @__mori_trace_k(dense<0> : tensor<2xi64>) {addr_space = 1 : i32, alignment = 8 : i64, externally_initialized} : !llvm.array<2 x i64>
 // CHECK: gpu.func @k() kernel attributes {mori.trace_events = ["phase:begin", "phase:end", "mark:instant"]}
 // CHECK: %[[T:.*]] = llvm.call_intrinsic "llvm.readsteadycounter"() : () -> i64
 // CHECK-NOT: gpu.lane_id
@@ -20,6 +20,10 @@
 // CHECK: %[[W:.*]] = arith.muli %{{.*}}, %[[E]] : i64
 // CHECK: %[[S:.*]] = arith.constant 0 : i64
 // CHECK: arith.addi %[[W]], %[[S]] : i64
+// CHECK: %[[CAP_AT:.*]] = llvm.getelementptr %[[G]][1] : (!llvm.ptr<1>) -> !llvm.ptr<1>, i64
+// CHECK: %[[CAP:.*]] = llvm.load %[[CAP_AT]] {alignment = 8 : i64} : !llvm.ptr<1> -> i64
+// CHECK: arith.cmpi ult, %{{.*}}, %[[CAP]] : i64
+// CHECK: scf.if
 // CHECK: llvm.inttoptr %[[BUF]] : i64 to !llvm.ptr<1>
 // CHECK: llvm.store %[[T]], %{{.*}} {alignment = 8 : i64} : i64, !llvm.ptr<1>
 // The second point is slot 1, the loop's third slot 2, the repeated "phase:begin" slot 0 again.

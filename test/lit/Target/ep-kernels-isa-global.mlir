@@ -62,9 +62,9 @@
 // LLVM's relaxed system-scope atomics instead of ABI calls that translate our own address): the block
 // meets; thread 0 fences (release: write back L2, wait, invalidate), then the 64-bit arrival fetch-add at
 // system scope (global_atomic_add_x2 ... sc0 sc1, no run-time private-address branch: no scratch). The last
-// arriver resets the count (system-scope store) and fences (acquire); no block waits for the others (no
-// s_sleep poll before the handshake); the flag reaches warp 0 from lane 0 (v_readlane), whose last block
-// then runs the count handshake.
+// arriver resets the count (system-scope store) and fences (acquire); the block meets again (the acquire
+// then covers its other threads); no block waits for the others (no s_sleep poll before the handshake); the
+// flag reaches warp 0 from lane 0 (v_readlane), whose last block then runs the count handshake.
 // GRID: s_barrier
 // GRID: buffer_wbl2 sc0 sc1
 // GRID-NEXT: s_waitcnt vmcnt(0)
@@ -76,8 +76,8 @@
 // GRID-NEXT: buffer_wbl2 sc0 sc1
 // GRID-NEXT: s_waitcnt vmcnt(0)
 // GRID-NEXT: buffer_inv sc0 sc1
-// GRID-NOT: s_barrier
 // GRID: v_readlane_b32 s{{[0-9]+}}, v{{[0-9]+}}, 0
+// GRID: s_barrier
 // GRID-NOT: s_barrier
 // GRID: s_sleep 1
 // GRID: s_endpgm

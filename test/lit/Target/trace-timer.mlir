@@ -11,7 +11,7 @@
 // one (sm_90 %globaltimer, CDNA s_memrealtime, gfx12 s_sendmsg_rtn_b64 REALTIME), the trace-buffer address
 // a global the runtime writes (exported: never internalized), the store a plain 8-byte store by lane 0.
 // Without --trace there is no trace code at all. The trace code never branches on the lane: the kernel keeps
-// exactly its 1 block barrier and 50 warp shuffles (a lane-0 branch once let LLVM duplicate the code after it
+// exactly its 2 block barriers and 50 warp shuffles (a lane-0 branch once let LLVM duplicate the code after it
 // per lane group, and the copies' shuffles deadlocked on sm_90).
 
 // GFX9-LABEL: ep_dispatch_bf16:
@@ -24,13 +24,16 @@
 // GFX12: s_sendmsg_rtn_b64 {{.*}}sendmsg(MSG_RTN_GET_REALTIME)
 // GFX12: .globl __mori_trace_ep_dispatch_bf16
 
-// PTX: .visible .global .align 8 .u64 __mori_trace_ep_dispatch_bf16;
+// PTX: .visible .global .align 8 .b8 __mori_trace_ep_dispatch_bf16[16];
 // PTX-LABEL: .entry ep_dispatch_bf16(
 // PTX: mov.u64 {{.*}}, %globaltimer;
 // PTX: ld.global.b64 {{.*}}[__mori_trace_ep_dispatch_bf16]
+// The slot count (word 1) bounds the store: nothing past the buffer, whatever grid replays the kernel.
+// PTX: ld.global.b64 {{.*}}[__mori_trace_ep_dispatch_bf16+8]
+// PTX: setp.{{(lt|ge)}}.u64
 // PTX: st.global.{{[bu]}}64 [%rd{{[0-9]+}}], %rd{{[0-9]+}};
 // PTX: atom.{{.*}}add
-// PTX-COUNT-1: bar.sync
+// PTX-COUNT-2: bar.sync
 // PTX-NOT: bar.sync
 
 // SHFL-LABEL: .entry ep_dispatch_bf16(
