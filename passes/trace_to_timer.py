@@ -2,14 +2,14 @@
 
 Input: gpu.module with gpu.func kernels holding ``mori_comm.trace {event, phase}`` ops (anywhere in the
 kernel body, in scf regions too). Output (``enabled``): per traced kernel K a 16-byte global
-``__mori_trace_K`` (addrspace 1, externally initialized to 0: the runtime writes the trace buffer's address and
-its slot count there; lib_bitcode.kernel_abi), the kernel attribute ``mori.trace_events`` (its E slots,
+``__mori_trace_K`` (addrspace 1, externally initialized to 0: the runtime writes the trace buffer's address
+and its slot count there; lib_bitcode.kernel_abi), the kernel attribute ``mori.trace_events`` (its E slots,
 ``"event:phase"`` in order of first appearance), and in place of each op: each lane reads the timer
 (``llvm.readsteadycounter``), loads the buffer address and, when it is not 0, stores the value to its warp's
-slot ``linear_warp * E + e`` when that slot is below the count (scf, arith, gpu, llvm): the active lanes store to
-the same word (one store; no branch on the lane, so that no warp-collective code after a trace point is split
-across lanes). Not
-``enabled``: every trace op erased, nothing else changes. Options: enabled (default false), wave-size (32 or 64: the lanes of a warp, for the warp index).
+slot ``linear_warp * E + e`` if that slot is below the count (scf, arith, gpu, llvm). The active lanes store
+to the same word (one store; no branch on the lane, so that no warp-collective code after a trace point is
+split across lanes). Not ``enabled``: every trace op erased, nothing else changes. Options: enabled (default
+false), wave-size (32 or 64: the lanes of a warp, for the warp index).
 
 Record layout (docs/tracing.md): linear_block = bid.x + grid.x * (bid.y + grid.y * bid.z) (with virtual PEs
 bid.z is the PE), linear_warp = linear_block * ceil(block threads / wave) + flat thread id / wave. The last
@@ -95,7 +95,7 @@ class TraceToTimer:
         if self.wave_size not in (32, 64):
             raise MoriCompilerError(f"pass '{self.name}' option wave-size must be 32 or 64, got {self.wave_size}")
         with op.context:
-            kernels = {id(k): k for k in gpu_kernels(op.operation)}
+            kernels = list(gpu_kernels(op.operation))
             for point in nested_ops(op.operation, lambda inner: inner.name == TRACE_OP):
                 owner = point.parent
                 while owner is not None and owner.name != "gpu.func":
@@ -103,7 +103,7 @@ class TraceToTimer:
                 if owner is None or "gpu.kernel" not in owner.attributes:
                     raise MoriCompilerError(f"{TRACE_OP} must be inside a gpu.func kernel (the trace buffer is the "
                                             f"kernel's)", point.location)  # fmt: skip
-            for fn in kernels.values():
+            for fn in kernels:
                 points = nested_ops(fn, lambda inner: inner.name == TRACE_OP)
                 if not points:
                     continue
