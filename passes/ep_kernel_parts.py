@@ -44,8 +44,9 @@ Ordering each piece provides (who writes, who waits; docs/ep-protocols.md has th
   stores/atomics (the status words are read by the host after the call, never waited on). Nothing
   here is published: the kernel's completion (grid barrier + count handshake, or a device barrier)
   orders it.
-* ``send_*``: relaxed system-scope stores to the peers (``mori_shmem.p``, ``mori_comm.row_copy*``); they
-  become visible to a peer only through a later release (the completion's fences).
+* ``send_*``: relaxed system-scope stores to the peers (the metadata through peer addresses from
+  ``mori_shmem.ptr``, the rows by ``mori_comm.row_copy*``); they become visible to a peer only through a
+  later release (the completion's fences).
 * ``dispatch_round``: the other parity's counter is cleared by thread 0 of block 0 at the start of round r;
   nobody can touch it then (round r - 1 is complete, and no peer starts round r + 1 before our round-r
   count reaches it, which is after the clear and a release fence).
