@@ -7,8 +7,8 @@ or raises ``MissingExtraError`` naming the module, its package and the ``pip ins
 * ``hip``: hip-python (``hip``), the AMD runtime (with a ROCm build of torch, which PyPI does not carry);
 * ``bench``: matplotlib, for the benchmarks' plots.
 
-``cuda_unavailable_reason()`` says why CUDA GPU work cannot run here (the GPU tests' skip reason), without
-importing torch unless everything else is present.
+``cuda_unavailable_reason()`` says why CUDA GPU work cannot run here (the GPU tests' skip reason), importing
+torch only once torch and cuda-bindings are both found.
 
 This module imports only the standard library.
 """
@@ -26,12 +26,14 @@ class OptionalPackage:
     distribution: str  # the name pip installs
     extra: str  # the extra of mori-compiler that pins it
     purpose: str  # what needs it, for the message
+    note: str = ""  # where the extra is not the way to get it
 
 
 # Top-level import name -> its package. Submodules (cuda.bindings.driver, torch.distributed) map through
 # their top-level name.
 OPTIONAL_PACKAGES = {
-    "torch": OptionalPackage("torch", "cuda", "GPU tensors and launches"),
+    "torch": OptionalPackage("torch", "cuda", "GPU tensors and launches",
+                             "on ROCm, install a ROCm build of torch from PyTorch's ROCm index instead"),
     "cuda": OptionalPackage("cuda-bindings", "cuda", "CUDA launches (nvvm bundles)"),
     "hip": OptionalPackage("hip-python", "hip", "HIP launches (rocdl bundles)"),
     "matplotlib": OptionalPackage("matplotlib", "bench", "the benchmarks' plots"),
@@ -52,7 +54,8 @@ class MissingExtraError(ModuleNotFoundError):
         self.package = package
         super().__init__(f"no module '{module}': {package.purpose} need {package.distribution}, which is not "
                          f"installed; install the extra: {install_hint(package.extra)} in a checkout, else "
-                         f"pip install 'mori-compiler[{package.extra}]'", name=module)  # fmt: skip
+                         f"pip install 'mori-compiler[{package.extra}]'"
+                         f"{f' ({package.note})' if package.note else ''}", name=module)  # fmt: skip
 
 
 def _package_of(module: str) -> OptionalPackage:
@@ -113,20 +116,22 @@ def _torch_cuda_available() -> bool:
 def cuda_unavailable_reason(find_spec=importlib.util.find_spec, driver_loadable=_cuda_driver_loadable,
                             torch_cuda_available=_torch_cuda_available) -> str | None:  # fmt: skip
     """Why CUDA GPU work (torch tensors on an NVIDIA GPU, launched through cuda-bindings) cannot run here,
-    every missing piece named; None when it can. The probes are parameters so that tests can fake them.
-    torch is imported only when the driver and both packages are present (torch.cuda.is_available() does
-    not create a CUDA context)."""
-    problems = []
-    if not driver_loadable():
-        problems.append(f"no NVIDIA GPU driver ({CUDA_DRIVER_LIBRARY} cannot be loaded)")
+    every missing piece named; None when it can. With torch and cuda-bindings installed,
+    ``torch.cuda.is_available()`` decides (it creates no CUDA context) and the driver probe only names the
+    reason; without them the probe says whether a GPU driver is there at all. The probes are parameters so
+    that tests can fake them."""
+    no_driver = f"no NVIDIA GPU driver ({CUDA_DRIVER_LIBRARY} cannot be loaded)"
     missing = [m for m in ("torch", "cuda.bindings.driver") if not is_installed(m, find_spec)]
     if missing:
-        problems.append(missing_text(missing))
-    if problems:
-        return "; ".join(problems)
+        reasons = [missing_text(missing)]
+        if not driver_loadable():  # the first reason where there is no GPU at all (CI)
+            reasons.insert(0, no_driver)
+        return "; ".join(reasons)
     try:
         if torch_cuda_available():
             return None
     except Exception as exc:  # noqa: BLE001 - an unusable torch is a reason too
         return f"torch cannot be used: {type(exc).__name__}: {exc}"
+    if not driver_loadable():
+        return no_driver
     return "no CUDA GPU visible (torch.cuda.is_available() is False)"

@@ -56,6 +56,7 @@ def test_a_missing_module_names_its_package_and_extra(monkeypatch, module, packa
     assert f"no module '{module}'" in message and f"need {package}," in message
     assert f"pip install -e '.[{extra}]'" in message and f"mori-compiler[{extra}]" in message
     assert isinstance(info.value, ModuleNotFoundError) and info.value.name == module
+    assert ("ROCm build of torch" in message) == (module == "torch")
 
 
 def test_a_missing_parent_package_is_reported_as_the_extra(monkeypatch):
@@ -145,7 +146,11 @@ def test_skip_reason_without_a_visible_gpu():
 
 
 def test_skip_reason_without_a_driver_but_with_the_packages():
-    assert _reason(driver=False) == "no NVIDIA GPU driver (libcuda.so.1 cannot be loaded)"
+    assert _reason(driver=False, gpu=False) == "no NVIDIA GPU driver (libcuda.so.1 cannot be loaded)"
+
+
+def test_with_the_packages_torch_decides_not_the_driver_probe():
+    assert _reason(driver=False, gpu=True) is None
 
 
 def test_skip_reason_of_an_unusable_torch():
