@@ -256,6 +256,10 @@ def main(argv=None) -> int:
     bad = [q for q in quants if q not in WIRE_QUANT_TYPES]
     if bad:
         ap.error(f"--quant {','.join(bad)}: not a wire quant type (allowed: {', '.join(WIRE_QUANT_TYPES)})")
+    from mori_compiler.runtime.extras import is_installed, missing_text
+
+    if args.png and not args.precompile and not is_installed("matplotlib"):  # known before the minutes of GPU work
+        ap.error(f"--png needs matplotlib: {missing_text(['matplotlib'])}")
     if args.precompile:
         precompile(args.precompile, args.world, tokens_list, args.blocks, args.warps, quants)
         return 0

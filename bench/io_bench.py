@@ -245,9 +245,10 @@ def fill_defaults(args: argparse.Namespace) -> None:
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
-        raise BenchError("--plot needs matplotlib, which is not installed here (pip install matplotlib, or "
-                         "drop --plot)")  # fmt: skip
+    from mori_compiler.runtime.extras import is_installed, missing_text
+
+    if args.plot and not is_installed("matplotlib"):
+        raise BenchError(f"--plot needs matplotlib: {missing_text(['matplotlib'])}, or drop --plot")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path and not Path(path).resolve().parent.is_dir():
             raise BenchError(f"{flag} {path}: the directory {Path(path).resolve().parent} does not exist")

@@ -16,10 +16,10 @@ that call in get the same context made current for them.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import threading
 
 from .driver import BindingsDriver, DriverError, Function, LoadedModule, Module, call_checked, torch_cuda
+from .extras import import_extra
 
 PTX_NUL = b"\0"
 
@@ -36,7 +36,7 @@ class CudaDriver(BindingsDriver):
 
     def __init__(self, bindings=None):
         # ``bindings``: the cuda.bindings.driver module (tests pass a fake); imported here, lazily.
-        self._cu = bindings if bindings is not None else importlib.import_module("cuda.bindings.driver")
+        self._cu = bindings if bindings is not None else import_extra("cuda.bindings.driver")
         self._lock = threading.RLock()
         self._ctx = None
         self._device_ordinal = None

@@ -19,10 +19,10 @@ torch's current device (when torch has a GPU) or leaves as it is.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import threading
 
 from .driver import BindingsDriver, DriverError, Function, LoadedModule, Module, call_checked, torch_cuda
+from .extras import import_extra
 
 
 class HipModule(LoadedModule):
@@ -45,7 +45,7 @@ class HipDriver(BindingsDriver):
 
     def __init__(self, bindings=None):
         # ``bindings``: the hip.hip module (tests pass a fake); imported here, lazily.
-        self._hip = bindings if bindings is not None else importlib.import_module("hip").hip
+        self._hip = bindings if bindings is not None else import_extra("hip").hip
         self._lock = threading.RLock()
         self._device_ordinal = None
         # Threads whose current device is set: a thread-local mark of the generation they saw (thread

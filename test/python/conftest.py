@@ -7,7 +7,6 @@ variable is set in ``os.environ`` itself, so CLIs run in subprocesses inherit it
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -17,16 +16,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def gpu_unavailable_reason() -> str | None:
-    """Why GPU tests cannot run here (None: they can)."""
-    if importlib.util.find_spec("torch") is None:
-        return "PyTorch is not installed"
-    if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.bindings") is None:
-        return "cuda-bindings is not installed"
-    import torch
+    """Why GPU tests cannot run here (None: they can): every missing piece, named by the runtime."""
+    from mori_compiler.runtime.extras import cuda_unavailable_reason
 
-    if not torch.cuda.is_available():
-        return "no NVIDIA GPU (torch.cuda.is_available() is False); GPU tests run on the H200 machines"
-    return None
+    return cuda_unavailable_reason()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,6 +1,8 @@
 """GPU tests: they carry the ``gpu`` marker and skip, with the reason printed (pytest -ra), where no
 NVIDIA GPU with its driver, PyTorch and cuda-bindings is present (CI, the development machines); the
-skipping is test/python/conftest.py's, for every gpu-marked test of the suite.
+skipping is test/python/conftest.py's, for every gpu-marked test of the suite, and the reason is
+``mori_compiler.runtime.extras.cuda_unavailable_reason()``'s: each missing piece (the driver, torch,
+cuda-bindings, a visible GPU) with the install command of its extra (``pip install -e '.[cuda]'``).
 
 Kernels come from bundles: compiled on the spot when the compiler is installed, else precompiled into
 ``MORI_TEST_BUNDLES`` (default ``<repo>/.bundles``) by ``python test/python/gpu/kernels.py .bundles`` on a
