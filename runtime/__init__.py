@@ -8,6 +8,9 @@
   rendezvous with the other processes), ``shmem_state`` (one initialized shmem: memory, addresses, device
   state), ``shmem_tensors`` (torch views) and ``shmem_errors``;
 * ``launcher``: ``KernelSet`` loads a bundle, writes its device state and launches its kernels;
+* ``trace``: kernel trace points at run time (records, the phase table, the Perfetto export; docs/tracing.md);
+* ``extras``: the optional packages (torch, cuda-bindings, hip-python, matplotlib) and the install extras a
+  missing one names;
 * ``io``: MORI-IO (the ``mori.io`` API: enums, configs, descriptors with MORI's msgpack wire format, transfer
   status, the TCP backend's frame protocol; the engine comes next), re-exported by ``mori_compiler.io``.
 

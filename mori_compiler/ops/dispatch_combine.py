@@ -122,7 +122,9 @@ class EpDispatchCombineOp:
         from .tuning import launch_config_mode
 
         auto_mode = launch_config_mode() == "AUTO"  # read once, as MORI's
-        import torch
+        from mori_compiler.runtime.extras import import_extra
+
+        torch = import_extra("torch")  # (missing: one error naming the extra to install)
 
         from mori_compiler.runtime import shmem
         from mori_compiler.targets import get_target

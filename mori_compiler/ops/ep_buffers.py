@@ -18,7 +18,9 @@ class EpBuffers:
     """The symmetric buffers of one op on the local PEs ``pes`` (all of them with virtual PEs)."""
 
     def __init__(self, kind: KernelType, sizes: EpSizes, pes: list[int], *, virtual: bool):
-        import torch
+        from mori_compiler.runtime.extras import import_extra
+
+        torch = import_extra("torch")  # (missing: one error naming the extra to install)
 
         from mori_compiler.runtime import shmem
 
