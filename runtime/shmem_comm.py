@@ -17,11 +17,11 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import secrets
 import socket
 
+from .extras import import_extra
 from .heap_allocator import HEAP_SIZE_ENV
 from .shmem_errors import ShmemError, ShmemStateError
 
@@ -35,7 +35,7 @@ class TorchComm:
     """The collectives shmem needs, over a torch.distributed process group (None = WORLD)."""
 
     def __init__(self, group=None):
-        self.dist = importlib.import_module("torch.distributed")
+        self.dist = import_extra("torch.distributed")
         self.group = group
         try:
             self.rank = int(self.dist.get_rank(group=group))
@@ -57,7 +57,7 @@ class TorchComm:
 def torch_distributed():
     """The torch.distributed module; ShmemStateError when torch or its distributed package is missing."""
     try:
-        dist = importlib.import_module("torch.distributed")
+        dist = import_extra("torch.distributed")
     except Exception as exc:  # noqa: BLE001
         raise ShmemStateError(f"multi-process shmem needs torch.distributed, which cannot be imported ({exc})") from exc
     if not dist.is_available():
@@ -70,7 +70,7 @@ def resolve_process_group(group_name: str):
     dist = torch_distributed()
     pg = None
     try:
-        c10d = importlib.import_module("torch._C._distributed_c10d")
+        c10d = import_extra("torch._C._distributed_c10d")
         pg = c10d._resolve_process_group(group_name)
     except Exception:  # noqa: BLE001 - not registered (or no registry in this torch)
         pg = None

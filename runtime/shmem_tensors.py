@@ -8,8 +8,7 @@ PE's heap, and a peer's copy is reached through ``ShmemState.ptr_p2p``.
 
 from __future__ import annotations
 
-import importlib
-
+from .extras import import_extra
 from .shmem_errors import ShmemError
 from .shmem_state import ShmemState
 
@@ -32,7 +31,7 @@ def _shape_tuple(shape) -> tuple[int, ...]:
 
 
 def _tensor_view(s: ShmemState, addr: int, shape, dtype):
-    torch = importlib.import_module("torch")
+    torch = import_extra("torch")
     shape = _shape_tuple(shape)
     itemsize = torch.empty((), dtype=dtype).element_size()
     numel = 1
@@ -46,7 +45,7 @@ def _tensor_view(s: ShmemState, addr: int, shape, dtype):
 
 
 def _nbytes(shape, dtype) -> int:
-    torch = importlib.import_module("torch")
+    torch = import_extra("torch")
     numel = 1
     for d in _shape_tuple(shape):
         numel *= d
