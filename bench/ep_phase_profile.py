@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ep_bench import EXPERTS, HIDDEN, TOPK, _median_replay_us, make_config  # noqa: E402
+from ep_bench import EXPERTS, HIDDEN, TOPK, _median_replay_us, capture_graph, make_config  # noqa: E402
 
 KINDS = ("IntraNode", "IntraNodeLL")
 DISPATCH_KERNELS = {"IntraNode": "ep_dispatch_{d}", "IntraNodeLL": "ep_dispatch_ll_{d}"}
@@ -45,7 +45,8 @@ def _step(what: str) -> None:
 
 
 def _legs(op, xs, ws, idxs, regs, blocks):
-    """[(leg, dtype, graph maker)]: the dispatch of each dtype and the zero-copy combine."""
+    """[(leg, dtype, graph)]: the dispatch of each dtype and the zero-copy combine, each captured after an eager
+    call (ep_bench.capture_graph)."""
     import torch
 
     def dispatch(x):
@@ -63,12 +64,7 @@ def _legs(op, xs, ws, idxs, regs, blocks):
             outs = op.dispatch(xs["bf16"], ws, None, idxs, block_num=blocks)
             for p, reg in enumerate(regs):
                 reg.copy_(outs[p][0].to(torch.bfloat16))
-        fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        out.append((leg, dname, g))
+        out.append((leg, dname, capture_graph(fn)))
     return out
 
 
@@ -78,7 +74,7 @@ def profile(kind: str, world: int, tokens: int, blocks: int, warps: int, reps: i
 
     from mori_compiler.ops import EpDispatchCombineOp
     from mori_compiler.ops import reference as ref
-    from mori_compiler.runtime.trace import phase_summary
+    from mori_compiler.runtime.trace import format_phase_table, phase_summary
 
     cfg = make_config(world, tokens, blocks, warps, kind=kind)
     shape = ref.EpShape(world, cfg.num_experts_per_rank, TOPK, tokens)
@@ -119,8 +115,6 @@ def profile(kind: str, world: int, tokens: int, blocks: int, warps: int, reps: i
                          "phases": [dataclasses.asdict(s) for s in summary]})  # fmt: skip
             print(f"\n== {kind} {leg} {dname}, {tokens} tokens, {blocks}x{warps}: {us_plain:.1f} µs untraced, "
                   f"{us_off:.1f} traced (off), {us_on:.1f} traced (recording)")  # fmt: skip
-            from mori_compiler.runtime.trace import format_phase_table
-
             print(format_phase_table(summary))
     finally:
         traced.close()
