@@ -131,15 +131,18 @@ def count_signal(signals, counts, total, *, world_size: int, loc=None, ip=None) 
 
     Who: one warp; lane p < W talks to PE p (W in [1, 32], at most the wave size). Protocol, per lane p:
     wait (relaxed system-scope polls) until PE p's ``signals[me]`` is 0, i.e. PE p consumed our previous
-    round (flow control); ``fence`` (release: every store this PE made visible to the warp before the
+    round (flow control); fence (release: every store this PE made visible to the warp before the
     call, e.g. the payload rows behind a grid_barrier, is ordered before the signal); store ``count + 1``
     into PE p's ``signals[me]`` (relaxed, system scope: 0 means "nothing yet"); reset ``counts[p]`` to 0.
-    Then poll our ``signals[p]`` until it is > 0; ``fence`` (acquire: PE p's payload is visible); reset
+    Then poll our ``signals[p]`` until it is > 0; fence (acquire: PE p's payload is visible); reset
     it to 0 (PE p polls it next round). The warp sums the received counts; lane 0 stores the total.
+    The fences are LLVM's system-scope release and acquire fences (sm_90 ``fence.acq_rel.sys``), not the
+    ABI's ``mori_shmem_fence`` (``fence.sc.sys``): the peers are reached by loads and stores (P2P), so
+    there is no transport operation to order. Not for peers behind a network transport.
 
     Helper: ``__mori_comm_count_signal_w{W}`` (``mori_shmem_my_pe``, ``mori_shmem_ptr``,
     ``mori_shmem_uint64_wait_until_equals``, ``mori_shmem_uint64_wait_until_greater_than``,
-    ``mori_shmem_fence_thread``, ``mori_shmem_uint64_p``).
+    ``mori_shmem_uint64_p``).
     """
     return _create("count_signal", [signals, counts, total], {"world_size": _i64(world_size)}, loc=loc, ip=ip)
 
@@ -352,16 +355,18 @@ def grid_last_arrival(counter, *, loc=None, ip=None) -> ir.Value:
     block). ``counter`` is this PE's u64 arrival count (0 before the launch; the last block leaves it 0).
 
     Who: every thread of every block (block-uniform call). Protocol: the block meets (``gpu.barrier``);
-    thread 0 fences (release: the block's stores, ordered before by the block barrier) and adds 1 to the
-    count (relaxed, system scope); the block whose add returns blocks - 1 is the last: its thread 0
-    resets the count (relaxed store: nobody touches it until the next launch on the stream) and fences
-    (acquire: every block's stores before its arrival are visible to it); the block meets again, so the
-    acquire covers all its threads. The others do not wait for one another: a block that is not last may exit. Use: a completion that only the last block performs (the EP dispatch's
-    count handshake), where a grid barrier would make every block wait for it.
+    thread 0 fences (release, system scope: the block's stores, ordered before by the block barrier) and
+    adds 1 to the count (relaxed, system scope); the block whose add returns blocks - 1 is the last: its
+    thread 0 resets the count (relaxed store: nobody touches it until the next launch on the stream) and
+    fences (acquire, system scope: every block's stores before its arrival are visible to it); the block
+    meets again, so the acquire covers all its threads. The others do not wait for one another: a block
+    that is not last may exit. Use: a completion that only the last block performs (the EP dispatch's
+    count handshake), where a grid barrier would make every block wait for it. The fences are LLVM's
+    release / acquire fences (as count_signal's), not the ABI's full fence.
 
     Helper: ``__mori_comm_grid_last_arrival`` (``mori_shmem_my_pe``, ``mori_shmem_uint64_atomic_fetch_add_thread``,
-    ``mori_shmem_uint64_p``, ``mori_shmem_fence_thread``; with ``global-address-space`` the add and the reset
-    are LLVM's relaxed system-scope atomics on the global-space word instead, as grid_barrier's).
+    ``mori_shmem_uint64_p``; with ``global-address-space`` no ABI call: the add and the reset are LLVM's
+    relaxed system-scope atomics on the global-space word, as grid_barrier's).
     """
     return _create("grid_last_arrival", [counter], results=[ir.IntegerType.get_signless(1)], loc=loc, ip=ip).result
 

@@ -3,7 +3,9 @@
 
 The protocols (docs/ep-protocols.md, IntraNode), with who writes, who waits, the scope and the order:
 
-* dispatch: one warp per token. Lanes < K read the expert ids, drop invalid ones and duplicates per
+* dispatch: one warp per token, or, with fewer tokens than warps, up to min(K, W) warps per token, warp i
+  of n serving the destinations of rank i mod n (each destination's slot, row, metadata, count and forward
+  code still written by exactly one warp). Lanes < K read the expert ids, drop invalid ones and duplicates per
   destination PE (lowest k is the representative), reserve a slot on each destination's counter
   (``reserve_slot``: relaxed system-scope fetch-add), and record the forward map (pe * R + slot, or the
   null W * R). The warp copies the token row to every destination at once (``row_copy_to_peers``: each
@@ -44,14 +46,15 @@ from __future__ import annotations
 from mori_compiler._mlir import ir
 from mori_compiler.dialects import mori_comm, mori_shmem
 
-from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, combine_row_stride, dispatch_completion,
-                              dispatch_round, open_kernel, reduce_tokens, replay_or_reserve, reserve_on_peer,
-                              return_rows, route_token, send_row_to_peers, send_to_destinations, token_inputs,
-                              token_source, trace_point)  # fmt: skip
+from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, TokenShare, combine_row_stride,
+                              dispatch_completion, dispatch_round, open_kernel, reduce_tokens, replay_or_reserve,
+                              reserve_on_peer, return_rows, route_token, send_row_to_peers, send_to_destinations,
+                              token_inputs, token_shares, token_source, trace_point)  # fmt: skip
 
 
 def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | None = None) -> ir.Operation:
-    """``ep_dispatch_<dtype>``: one warp per token (grid-strided), then the completion handshake."""
+    """``ep_dispatch_<dtype>``: one warp per (token, share of its destinations), grid-strided, then the
+    completion handshake."""
     f = open_kernel(cfg, "dispatch", generator="ep_intranode_kernels.dispatch_kernel", block=block, before=before)
     b = f.b
     trace_point(f, "dispatch", "begin")
@@ -59,10 +62,18 @@ def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation |
     rnd = dispatch_round(f)
     n_x = b.index_cast(b.index, f.params.n)
     replay = f.present(f.params.routing)
-    with b.for_(f.gw, n_x, f.nw) as t_x:
-        recorded = lambda: b.gep(f.params.routing, b.addi(b.muli(b.index_cast(b.i32, t_x), f.K), f.lane), b.i32)  # noqa: E731
+    # Work items are (token, share): with fewer tokens than warps, several warps split a token's destinations.
+    shares = token_shares(f, f.params.n)
+    items = b.muli(n_x, b.index_cast(b.index, shares))
+    with b.for_(f.gw, items, f.nw) as item:
+        item32 = b.index_cast(b.i32, item)
+        t32 = b.divui(item32, shares)
+        t_x = b.index_cast(b.index, t32)
+        share = TokenShare(b.remui(item32, shares), shares)
+        recorded = lambda: b.gep(f.params.routing, b.addi(b.muli(t32, f.K), f.lane), b.i32)  # noqa: E731
         trace_point(f, "route", "begin")
-        route = route_token(f, t_x, inputs, reserve=replay_or_reserve(f, replay, recorded, reserve_on_peer(rnd.slot_ctr)))
+        route = route_token(f, t_x, inputs, reserve=replay_or_reserve(f, replay, recorded, reserve_on_peer(rnd.slot_ctr)),
+                            share=share)  # fmt: skip
         trace_point(f, "route", "end")
         source = token_source(f, route, inputs)
         dbase = b.const_i32(0)  # IntraNode: a destination's rows start at 0

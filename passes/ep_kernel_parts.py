@@ -20,7 +20,9 @@ later code uses, as a small named tuple):
   recorded slots (no atomics) when ``replay`` holds.
 * ``route_token(f, token, inputs, reserve=..., capacity=, count_dest=) -> Route``: one token's
   destinations (dedup per PE, slot reservation, overflow and invalid-id counts, forward map); ``reserve(f, pe) -> slot``
-  builds the reservation, ``reserve_on_peer(slot_ctr)`` is the remote one.
+  builds the reservation, ``reserve_on_peer(slot_ctr)`` is the remote one; ``share=TokenShare(i, n)``
+  routes warp i's share of the destinations when n warps serve a token (``token_shares``).
+* ``representative_ranks(f, flag32)``: per lane, the flags set below it and their total (compaction).
 * ``token_source(f, route, inputs) -> TokenSource``: the token's source row and this lane's weight.
 * ``send_row_to_peers(f, route, source, inputs, dbase)``: the row to every destination at once.
 * ``send_to_destinations(f, route, source, inputs, dbase, rows=, scales=)``: per destination the row,
@@ -417,10 +419,47 @@ def replay_or_reserve(f: KernelFrame, replay: ir.Value, recorded: Callable[[], i
     return take
 
 
+def representative_ranks(f: KernelFrame, flag32: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """For a per-lane 0/1 ``flag32`` (i32) over lanes < K: (the flags of the lanes below this one, their
+    total), both i32 (a token's destination i is the representative lane of rank i)."""
+    b = f.b
+
+    def add_lane(j, before, count):
+        j32 = b.index_cast(b.i32, j)
+        fj, _ = b.shuffle("idx", flag32, j32, f.wave)
+        below = b.select(b.cmpi("ult", j32, f.lane), fj, f.c0i)
+        return [b.addi(before, below), b.addi(count, fj)]
+
+    before, count = b.for_iter(f.c0x, f.Kx, f.c1x, [f.c0i, f.c0i], add_lane)
+    return before, count
+
+
+class TokenShare(NamedTuple):
+    """Warp ``index`` of the ``count`` warps that route one token (both i32, warp-uniform): it serves the
+    destinations whose rank among the token's representatives is ``index`` modulo ``count``."""
+
+    index: ir.Value
+    count: ir.Value
+
+
+def token_shares(f: KernelFrame, tokens: ir.Value) -> ir.Value:
+    """How many warps route each of ``tokens`` (i32) tokens: the grid's warps per token, at least 1 and
+    at most the number of destinations a token can have (min(K, W)). With fewer tokens than warps, a
+    token's destinations are split over several warps: a warp's copy time grows with its destinations
+    (up to K rows stored), and at 128 tokens on a 32 x 8 grid one warp per token left half the grid idle
+    while the warps with 8 destinations ran 4x longer than those with 2."""
+    b = f.b
+    nw32 = b.index_cast(b.i32, f.nw)
+    per_token = b.divui(nw32, b.maxui(tokens, f.c1i))
+    most = b.const_i32(min(f.cfg.top_k, f.cfg.world_size))
+    return b.minui(b.maxui(per_token, f.c1i), most)
+
+
 def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
                 reserve: Callable[[KernelFrame, ir.Value], ir.Value], capacity: ir.Value | None = None,
                 count_dest: bool = True, ids: ir.Value | None = None, fwd_row: ir.Value | None = None,
-                accept: Callable[[ir.Value], ir.Value] | None = None, count_invalid: bool = True) -> Route:  # fmt: skip
+                accept: Callable[[ir.Value], ir.Value] | None = None, count_invalid: bool = True,
+                share: "TokenShare | None" = None) -> Route:  # fmt: skip
     """Route token ``token`` (index; one warp, lanes < K hold one expert slot each): read the expert id
     (``idx``), drop invalid ids and duplicates per destination PE (the lowest k represents it), reserve
     a slot on the destination (``reserve(f, pe)`` returns it), drop and count (``status``) reservations at
@@ -431,8 +470,13 @@ def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
     get NULL and are no duplicates of anything). With ``count_invalid`` (every kernel's own tokens, once
     each; not the inter-node forwarding of records another PE routed and counted), lanes whose id is
     neither -1 nor a valid expert add 1 to the status word ``invalid_ids`` (a relaxed local atomic: the
-    host reads it after the fact, no host synchronization on the call)."""
+    host reads it after the fact, no host synchronization on the call). With ``share``, this warp is one
+    of several routing the same token: it reserves, counts and forwards only its share of the
+    destinations (``TokenShare``), writes the forward codes of those lanes (share 0 also the NULL codes
+    of invalid and duplicate lanes) and counts invalid ids only in share 0, so every output is written
+    once, as with one warp per token."""
     b, p = f.b, f.params
+    first_share = f.true if share is None else b.cmpi("eq", share.index, f.c0i)
     t = b.index_cast(b.i32, token)
     slotidx = b.addi(b.muli(t, f.K), f.lane)
     def load_id():
@@ -445,7 +489,7 @@ def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
     valid = b.andi(b.andi(nonneg, inrange), f.is_k)
     if count_invalid:
         legal = b.ori(b.andi(nonneg, inrange), b.cmpi("eq", e, b.const_i32(-1)))
-        with b.if_(b.andi(f.is_k, b.xori(legal, f.true))):
+        with b.if_(b.andi(b.andi(f.is_k, b.xori(legal, f.true)), first_share)):
             word = b.const_i32(ep_schema.STATUS_WORDS.index("invalid_ids"))
             b.atomicrmw("add", b.gep(p.status, word, b.i32), f.c1i, "monotonic")
     if accept is not None:
@@ -461,13 +505,19 @@ def route_token(f: KernelFrame, token: ir.Value, inputs: TokenInputs, *,
 
     dup = b.for_iter(f.c0x, f.Kx, f.c1x, [f.false], earlier_same)[0]
     rep = b.andi(valid, b.xori(dup, f.true))
+    writes_code = f.true
+    if share is not None:
+        rank, _ = representative_ranks(f, b.extui(b.i32, rep))
+        mine = b.cmpi("eq", b.remui(rank, share.count), share.index)
+        writes_code = b.select(rep, mine, first_share)
+        rep = b.andi(rep, mine)
     slot = b.if_else(rep, [b.i32], lambda: [reserve(f, pe)], lambda: [f.c0i])[0]
     fits = b.cmpi("ult", slot, capacity if capacity is not None else f.R)
     ok = b.andi(rep, fits)
     overflow = b.andi(rep, b.xori(fits, f.true))
     with b.if_(overflow):
         b.atomicrmw("add", p.status, f.c1i, "monotonic")
-    with b.if_(f.is_k):
+    with b.if_(b.andi(f.is_k, writes_code)):
         code = b.select(ok, b.addi(b.muli(pe, f.R), slot), f.NULL)
         b.store(code, b.gep(p.fwd, slotidx, b.i32) if fwd_row is None else b.gep(fwd_row, f.lane, b.i32))
     if count_dest:

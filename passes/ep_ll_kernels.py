@@ -62,9 +62,9 @@ from mori_compiler.dialects.builder import generated_location, new_global
 from mori_compiler.ep_schema import KERNELS, OP_FAMILIES
 
 from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, TokenInputs, combine_row_stride,
-                              dispatch_completion, dispatch_round, open_kernel, reduce_tokens, reserve_on_peer,
-                              return_rows, route_token, row_vectors, send_to_destinations, token_inputs,
-                              token_source, trace_point)  # fmt: skip
+                              dispatch_completion, dispatch_round, open_kernel, reduce_tokens,
+                              representative_ranks, reserve_on_peer, return_rows, route_token, row_vectors,
+                              send_to_destinations, token_inputs, token_source, trace_point)  # fmt: skip
 
 LL_UNROLL = 4  # 16-byte vectors each data lane loads before storing them to every destination
 
@@ -118,13 +118,7 @@ def _control_warp(f: KernelFrame, inputs: TokenInputs, slot_ctr: ir.Value, route
     source = token_source(f, r, inputs)
 
     # Compact the route: destination i of the token is the i-th representative lane.
-    def count_representatives(j, before, count):
-        j32 = b.index_cast(b.i32, j)
-        okj, _ = b.shuffle("idx", r.ok32, j32, f.wave)
-        add = b.select(b.cmpi("ult", j32, f.lane), okj, f.c0i)
-        return [b.addi(before, add), b.addi(count, okj)]
-
-    before, count = b.for_iter(f.c0x, f.Kx, f.c1x, [f.c0i, f.c0i], count_representatives)
+    before, count = representative_ranks(f, r.ok32)
     with b.if_(r.ok):
         ppe = route.pair(f, cbase1, before)
         b.store(r.pe, ppe)

@@ -96,13 +96,13 @@
 // CHECK-NEXT: %[[THERE:.*]] = "mori_shmem.ptr"(%[[MINE]], %[[PEER]]) : (!llvm.ptr, i32) -> !llvm.ptr
 // CHECK: "mori_shmem.wait_until"(%[[THERE]], %{{.*}}) {cmp = "equals", elem = "uint64"}
 // CHECK: %[[CP:.*]] = llvm.getelementptr %[[CNT]][%[[PEER]]] : (!llvm.ptr, i32) -> !llvm.ptr, i32
-// CHECK: "mori_shmem.fence"() : () -> ()
+// CHECK: llvm.fence release
 // CHECK-NEXT: "mori_shmem.p"(%[[MINE]], %{{.*}}, %[[PEER]], %{{.*}}) {c_type = "uint64"}
 // CHECK-NEXT: arith.constant 0 : i32
 // CHECK-NEXT: llvm.store %{{.*}}, %[[CP]] : i32, !llvm.ptr
 // CHECK-NEXT: %[[IN:.*]] = llvm.getelementptr %[[SIG]][%[[PEER]]] : (!llvm.ptr, i32) -> !llvm.ptr, i64
 // CHECK-NEXT: "mori_shmem.wait_until"(%[[IN]], %{{.*}}) {cmp = "greater_than", elem = "uint64"}
-// CHECK-NEXT: "mori_shmem.fence"() : () -> ()
+// CHECK-NEXT: llvm.fence acquire
 // CHECK-NEXT: "mori_shmem.p"(%[[IN]], %{{.*}}, %[[ME]], %{{.*}}) {c_type = "uint64"}
 // CHECK: gpu.shuffle  xor %{{.*}}, %{{.*}}, %[[W:.*]] : i32
 // CHECK: llvm.store %{{.*}}, %[[TOT]] : i32, !llvm.ptr

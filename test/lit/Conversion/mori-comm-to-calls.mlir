@@ -214,8 +214,9 @@ module attributes {gpu.container_module} {
 // -----
 
 // count_signal (world 8): lane p < 8 talks to PE p. Send: poll PE p's slot signals[me] (through its
-// mori_shmem.ptr address) until it is 0 (flow control), fence (release), store count + 1 there. Then the
-// local count is reset. Receive: poll our signals[p] until > 0, fence (acquire), reset it to 0; the warp
+// mori_shmem.ptr address) until it is 0 (flow control), fence (release: an LLVM system-scope fence, the peers
+// are P2P), store count + 1 there. Then the local count is reset. Receive: poll our signals[p] until > 0,
+// fence (acquire), reset it to 0; the warp
 // sums the received counts (xor shuffles over the wave) and lane 0 stores the total.
 // CHECK-LABEL: func.func @__mori_comm_count_signal_w8(
 // CHECK-SAME: %[[SIG:[^:]+]]: !llvm.ptr, %[[CNT:[^:]+]]: !llvm.ptr, %[[TOT:[^:]+]]: !llvm.ptr) {
@@ -234,13 +235,13 @@ module attributes {gpu.container_module} {
 // CHECK-NEXT: %[[C64:.*]] = arith.extui %[[C]] : i32 to i64
 // CHECK-NEXT: %[[ONE:.*]] = arith.constant 1 : i64
 // CHECK-NEXT: %[[V:.*]] = arith.addi %[[C64]], %[[ONE]] : i64
-// CHECK-NEXT: "mori_shmem.fence"() : () -> ()
+// CHECK-NEXT: llvm.fence release
 // CHECK-NEXT: "mori_shmem.p"(%[[MYSLOT]], %[[V]], %[[LANE]], %{{.*}}) {c_type = "uint64"} : (!llvm.ptr, i64, i32, i32) -> ()
 // CHECK-NEXT: %[[Z32:.*]] = arith.constant 0 : i32
 // CHECK-NEXT: llvm.store %[[Z32]], %[[CNTP]] : i32, !llvm.ptr
 // CHECK-NEXT: %[[INSLOT:.*]] = llvm.getelementptr %[[SIG]][%[[LANE]]] : (!llvm.ptr, i32) -> !llvm.ptr, i64
 // CHECK-NEXT: %[[SEEN:.*]] = "mori_shmem.wait_until"(%[[INSLOT]], %[[Z]]) {cmp = "greater_than", elem = "uint64"} : (!llvm.ptr, i64) -> i64
-// CHECK-NEXT: "mori_shmem.fence"() : () -> ()
+// CHECK-NEXT: llvm.fence acquire
 // CHECK-NEXT: "mori_shmem.p"(%[[INSLOT]], %[[Z]], %[[ME]], %{{.*}}) {c_type = "uint64"} : (!llvm.ptr, i64, i32, i32) -> ()
 // CHECK-NEXT: %[[R64:.*]] = arith.subi %[[SEEN]], %[[ONE]] : i64
 // CHECK-NEXT: %[[R:.*]] = arith.trunci %[[R64]] : i64 to i32

@@ -24,8 +24,29 @@
 // A routing handle (routing = %arg19, not null) replays recorded slots. Expert ids neither -1 nor valid
 // add 1 to status word 1 (invalid_ids; status = %arg18), a relaxed local atomic the host reads later.
 // CHECK: %[[REPLAY:.*]] = llvm.icmp "ne" %arg19, %{{.*}} : !llvm.ptr
+// With fewer tokens than warps, warps share a token: shares = min(max(warps / max(n, 1), 1), 8) (8 =
+// min(K, W)); the work items are n * shares, item i is (token i / shares, share i % shares).
+// CHECK: %[[NMAX:.*]] = arith.maxui %arg4, %{{.*}} : i32
+// CHECK-NEXT: %[[PER:.*]] = arith.divui %{{.*}}, %[[NMAX]] : i32
+// CHECK-NEXT: %[[MOST:.*]] = arith.constant 8 : i32
+// CHECK-NEXT: %[[PER1:.*]] = arith.maxui %[[PER]], %{{.*}} : i32
+// CHECK-NEXT: %[[SH:.*]] = arith.minui %[[PER1]], %[[MOST]] : i32
+// CHECK-NEXT: %[[SHX:.*]] = arith.index_cast %[[SH]] : i32 to index
+// CHECK-NEXT: %[[ITEMS:.*]] = arith.muli %{{.*}}, %[[SHX]] : index
+// CHECK-NEXT: scf.for %[[ITX:.*]] = %{{.*}} to %[[ITEMS]] step %{{.*}} {
+// CHECK-NEXT: %[[IT:.*]] = arith.index_cast %[[ITX]] : index to i32
+// CHECK-NEXT: arith.divui %[[IT]], %[[SH]] : i32
+// CHECK: %[[SHARE:.*]] = arith.remui %[[IT]], %[[SH]] : i32
 // CHECK: %[[BAD:.*]] = llvm.getelementptr %arg18[%c1_i32{{.*}}] : (!llvm.ptr, i32) -> !llvm.ptr, i32
 // CHECK-NEXT: llvm.atomicrmw add %[[BAD]], %{{.*}} monotonic : !llvm.ptr, i32
+// A warp reserves (and sends, counts, forwards) only its share: the representatives whose rank among the
+// token's representatives (shuffled in) is its share modulo shares.
+// CHECK: %[[RANK:.*]]:2 = scf.for
+// CHECK: gpu.shuffle  idx
+// CHECK: %[[RMOD:.*]] = arith.remui %[[RANK]]#0, %[[SH]] : i32
+// CHECK-NEXT: %[[MINE:.*]] = arith.cmpi eq, %[[RMOD]], %[[SHARE]] : i32
+// CHECK: %[[REP:.*]] = arith.andi %{{.*}}, %[[MINE]] : i1
+// CHECK-NEXT: scf.if %[[REP]] -> (i32) {
 // The slot: the handle's recorded code of (t, k) decoded (code % R, R = 32768; R when it names another
 // PE or is null: dropped), with no atomic; else the reservation.
 // CHECK: scf.if %[[REPLAY]] -> (i32) {

@@ -60,20 +60,19 @@
 
 // gfx942 completion of the dispatch (grid_last_arrival on this PE's own arrival word, as global memory with
 // LLVM's relaxed system-scope atomics instead of ABI calls that translate our own address): the block
-// meets; thread 0 fences (release: write back L2, wait, invalidate), then the 64-bit arrival fetch-add at
-// system scope (global_atomic_add_x2 ... sc0 sc1, no run-time private-address branch: no scratch). The last
-// arriver resets the count (system-scope store) and fences (acquire); the block meets again (the acquire
+// meets; thread 0 fences (release: write back L2 and wait, no invalidate: an LLVM release fence, not the
+// ABI's full fence), then the 64-bit arrival fetch-add at system scope (global_atomic_add_x2 ... sc0 sc1, no
+// run-time private-address branch: no scratch). The last arriver resets the count (system-scope store) and
+// fences (acquire: wait and invalidate, no write-back); the block meets again (the acquire
 // then covers its other threads); no block waits for the others (no s_sleep poll before the handshake); the
 // flag reaches warp 0 from lane 0 (v_readlane), whose last block then runs the count handshake.
 // GRID: s_barrier
 // GRID: buffer_wbl2 sc0 sc1
 // GRID-NEXT: s_waitcnt vmcnt(0)
-// GRID-NEXT: buffer_inv sc0 sc1
-// GRID-NOT: {{_store_|_atomic_|s_sleep}}
+// GRID-NOT: {{_store_|_atomic_|s_sleep|buffer_inv}}
 // GRID: global_atomic_add_x2 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, v[{{[0-9]+:[0-9]+}}], s[{{[0-9]+:[0-9]+}}] sc0 sc1
-// GRID-NOT: s_sleep
+// GRID-NOT: {{s_sleep|buffer_wbl2}}
 // GRID: global_store_dwordx2 v{{[0-9]+}}, v[{{[0-9]+:[0-9]+}}], s[{{[0-9]+:[0-9]+}}] sc0 sc1
-// GRID-NEXT: buffer_wbl2 sc0 sc1
 // GRID-NEXT: s_waitcnt vmcnt(0)
 // GRID-NEXT: buffer_inv sc0 sc1
 // GRID: v_readlane_b32 s{{[0-9]+}}, v{{[0-9]+}}, 0

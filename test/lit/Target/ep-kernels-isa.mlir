@@ -152,28 +152,28 @@
 // PTX: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
 // RUNSPTX: {{^ *}}8 ld.global.v4
 // RUNSPTX-NEXT: {{^ *}}64 st.v4
-// Completion (grid_last_arrival): bar.sync; thread 0 fences (release) and adds its u64 arrival; the last
-// arriver resets the count and fences (acquire); bar.sync (the acquire reaches the block's other threads);
+// Completion (grid_last_arrival): bar.sync; thread 0 fences (release: fence.acq_rel.sys, not the ABI's
+// fence.sc.sys) and adds its u64 arrival; the last arriver resets the count and fences (acquire); bar.sync (the acquire reaches the block's other threads);
 // nobody polls; lane 0's flag is broadcast to its warp, and warp 0 of the last block runs the handshake below.
 // PTX: bar.sync 0;
 // PTX-NOT: ld.relaxed
-// PTX: fence.sc.sys;
+// PTX: fence.acq_rel.sys;
 // PTX-NOT: {{ld|st}}.relaxed
 // PTX: atom.relaxed.sys.add.u64
 // PTX-NOT: ld.relaxed
 // PTX: st.relaxed.sys.b64 [%rd{{[0-9]+}}], 0;
 // PTX-NOT: {{ld|st|atom}}.
-// PTX: fence.sc.sys;
+// PTX: fence.acq_rel.sys;
 // PTX: bar.sync 0;
 // PTX-NEXT: shfl.sync.idx.b32 %r{{[0-9]+}}, %r{{[0-9]+}}, 0, 31, -1;
 // PTX-NOT: bar.sync
-// Count handshake: poll the peer's slot (generic address from mori_shmem.ptr) until 0, fence, send
-// count + 1; poll our slot until > 0, fence, reset it; sum the counts with 32-lane butterflies.
+// Count handshake: poll the peer's slot (generic address from mori_shmem.ptr) until 0, fence (release:
+// fence.acq_rel.sys), send count + 1; poll our slot until > 0, fence (acquire), reset it; sum the counts with 32-lane butterflies.
 // PTX: ld.relaxed.sys.b64
-// PTX: fence.sc.sys;
+// PTX: fence.acq_rel.sys;
 // PTX: st.relaxed.sys.b64
 // PTX: ld.relaxed.sys.global.b64
-// PTX: fence.sc.sys;
+// PTX: fence.acq_rel.sys;
 // PTX: st.relaxed.sys.b64 [%rd{{[0-9]+}}], 0;
 // PTX: shfl.sync.bfly.b32 {{.*}}, 16, 31, -1;
 // Pull combine: with weights, their copy then the grid barrier (the u64 arrival fetch-add between two
