@@ -175,13 +175,14 @@ def device_barrier(slots, epochs, *, world_size: int, max_blocks: int, loc=None,
     not read it.
 
     Who: every thread of the block (the block meets with gpu.barrier before and after). Order: each
-    thread reads e0 = epochs[b]; thread 0 stores e = e0 + 1 back. Threads p < W: ``fence`` (release:
+    thread reads e0 = epochs[b]; thread 0 stores e = e0 + 1 back. Threads p < W: fence (release:
     everything this PE's block wrote before the barrier), store e into ``slots[b][me]`` on PE p (relaxed,
-    system scope), poll our ``slots[b][p]`` until it is >= e, ``fence`` (acquire). Epochs only grow and
-    live on the device: graph replay is correct and nothing is reset.
+    system scope), poll our ``slots[b][p]`` until it is >= e, fence (acquire). Epochs only grow and
+    live on the device: graph replay is correct and nothing is reset. The fences are LLVM's system-scope
+    release / acquire fences, as count_signal's (P2P peers; not for peers behind a network transport).
 
-    Helper: ``__mori_comm_device_barrier_w{W}`` (``mori_shmem_my_pe``, ``mori_shmem_fence_thread``,
-    ``mori_shmem_uint64_p``, ``mori_shmem_uint64_wait_until_greater_than``).
+    Helper: ``__mori_comm_device_barrier_w{W}`` (``mori_shmem_my_pe``, ``mori_shmem_uint64_p``,
+    ``mori_shmem_uint64_wait_until_greater_than``).
     """
     attrs = {"world_size": _i64(world_size), "max_blocks": _i64(max_blocks)}
     return _create("device_barrier", [slots, epochs], attrs, loc=loc, ip=ip)

@@ -442,7 +442,8 @@ def device_barrier(symbol: str, world: int, group: int | None = None) -> Helper:
     # barrier), relaxed system-scope store of e into slots[b][me] on PE p; poll our slots[b][p] until
     # >= e; fence (acquire). The block meets. Epochs only grow and are kept on the device, so graph
     # replay is correct and no reset is needed. The op's max_blocks sizes the slot arrays; blocks beyond
-    # it are a launch error (host check).
+    # it are a launch error (host check). The fences are system-scope release / acquire (P2P peers), as
+    # count_signal's.
     @_function(symbol, "ptr ptr")
     def helper(b, slots, epochs):
         qp = b.const_i32(0)
@@ -464,11 +465,11 @@ def device_barrier(symbol: str, world: int, group: int | None = None) -> Helper:
             p64 = b.extui(b.i64, peer)
             row = b.muli(block, world64)
             outslot = b.gep(slots, b.addi(row, me64), b.i64)
-            mori_shmem.fence(**b.at())  # release
+            b.fence("release")
             mori_shmem.p(outslot, e, peer, c_type="uint64", qp=qp, **b.at())
             inslot = b.gep(slots, b.addi(row, p64), b.i64)
             mori_shmem.wait_until(inslot, b.subi(e, one), cmp="greater_than", elem="uint64", **b.at())
-            mori_shmem.fence(**b.at())  # acquire
+            b.fence("acquire")
         b.barrier()
         b.return_()
 

@@ -70,10 +70,10 @@
 // CHECK-NEXT: %[[B:.*]] = arith.muli %[[N]], %[[G]] : i32
 // CHECK-NEXT: %[[PEER:.*]] = arith.addi %[[B]], %[[TID]] : i32
 // CHECK: %[[ROW:.*]] = arith.muli %{{.*}}, %[[W8]] : i64
-// CHECK: "mori_shmem.fence"() : () -> ()
+// CHECK: llvm.fence release
 // CHECK-NEXT: "mori_shmem.p"(%{{.*}}, %{{.*}}, %[[PEER]], %{{.*}}) {c_type = "uint64"}
 // CHECK: "mori_shmem.wait_until"(%{{.*}}, %{{.*}}) {cmp = "greater_than", elem = "uint64"}
-// CHECK-NEXT: "mori_shmem.fence"() : () -> ()
+// CHECK-NEXT: llvm.fence acquire
 // CHECK-NEXT: }
 // CHECK-NEXT: gpu.barrier
 // CHECK-NEXT: return

@@ -354,13 +354,13 @@ module attributes {gpu.container_module} {
 // CHECK-NEXT: %[[ROW:.*]] = arith.muli %[[B]], %[[W64]] : i64
 // CHECK-NEXT: %[[MINE:.*]] = arith.addi %[[ROW]], %[[ME64]] : i64
 // CHECK-NEXT: %[[OUT:.*]] = llvm.getelementptr %[[SLOTS]][%[[MINE]]] : (!llvm.ptr, i64) -> !llvm.ptr, i64
-// CHECK-NEXT: "mori_shmem.fence"() : () -> ()
+// CHECK-NEXT: llvm.fence release
 // CHECK-NEXT: "mori_shmem.p"(%[[OUT]], %[[E]], %[[TID]], %[[QP]]) {c_type = "uint64"} : (!llvm.ptr, i64, i32, i32) -> ()
 // CHECK-NEXT: %[[THEIRS:.*]] = arith.addi %[[ROW]], %[[P64]] : i64
 // CHECK-NEXT: %[[IN:.*]] = llvm.getelementptr %[[SLOTS]][%[[THEIRS]]] : (!llvm.ptr, i64) -> !llvm.ptr, i64
 // CHECK-NEXT: %[[BELOW:.*]] = arith.subi %[[E]], %[[ONE]] : i64
 // CHECK-NEXT: %{{.*}} = "mori_shmem.wait_until"(%[[IN]], %[[BELOW]]) {cmp = "greater_than", elem = "uint64"} : (!llvm.ptr, i64) -> i64
-// CHECK-NEXT: "mori_shmem.fence"() : () -> ()
+// CHECK-NEXT: llvm.fence acquire
 // CHECK-NEXT: }
 // CHECK-NEXT: gpu.barrier
 // CHECK-NEXT: return

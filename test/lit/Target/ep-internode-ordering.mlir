@@ -7,7 +7,7 @@
 // then every lane's release fence and lane 0's release store of the round-tagged signal, with no store
 // between them. Receive-and-forward: the chunk signal polled with system-scope loads and a back-off, an
 // acquire fence, and only then the slot reservation on the node peer (a system-scope fetch-add).
-// Combine: the node barrier (release fence, epoch stores, polls, acquire); a record counted done only
+// Combine: the node barrier (release fence, epoch stores, polls, acquire fence: fence.acq_rel.sys); a record counted done only
 // after a release fence, and the chunk's partials sent after an acquire fence; the hierarchical sum reads
 // the received partials only after the chunk wait and an acquire fence.
 
@@ -38,10 +38,10 @@
 // PTX: ret;
 // PTX-LABEL: .entry ep_inter_combine_bf16(
 // PTX: bar.sync 0;
-// PTX: fence.sc.sys;
+// PTX: fence.acq_rel.sys;
 // PTX: st.relaxed.sys.b64
 // PTX: ld.relaxed.sys.global.b64
-// PTX: fence.sc.sys;
+// PTX: fence.acq_rel.sys;
 // PTX: bar.sync 0;
 // PTX: fence.sc.sys;
 // PTX: atom.global.add.u32

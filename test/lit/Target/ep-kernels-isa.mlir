@@ -153,8 +153,8 @@
 // RUNSPTX: {{^ *}}8 ld.global.v4
 // RUNSPTX-NEXT: {{^ *}}64 st.v4
 // Completion (grid_last_arrival): bar.sync; thread 0 fences (release: fence.acq_rel.sys, not the ABI's
-// fence.sc.sys) and adds its u64 arrival; the last arriver resets the count and fences (acquire); bar.sync (the acquire reaches the block's other threads);
-// nobody polls; lane 0's flag is broadcast to its warp, and warp 0 of the last block runs the handshake below.
+// fence.sc.sys) and adds its u64 arrival; the last arriver resets the count and fences (acquire); bar.sync
+// (the acquire reaches the block's other threads); nobody polls; lane 0's flag is broadcast to its warp, and warp 0 of the last block runs the handshake below.
 // PTX: bar.sync 0;
 // PTX-NOT: ld.relaxed
 // PTX: fence.acq_rel.sys;
@@ -178,7 +178,8 @@
 // PTX: shfl.sync.bfly.b32 {{.*}}, 16, 31, -1;
 // Pull combine: with weights, their copy then the grid barrier (the u64 arrival fetch-add between two
 // system-scope fences), so that every block's weight stores are released before any block meets the
-// peers; then the device barrier (fence, relaxed store to each peer, relaxed poll, fence, bar.sync), then
+// peers (ABI fences: fence.sc.sys); then the device barrier (release fence.acq_rel.sys, relaxed store to
+// each peer, relaxed poll, acquire fence.acq_rel.sys, bar.sync), then
 // the accumulate loop issues its K = 8 loads of 16 bytes (generic: the peers' rows) before the first
 // f32 operation, and stores 16-byte vectors.
 // PTX-LABEL: .visible .entry ep_combine_pull_bf16(
@@ -188,10 +189,10 @@
 // PTX: atom.relaxed.sys.add.u64
 // PTX: fence.sc.sys;
 // PTX: bar.sync 0;
-// PTX: fence.sc.sys;
+// PTX: fence.acq_rel.sys;
 // PTX: st.relaxed.sys.b64
 // PTX: ld.relaxed.sys.global.b64
-// PTX: fence.sc.sys;
+// PTX: fence.acq_rel.sys;
 // PTX: bar.sync 0;
 // PTX: ld.v4.b32 {{.*}}, [%rd{{[0-9]+}}];
 // PTX-NOT: {{\.f32}}
