@@ -7,6 +7,7 @@
 // RUN: sed -e 's/wave_size = 64/wave_size = 32/' %s | mori-compile - --target=sm_90 --emit=ptx -o - > %t.sm_90.ptx
 // RUN: FileCheck %s --check-prefix=PTX --input-file=%t.sm_90.ptx
 // RUN: awk '/^.visible .entry ep_dispatch_bf16/,/^}/' %t.sm_90.ptx | grep -oE 'ld\.global\.v4|st\.v4' | uniq -c | FileCheck %s --check-prefix=RUNSPTX
+// RUN: awk '/^.visible .entry ep_dispatch_bf16/,/^}/' %t.sm_90.ptx | grep -c 'shfl.sync.bfly' | FileCheck %s --check-prefix=BFLY
 
 // Code-quality pins of the IntraNode EP kernels (world 8, hidden 7168 bf16 = 14336-byte rows, top-k 8,
 // 32 experts per rank): the default bf16 bundle for gfx942 (wave64) and, with wave_size rewritten to 32,
@@ -152,6 +153,9 @@
 // PTX: st.v4.b32 [%rd{{[0-9]+}}{{(\+-?[0-9]+)?}}], {{.*}};
 // RUNSPTX: {{^ *}}8 ld.global.v4
 // RUNSPTX-NEXT: {{^ *}}64 st.v4
+// The handshake's warp sum exists once (its 5 butterflies): LLVM must not duplicate the handshake per
+// lane group (a lane-0 branch before it did; shuffles in two copies can deadlock on sm_90).
+// BFLY: {{^}}5{{$}}
 // Completion (grid_last_arrival): bar.sync; thread 0 fences (release: fence.acq_rel.sys, not the ABI's
 // fence.sc.sys) and adds its u64 arrival; the last arriver resets the count and fences (acquire); bar.sync
 // (the acquire reaches the block's other threads); nobody polls; lane 0's flag is broadcast to its warp, and warp 0 of the last block runs the handshake below.
