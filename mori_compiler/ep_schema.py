@@ -339,8 +339,7 @@ BUFFERS: tuple[Buffer, ...] = (
     # IntraNode / IntraNodeLL and the inter-node types: the count handshake, the grid and device barriers.
     Buffer("slot_ctrs", lambda s: 16, True, _HANDSHAKE, "slot counters, double-buffered by round parity"),
     Buffer("signals", lambda s: 8 * s.world_size, True, _HANDSHAKE, "count-handshake slots [W] u64"),
-    Buffer("dispatch_grid", lambda s: 16, True, _HANDSHAKE,
-           "dispatch grid words (u64): arrivals; generation (grid barrier) or work counter (IntraNode)"),
+    Buffer("dispatch_grid", lambda s: 16, True, _HANDSHAKE, "dispatch grid barrier words"),
     Buffer("round_ctr", lambda s: 16, True, _HANDSHAKE, "dispatch round (u64, advanced on the device)"),
     Buffer("dest_ctr", lambda s: 4 * s.world_size, True, _HANDSHAKE, "tokens sent to each PE this round"),
     Buffer("reg_w", lambda s: s.recv_capacity * s.top_k * 4, False, _HANDSHAKE, "registered combine weights"),

@@ -49,25 +49,24 @@ from mori_compiler.dialects import mori_comm, mori_shmem
 from .ep_kernel_parts import (EpKernelConfig, ForwardEntry, KernelFrame, TokenShare, combine_row_stride,
                               dispatch_completion, dispatch_round, open_kernel, reduce_tokens, replay_or_reserve,
                               reserve_on_peer, return_rows, route_token, send_row_to_peers, send_to_destinations,
-                              fetch_items, token_inputs, token_shares, token_source, trace_point,
-                              work_counter)  # fmt: skip
+                              token_inputs, token_shares, token_source, trace_point)  # fmt: skip
 
 
 def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation | None = None) -> ir.Operation:
-    """``ep_dispatch_<dtype>``: one warp per (token, share of its destinations), the first item of each warp
-    its own index and the next ones fetched from the work counter, then the completion handshake."""
+    """``ep_dispatch_<dtype>``: one warp per (token, share of its destinations), grid-strided, then the
+    completion handshake."""
     f = open_kernel(cfg, "dispatch", generator="ep_intranode_kernels.dispatch_kernel", block=block, before=before)
     b = f.b
     trace_point(f, "dispatch", "begin")
     inputs = token_inputs(f)
     rnd = dispatch_round(f)
+    n_x = b.index_cast(b.index, f.params.n)
     replay = f.present(f.params.routing)
     # Work items are (token, share): with fewer tokens than warps, several warps split a token's destinations.
     shares = token_shares(f, f.params.n)
-    items = b.muli(f.params.n, shares)
-    work = work_counter(f)
-
-    def item_step(item32: ir.Value) -> None:
+    items = b.muli(n_x, b.index_cast(b.index, shares))
+    with b.for_(f.gw, items, f.nw) as item:
+        item32 = b.index_cast(b.i32, item)
         t32 = b.divui(item32, shares)
         t_x = b.index_cast(b.index, t32)
         share = TokenShare(b.remui(item32, shares), shares)
@@ -82,9 +81,7 @@ def dispatch_kernel(cfg: EpKernelConfig, block: ir.Block, before: ir.Operation |
         trace_point(f, "copy", "end")
         send_to_destinations(f, route, source, inputs, dbase, rows=False)
         trace_point(f, "meta", "end")
-
-    fetch_items(f, items, work, item_step)
-    dispatch_completion(f, rnd, work=work)
+    dispatch_completion(f, rnd)
     trace_point(f, "dispatch", "end")
     b.gpu_return()
     return f.func

@@ -25,23 +25,16 @@
 // add 1 to status word 1 (invalid_ids; status = %arg18), a relaxed local atomic the host reads later.
 // CHECK: %[[REPLAY:.*]] = llvm.icmp "ne" %arg19, %{{.*}} : !llvm.ptr
 // With fewer tokens than warps, warps share a token: shares = min(max(warps / max(n, 1), 1), 8) (8 =
-// min(K, W)); the work items are n * shares, item i is (token i / shares, share i % shares). A warp's first
-// item is its own index; lane 0 fetches the next one (warps + k, k from a relaxed fetch-add on word 1 of
-// grid_ctr = %arg13) before the item's work, and the warp loops while its item is below n * shares.
+// min(K, W)); the work items are n * shares, item i is (token i / shares, share i % shares).
 // CHECK: %[[NMAX:.*]] = arith.maxui %arg4, %{{.*}} : i32
 // CHECK-NEXT: %[[PER:.*]] = arith.divui %{{.*}}, %[[NMAX]] : i32
 // CHECK-NEXT: %[[MOST:.*]] = arith.constant 8 : i32
 // CHECK-NEXT: %[[PER1:.*]] = arith.maxui %[[PER]], %{{.*}} : i32
 // CHECK-NEXT: %[[SH:.*]] = arith.minui %[[PER1]], %[[MOST]] : i32
-// CHECK-NEXT: %[[ITEMS:.*]] = arith.muli %arg4, %[[SH]] : i32
-// CHECK-NEXT: %[[WORK:.*]] = llvm.getelementptr %arg13[1] : (!llvm.ptr) -> !llvm.ptr, i64
-// CHECK: scf.while (%[[IT0:.*]] = %{{.*}}) : (i32) -> i32 {
-// CHECK-NEXT: %[[MORE:.*]] = arith.cmpi ult, %[[IT0]], %[[ITEMS]] : i32
-// CHECK-NEXT: scf.condition(%[[MORE]]) %[[IT0]] : i32
-// CHECK: ^bb0(%[[IT:.*]]: i32):
-// CHECK: llvm.atomicrmw add %[[WORK]], %{{.*}} monotonic : !llvm.ptr, i64
-// CHECK: gpu.shuffle  idx
-// CHECK-NEXT: arith.addi
+// CHECK-NEXT: %[[SHX:.*]] = arith.index_cast %[[SH]] : i32 to index
+// CHECK-NEXT: %[[ITEMS:.*]] = arith.muli %{{.*}}, %[[SHX]] : index
+// CHECK-NEXT: scf.for %[[ITX:.*]] = %{{.*}} to %[[ITEMS]] step %{{.*}} {
+// CHECK-NEXT: %[[IT:.*]] = arith.index_cast %[[ITX]] : index to i32
 // CHECK-NEXT: arith.divui %[[IT]], %[[SH]] : i32
 // CHECK: %[[SHARE:.*]] = arith.remui %[[IT]], %[[SH]] : i32
 // CHECK: %[[BAD:.*]] = llvm.getelementptr %arg18[%c1_i32{{.*}}] : (!llvm.ptr, i32) -> !llvm.ptr, i32
@@ -71,10 +64,6 @@
 // CHECK-NEXT: scf.if %[[LAST]] {
 // CHECK: "mori_comm.count_signal"(%arg12, %arg16, %arg17) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
 // CHECK: llvm.store %{{.*}}, %arg14 : i64, !llvm.ptr
-// Lane 0 of the last block also resets the work counter (after the handshake: every fetch came before
-// its block's arrival).
-// CHECK-NEXT: %[[Z:.*]] = arith.constant 0 : i64
-// CHECK-NEXT: llvm.store %[[Z]], %[[WORK]] atomic monotonic {alignment = 8 : i64} : i64, !llvm.ptr
 // CHECK: gpu.return
 // Pull: (the weights' grid barrier,) the PEs meet (device barrier), then each token sums its K = 8 rows read from the peers'
 // registered buffers (mori_shmem.ptr addresses) with one accumulate_rows per (token, row slice).

@@ -11,7 +11,7 @@
 // one (sm_90 %globaltimer, CDNA s_memrealtime, gfx12 s_sendmsg_rtn_b64 REALTIME), the trace-buffer address
 // a global the runtime writes (exported: never internalized), the store a plain 8-byte store by lane 0.
 // Without --trace there is no trace code at all. The trace code never branches on the lane: the kernel keeps
-// exactly its 2 block barriers and 55 warp shuffles (a lane-0 branch once let LLVM duplicate the code after it
+// exactly its 2 block barriers and 54 warp shuffles (a lane-0 branch once let LLVM duplicate the code after it
 // per lane group, and the copies' shuffles deadlocked on sm_90).
 
 // GFX9-LABEL: ep_dispatch_bf16:
@@ -37,7 +37,7 @@
 // PTX-NOT: bar.sync
 
 // SHFL-LABEL: .entry ep_dispatch_bf16(
-// SHFL-COUNT-55: shfl.sync
+// SHFL-COUNT-54: shfl.sync
 // SHFL-NOT: shfl.sync
 
 // OFF-LABEL: .entry ep_dispatch_bf16(
