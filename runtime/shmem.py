@@ -12,6 +12,10 @@ per PE), and a symmetric object lives at the same offset in every PE's heap. Two
   GPU, for testing multi-PE kernels on a single GPU. ``shmem_malloc`` returns PE 0's address of the object
   (the symmetric handle); ``shmem_ptr_p2p(ptr, 0, p)`` gives PE p's copy; ``shmem_mype()`` is 0.
 
+Code objects loaded by someone else (Triton, FlyDSL, a HIP or CUDA module of the caller's) that link the
+project's device library get their device state from ``shmem_module_init(module)``, as MORI's do; the
+runtime's own ``KernelSet`` fills its bundles itself.
+
 ``shmem_malloc`` / ``shmem_free`` are collective in multi-process mode: every PE must call them, in the same
 order, with the same sizes and alignments; a mismatch raises on every PE (MORI would corrupt memory
 silently). ``shmem_buffer_register`` only records a buffer: registered buffers are not symmetric and cannot
@@ -35,8 +39,11 @@ import os
 import re
 import threading
 
+from mori_compiler.ep_schema import MAX_QP_PER_PE
+from mori_compiler.lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
+
 from . import shmem_tensors
-from .driver import Driver, default_driver, torch_cuda
+from .driver import Driver, DriverError, Module, canonical_backend, default_driver, torch_cuda
 from .heap_allocator import heap_size_from_env
 from .shmem_comm import UNIQUE_ID_BYTES, TorchComm, new_unique_id, resolve_process_group, torch_distributed
 from .shmem_errors import ShmemError, ShmemOutOfMemoryError, ShmemStateError
@@ -48,18 +55,22 @@ __all__ = [
     "current_state", "device_state_bytes", "heap_size_from_env", "mori_shmem_create_tensor", "read_wait_report",
     "reset_wait_report", "shmem_barrier_all", "shmem_buffer_deregister", "shmem_buffer_register",
     "shmem_finalize", "shmem_free", "shmem_get_unique_id", "shmem_init_attr", "shmem_init_comm",
-    "shmem_init_from_env", "shmem_init_virtual", "shmem_malloc", "shmem_malloc_align", "shmem_mype",
-    "shmem_npes", "shmem_ptr_p2p", "shmem_tensor", "shmem_torch_process_group_init", "state",
+    "shmem_init_from_env", "shmem_init_virtual", "shmem_malloc", "shmem_malloc_align", "shmem_module_init",
+    "shmem_mype", "shmem_npes", "shmem_num_qp_per_pe", "shmem_ptr_p2p", "shmem_tensor",
+    "shmem_torch_process_group_init", "state",
 ]  # fmt: skip
 
 MORI_SHMEM_INIT_WITH_UNIQUEID = 1
 MORI_SHMEM_INIT_WITH_MPI_COMM = 0
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+NUM_QP_ENV = "MORI_NUM_QP_PER_PE"
+DEFAULT_NUM_QP_PER_PE = 4  # MORI's default in code (its guide says 1)
 
 # ---- the process-global state ------------------------------------------------------------------------
 
 _STATE: ShmemState | None = None
 _STATE_LOCK = threading.RLock()
+_NUM_QP_PER_PE = DEFAULT_NUM_QP_PER_PE  # read from MORI_NUM_QP_PER_PE at each init, as MORI reads it
 
 
 def current_state() -> ShmemState | None:
@@ -77,12 +88,28 @@ def state() -> ShmemState:
 
 
 def _install(make) -> None:
-    global _STATE
+    global _STATE, _NUM_QP_PER_PE
     with _STATE_LOCK:
         if _STATE is not None:
             raise ShmemStateError(f"shmem is already initialized ({_STATE.mode}, {_STATE.n_pes} PEs): call "
                                   f"shmem_finalize() before initializing again")  # fmt: skip
+        qp = num_qp_from_env()
         _STATE = make()
+        _NUM_QP_PER_PE = qp
+
+
+def num_qp_from_env() -> int:
+    """``MORI_NUM_QP_PER_PE`` (default 4, MORI's), in [1, MAX_QP_PER_PE]; a bad value is an error."""
+    text = os.environ.get(NUM_QP_ENV, "").strip()
+    if not text:
+        return DEFAULT_NUM_QP_PER_PE
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise ShmemError(f"{NUM_QP_ENV}={text!r}: expected an integer in [1, {MAX_QP_PER_PE}]") from None
+    if not 1 <= value <= MAX_QP_PER_PE:
+        raise ShmemError(f"{NUM_QP_ENV}={value}: must be in [1, {MAX_QP_PER_PE}]")
+    return value
 
 
 def _device_index(device) -> int | None:
@@ -239,18 +266,43 @@ def shmem_free(ptr: int) -> None:
     state().free(ptr)
 
 
-def shmem_buffer_register(ptr: int, size: int) -> None:
+def shmem_buffer_register(ptr: int, size: int) -> int:
     """Record a non-heap buffer (MORI registers it for RDMA). Registered buffers are not symmetric: the
-    address-based device API (put/get/ptr_p2p) works only on heap addresses."""
+    address-based device API (put/get/ptr_p2p) works only on heap addresses. Returns 0."""
     state().buffer_register(ptr, size)
+    return 0
 
 
-def shmem_buffer_deregister(ptr: int) -> None:
-    state().buffer_deregister(ptr)
+_NO_SIZE = object()
 
 
-def shmem_ptr_p2p(ptr: int, my_pe: int, dest_pe: int) -> int:
-    return state().ptr_p2p(ptr, my_pe, dest_pe)
+def shmem_buffer_deregister(ptr: int, size: int = _NO_SIZE) -> int:
+    """Forget the buffer registered at ``ptr``; ``size`` must be the size it was registered with (MORI's
+    signature: both are required). Returns 0."""
+    s = state()
+    ptr = int(ptr)
+    registered = s.registered.get(ptr)
+    if size is _NO_SIZE:
+        hint = f" ({registered} for the buffer at 0x{ptr:x})" if registered is not None else ""
+        raise ShmemError(f"shmem_buffer_deregister(ptr, size): size is required, as in MORI; pass the size the "
+                         f"buffer was registered with{hint}")  # fmt: skip
+    if registered is not None and (isinstance(size, bool) or not isinstance(size, int) or size != registered):
+        raise ShmemError(f"shmem_buffer_deregister(0x{ptr:x}, {size!r}): the buffer was registered with "
+                         f"{registered} bytes; pass that size")  # fmt: skip
+    s.buffer_deregister(ptr)
+    return 0
+
+
+def shmem_ptr_p2p(dest_ptr: int, my_pe: int, dest_pe: int) -> int:
+    return state().ptr_p2p(dest_ptr, my_pe, dest_pe)
+
+
+def shmem_num_qp_per_pe() -> int:
+    """Queue pairs per peer, as MORI reports them: ``MORI_NUM_QP_PER_PE`` at init (default 4). The project
+    reaches peers over P2P and creates no queue pairs; the number is what an inter-node EP config may ask
+    for (``num_qp_per_pe``) on MORI's own transport."""
+    state()
+    return _NUM_QP_PER_PE
 
 
 def shmem_barrier_all() -> None:
@@ -259,6 +311,79 @@ def shmem_barrier_all() -> None:
 
 
 # ---- the device state --------------------------------------------------------------------------------
+
+_NOT_FOUND = ("CUDA_ERROR_NOT_FOUND", "hipErrorNotFound")
+
+
+def _foreign_module(drv: Driver, module) -> Module:
+    """A ``Module`` over a module handle someone else loaded: our own Module as it is, else a raw handle
+    (an int, or a binding handle convertible with int(): Triton's ``kernel.module``, FlyDSL's and HIP's
+    ``hipModule_t``, cuda-bindings' ``CUmodule``). It is never unloaded here: its loader owns it."""
+    if isinstance(module, Module):
+        return module
+    if module is None or isinstance(module, (bool, float, str, bytes)):
+        raise ShmemError(f"shmem_module_init: expected a loaded module (a module handle as an int, as Triton's "
+                         f"kernel.module, or a hipModule_t / CUmodule), got {module!r}")  # fmt: skip
+    try:
+        handle = int(module)
+    except (TypeError, ValueError):
+        raise ShmemError(f"shmem_module_init: cannot read a module handle from {type(module).__name__} (expected an "
+                         f"int, a hipModule_t / CUmodule, or a mori_compiler runtime Module)") from None  # fmt: skip
+    if handle <= 0:
+        raise ShmemError(f"shmem_module_init: module handle {handle} is not a loaded module")
+    backend = canonical_backend(drv.backend)
+    if backend == "nvvm":
+        from .cuda import CudaModule as module_class
+    else:
+        from .hip import HipModule as module_class
+    if not hasattr(drv, "_call"):
+        raise ShmemError(f"shmem_module_init: the {drv.backend} driver of this shmem cannot look up globals of a "
+                         f"raw module handle; pass a mori_compiler runtime Module")  # fmt: skip
+    return module_class(drv, handle)
+
+
+def _state_global(mod: Module, symbol: str) -> tuple[int, int] | None:
+    try:
+        return mod.global_address(symbol)
+    except DriverError as exc:
+        if exc.error_name in _NOT_FOUND:
+            return None
+        raise
+
+
+def shmem_module_init(hip_module, *, wait_limit: int = 0) -> int:
+    """Fill the device state of a code object that someone else loaded (MORI's ``shmem_module_init``):
+    Triton's ``kernel.module``, a FlyDSL or HIP ``hipModule_t``, a CUDA ``CUmodule``, or a runtime ``Module``.
+    Call it after shmem init, once per loaded module (the copy is a snapshot, so again after a re-init).
+    Returns 0 when the module's ``mori_compiler_shmem_state`` was written, and -1, as MORI does, when the
+    module has no shmem state at all (a kernel that calls no shmem function: Triton's hook calls it for
+    every kernel). A module linked with MORI's own bitcode (``_ZN4mori5shmem15globalGpuStatesE``) needs
+    MORI's runtime and is refused, as are virtual PEs (their kernels are launched by ``KernelSet``).
+    ``wait_limit``: the bounded-wait poll count written into the state (0: wait forever)."""
+    s = state()
+    if s.virtual:
+        raise ShmemStateError(f"shmem_module_init: shmem runs {s.n_pes} virtual PEs in this process, whose kernels "
+                              f"need per-PE arguments (compile with virtual_pes=True and launch with KernelSet); a "
+                              f"module loaded elsewhere runs with multi-process shmem (one PE per process)")  # fmt: skip
+    data = s.device_state_bytes(wait_limit)
+    mod = _foreign_module(s.driver, hip_module)
+    found = _state_global(mod, STATE_SYMBOL)
+    if found is None:
+        from mori_compiler.lib_bitcode.abi import MORI_STATE_SYMBOL
+
+        if _state_global(mod, MORI_STATE_SYMBOL) is not None:
+            raise ShmemStateError(f"shmem_module_init: the module holds MORI's device state ({MORI_STATE_SYMBOL}): "
+                                  f"it was linked with MORI's libmori_shmem_device.bc, whose state only MORI's "
+                                  f"runtime can fill; link the project's library (mori.ir.find_bitcode() without "
+                                  f"MORI_SHMEM_BC) or run it with MORI")  # fmt: skip
+        return -1
+    ptr, size = found
+    if size < STATE_SIZE:
+        raise ShmemStateError(f"shmem_module_init: {STATE_SYMBOL} in the module has {size} bytes; the runtime "
+                              f"writes {STATE_SIZE} (the module's device library and this runtime disagree)")  # fmt: skip
+    s.driver.memcpy_htod(ptr, data)
+    return 0
+
 
 
 def device_state_bytes(wait_limit: int = 0) -> bytes:
