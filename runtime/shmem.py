@@ -58,6 +58,8 @@ __all__ = [
     "shmem_init_from_env", "shmem_init_virtual", "shmem_malloc", "shmem_malloc_align", "shmem_module_init",
     "shmem_mype", "shmem_npes", "shmem_num_qp_per_pe", "shmem_ptr_p2p", "shmem_tensor",
     "shmem_torch_process_group_init", "state",
+    "MoriShmemBuffer", "mori_shmem_create_tensor_list_intra_node", "mori_shmem_free_tensor", "shmem_barrier_on_stream",
+    "shmem_ext_malloc_with_flags", "shmem_mpi_init", "symm_mori_shmem_tensor",
 ]  # fmt: skip
 
 MORI_SHMEM_INIT_WITH_UNIQUEID = 1
@@ -224,6 +226,13 @@ def shmem_init_comm(comm, *, heap_size: int | None = None, driver: Driver | None
     return 0
 
 
+def shmem_mpi_init() -> int:
+    """MORI's MPI init: not offered (no MPI here). Refused with what to use instead."""
+    raise NotImplementedError("shmem_mpi_init: mori_compiler has no MPI bootstrap; use "
+                              "shmem_torch_process_group_init(name), shmem_init_attr(flags, rank, nranks, uid) or "
+                              "shmem_init_from_env() under torchrun")  # fmt: skip
+
+
 def shmem_get_unique_id() -> bytes:
     """128 bytes: a random token and this host's name. Used only as a rendezvous key (checked equal on
     every PE by shmem_init_attr)."""
@@ -260,6 +269,15 @@ def shmem_malloc(size: int) -> int:
 
 def shmem_malloc_align(alignment: int, size: int) -> int:
     return state().malloc(size, alignment)
+
+
+def shmem_ext_malloc_with_flags(size: int, flags: int) -> int:
+    """MORI's allocation with flags. Only ``flags == 0`` (a plain ``shmem_malloc``) is offered: the heap is
+    one device allocation, so there is no per-object memory kind to choose."""
+    if isinstance(flags, bool) or not isinstance(flags, int) or flags != 0:
+        raise NotImplementedError(f"shmem_ext_malloc_with_flags(size, flags={flags!r}): only flags=0 is offered "
+                                  f"(the symmetric heap is one device allocation, with no per-object memory kind)")  # fmt: skip
+    return shmem_malloc(size)
 
 
 def shmem_free(ptr: int) -> None:
@@ -308,6 +326,14 @@ def shmem_num_qp_per_pe() -> int:
 def shmem_barrier_all() -> None:
     """Host barrier: synchronize the device, then (multi-process) a torch.distributed barrier."""
     state().barrier_all()
+
+
+def shmem_barrier_on_stream(stream=None) -> None:
+    """MORI's device-side barrier kernel on a stream: not offered (the runtime ships no kernel of its own).
+    Refused with what to use instead."""
+    raise NotImplementedError("shmem_barrier_on_stream: the runtime has no barrier kernel of its own to enqueue; "
+                              "call shmem_barrier_all() (host: device sync + barrier) or a barrier inside your "
+                              "kernel (mori_shmem barrier_all, MORI_DEVICE_FUNCTIONS' shmem barrier)")  # fmt: skip
 
 
 # ---- the device state --------------------------------------------------------------------------------
@@ -412,3 +438,31 @@ def shmem_tensor(ptr: int, shape, dtype, pe: int | None = None):
     """A torch tensor view of the symmetric object at ``ptr`` (this PE's address) on PE ``pe`` (default
     mine; virtual mode: any PE; multi-process: a peer's heap through its IPC mapping)."""
     return shmem_tensors.symmetric_tensor_view(state(), ptr, shape, dtype, pe)
+
+
+# MORI's mori.shmem.tensor_utils names, over the views above.
+
+
+class MoriShmemBuffer:
+    """``nbytes`` bytes of device memory at ``ptr`` as a CUDA array (what torch.as_tensor takes), as MORI's."""
+
+    def __init__(self, ptr: int, nbytes: int, dtype):
+        self.ptr, self.nbytes, self.dtype = int(ptr), int(nbytes), dtype
+        self.__cuda_array_interface__ = {"data": (self.ptr, False), "shape": (self.nbytes,), "typestr": "<u1",
+                                         "strides": None, "version": 3}  # fmt: skip
+
+
+def symm_mori_shmem_tensor(tensor, peer: int):
+    """PE ``peer``'s copy of the symmetric tensor ``tensor`` (this PE's view of it)."""
+    return shmem_tensor(tensor.data_ptr(), tuple(tensor.shape), tensor.dtype, pe=peer)
+
+
+def mori_shmem_free_tensor(tensor) -> None:
+    """Free the symmetric allocation behind ``tensor`` (from mori_shmem_create_tensor)."""
+    shmem_free(tensor.data_ptr())
+
+
+def mori_shmem_create_tensor_list_intra_node(shape, dtype, num_ranks: int):
+    """A fresh symmetric tensor and its view on each of PEs 0 .. num_ranks-1."""
+    tensor = mori_shmem_create_tensor(shape, dtype)
+    return [symm_mori_shmem_tensor(tensor, pe) for pe in range(num_ranks)]
