@@ -12,6 +12,7 @@ kernel to shape. What is not offered raises NotImplementedError naming the reaso
 from __future__ import annotations
 
 import enum
+import logging
 import numbers
 
 from mori_compiler.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType
@@ -24,6 +25,8 @@ __all__ = ["EpDispatchCombineConfig", "EpDispatchCombineKernelType", "EpDispatch
            "warmup_jit_kernels"]  # fmt: skip
 __mori_compiler_alias__ = True
 __path__: list[str] = []  # mori.ops is a package in MORI
+
+logger = logging.getLogger("mori.ops.dispatch_combine")  # MORI's module logger; the project's op logs nothing
 
 
 class EpDispatchCombineQuantType(str, enum.Enum):
