@@ -18,9 +18,11 @@ environment); ``mori.shmem`` imports the runtime only (no MLIR, no llvmlite).
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import sys
+
+# The finder and loader implement the import protocols (find_spec; create_module/exec_module) without
+# subclassing importlib.abc: that import costs importlib.resources, in every process of an enabled environment.
 
 __all__ = ["MODULE_MAP", "NOT_OFFERED", "MoriAliasFinder", "install", "installed", "is_ours", "real_mori_origin"]
 
@@ -61,7 +63,7 @@ def _refusal(fullname: str) -> str | None:
 _PACKAGES = {"mori", "mori.ops", "mori.shmem", "mori.ir", "mori.io"}
 
 
-class _AliasLoader(importlib.abc.Loader):
+class _AliasLoader:
     """Loads a MORI name as the (already importable) alias module that stands for it: both names are then
     the same module object, so state (shmem's, the op cache's) exists once."""
 
@@ -75,7 +77,7 @@ class _AliasLoader(importlib.abc.Loader):
         pass  # executed when it was imported under its own name
 
 
-class MoriAliasFinder(importlib.abc.MetaPathFinder):
+class MoriAliasFinder:
     """Serves MODULE_MAP's names, and refuses NOT_OFFERED's, when no other finder has a real ``mori``."""
 
     def find_spec(self, fullname, path=None, target=None):
