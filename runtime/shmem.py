@@ -4,10 +4,11 @@ A *PE* is one participant; every PE owns a *symmetric heap* of ``MORI_SHMEM_HEAP
 per PE), and a symmetric object lives at the same offset in every PE's heap. Two modes:
 
 * **multi-process** (``shmem_torch_process_group_init`` / ``shmem_init_attr`` / ``shmem_init_from_env``):
-  one PE per process, on the same or different GPUs of one host; the processes exchange IPC handles with
-  ``torch.distributed.all_gather_object`` and map every peer's heap. Peers on other hosts stay unmapped
-  (``shmem_ptr_p2p`` → 0): there is no RDMA transport. ``torch.distributed`` must be initialized, and each
-  process must have selected its GPU (``torch.cuda.set_device``) before init.
+  one PE per process, on the same or different GPUs of one host; the processes exchange IPC handles over a
+  rendezvous (a torch.distributed group, or for ``shmem_init_attr`` without torch.distributed the sockets its
+  unique id names, ``shmem_bootstrap``) and map every peer's heap. Peers on other hosts stay unmapped
+  (``shmem_ptr_p2p`` → 0): there is no RDMA transport. Each process must have selected its GPU
+  (``torch.cuda.set_device``) before init.
 * **virtual** (``shmem_init_virtual(n_pes)``, this project's extension): N PEs in this one process on one
   GPU, for testing multi-PE kernels on a single GPU. ``shmem_malloc`` returns PE 0's address of the object
   (the symmetric handle); ``shmem_ptr_p2p(ptr, 0, p)`` gives PE p's copy; ``shmem_mype()`` is 0.
@@ -25,8 +26,8 @@ be used with the address-based device API, which works only on heap addresses. M
 This module keeps the process-global state and the API over it; the rest lives by concern:
 
 * ``heap_allocator``: the heap size (``MORI_SHMEM_HEAP_SIZE``), alignment and the first-fit allocator;
-* ``shmem_comm``: the rendezvous with the other processes (torch.distributed, unique ids, the collective
-  checks of init and of malloc/free);
+* ``shmem_comm``: the rendezvous with the other processes (torch.distributed, the collective checks of init
+  and of malloc/free); ``shmem_bootstrap``: the rendezvous a unique id carries;
 * ``shmem_state``: ``ShmemState``, one initialized shmem: who owns which memory, the virtual-PE layout,
   addresses, allocation, the device state snapshot (``device_state_bytes``, written by runtime/launcher.py);
 * ``shmem_tensors``: torch tensor views of symmetric objects;
@@ -42,10 +43,10 @@ import threading
 from mori_compiler.ep_schema import MAX_QP_PER_PE
 from mori_compiler.lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
 
-from . import shmem_tensors
+from . import shmem_bootstrap, shmem_tensors
 from .driver import Driver, DriverError, Module, canonical_backend, default_driver, torch_cuda
 from .heap_allocator import heap_size_from_env
-from .shmem_comm import UNIQUE_ID_BYTES, TorchComm, new_unique_id, resolve_process_group, torch_distributed
+from .shmem_comm import UNIQUE_ID_BYTES, TorchComm, resolve_process_group, torch_distributed
 from .shmem_errors import ShmemError, ShmemOutOfMemoryError, ShmemStateError
 from .shmem_state import ShmemState
 
@@ -148,31 +149,54 @@ def shmem_init_virtual(n_pes: int, *, device=None, heap_size: int | None = None,
 
 
 def shmem_init_attr(flags: int, rank: int, nranks: int, unique_id, *, heap_size: int | None = None,
-                    driver: Driver | None = None) -> int:  # fmt: skip
-    """MORI's ``shmem_init_attr``. Only ``MORI_SHMEM_INIT_WITH_UNIQUEID`` is supported; the rendezvous is
-    torch.distributed's WORLD group, which must be initialized with world size ``nranks`` and this process
-    at ``rank``. Collective: every rank must call it. Returns 0."""
+                    driver: Driver | None = None, timeout: float | None = None) -> int:  # fmt: skip
+    """MORI's ``shmem_init_attr``: ``MORI_SHMEM_INIT_WITH_UNIQUEID`` only (no MPI). Collective: every rank
+    0 .. nranks-1 calls it with the id rank 0 got from ``shmem_get_unique_id()``. Where torch.distributed is
+    initialized its WORLD group is the rendezvous (and must be this rank of nranks); otherwise the id carries
+    it, as in MORI: rank 0 serves on the listener the id names and the others connect to it
+    (runtime/shmem_bootstrap.py; ``timeout`` seconds, default ``MORI_COMPILER_RENDEZVOUS_TIMEOUT`` or 300).
+    Returns 0."""
     if flags != MORI_SHMEM_INIT_WITH_UNIQUEID:
         raise ShmemError(f"shmem_init_attr flags={flags}: only MORI_SHMEM_INIT_WITH_UNIQUEID "
                          f"({MORI_SHMEM_INIT_WITH_UNIQUEID}) is supported (no MPI)")  # fmt: skip
     uid = bytes(unique_id)
     if len(uid) != UNIQUE_ID_BYTES:
         raise ShmemError(f"unique_id must be {UNIQUE_ID_BYTES} bytes (from shmem_get_unique_id()), got {len(uid)}")
-    dist = torch_distributed()
-    if not dist.is_initialized():
-        raise ShmemStateError("shmem_init_attr needs torch.distributed initialized (init_process_group) with "
-                              f"world size {nranks}")  # fmt: skip
-    comm = TorchComm(None)
-    if comm.world_size != nranks or comm.rank != rank:
-        raise ShmemStateError(f"shmem_init_attr(rank={rank}, nranks={nranks}) does not match torch.distributed "
-                              f"(rank {comm.rank} of world size {comm.world_size})")  # fmt: skip
+    for name, value in (("rank", rank), ("nranks", nranks)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ShmemError(f"shmem_init_attr {name} must be an integer, got {value!r}")
+    if not 0 <= rank < nranks:
+        raise ShmemError(f"shmem_init_attr(rank={rank}, nranks={nranks}): rank must be in [0, nranks)")
+    dist = _initialized_torch_distributed()
+    if dist is not None:
+        comm = TorchComm(None)
+        if comm.world_size != nranks or comm.rank != rank:
+            raise ShmemStateError(f"shmem_init_attr(rank={rank}, nranks={nranks}) does not match torch.distributed "
+                                  f"(rank {comm.rank} of world size {comm.world_size})")  # fmt: skip
+        shmem_bootstrap.release(uid)
+    else:
+        comm = shmem_bootstrap.connect(uid, rank, nranks, timeout=timeout)
 
     def make():
         drv = driver if driver is not None else default_driver()
         return ShmemState.create_multiprocess(drv, comm, heap_size, unique_id=uid)
 
-    _install(make)
+    try:
+        _install(make)
+    except BaseException:
+        if isinstance(comm, shmem_bootstrap.UniqueIdComm):
+            comm.close()
+        raise
     return 0
+
+
+def _initialized_torch_distributed():
+    """torch.distributed when it is importable and initialized, else None (the unique id's rendezvous)."""
+    try:
+        dist = torch_distributed()
+    except ShmemStateError:
+        return None
+    return dist if dist.is_initialized() else None
 
 
 def shmem_torch_process_group_init(group_name: str, *, heap_size: int | None = None,
@@ -234,9 +258,10 @@ def shmem_mpi_init() -> int:
 
 
 def shmem_get_unique_id() -> bytes:
-    """128 bytes: a random token and this host's name. Used only as a rendezvous key (checked equal on
-    every PE by shmem_init_attr)."""
-    return new_unique_id()
+    """128 bytes for ``shmem_init_attr``, to be called by rank 0 and handed to every rank (as MORI's): a random
+    token and the address of a rendezvous listener this call opens in this process (runtime/shmem_bootstrap.py).
+    Every PE checks at init that all got the same id."""
+    return shmem_bootstrap.new_unique_id()
 
 
 def shmem_finalize() -> int:
@@ -246,7 +271,11 @@ def shmem_finalize() -> int:
     with _STATE_LOCK:
         s = state()
         _STATE = None
-        s.finalize()
+        try:
+            s.finalize()
+        finally:
+            if isinstance(s.comm, shmem_bootstrap.UniqueIdComm):
+                s.comm.close()  # the unique id's sockets
     return 0
 
 

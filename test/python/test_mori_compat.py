@@ -9,8 +9,10 @@ functions run over the fake CUDA bindings of test_runtime_fakes.py.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 import types
 
 import pytest
@@ -20,7 +22,7 @@ from mori_compiler.compat import __main__ as cli
 from mori_compiler.lib_bitcode.abi import MORI_STATE_SYMBOL
 from mori_compiler.lib_bitcode.state import STATE_SIZE, STATE_SYMBOL, unpack_state
 from mori_compiler.runtime import driver as driver_mod
-from mori_compiler.runtime import shmem
+from mori_compiler.runtime import shmem, shmem_bootstrap, shmem_comm
 from mori_compiler.runtime.shmem import ShmemError, ShmemStateError
 
 from test_runtime_fakes import FakeCudaModule, FakeGPU, OneRank  # noqa: E402 - the shared fake bindings
@@ -298,3 +300,142 @@ def test_what_shmem_does_not_offer_is_refused_by_name(cuda):
     ptr = shmem.shmem_ext_malloc_with_flags(256, 0)
     assert shmem.state().locate(ptr) is not None  # flags 0: a plain symmetric allocation
     shmem.shmem_free(ptr)
+
+
+# ---- shmem_init_attr without torch.distributed: the rendezvous the unique id carries ----------------
+
+_RANK0 = r"""
+import sys
+from mori_compiler.runtime import shmem_bootstrap as b
+uid = b.new_unique_id()
+print(uid.hex(), flush=True)
+comm = b.connect(uid, 0, int(sys.argv[1]), timeout=60)
+print(comm.all_gather_object(("pe", comm.rank)), flush=True)
+comm.barrier()
+"""
+_RANK_N = r"""
+import sys
+from mori_compiler.runtime import shmem_bootstrap as b
+comm = b.connect(bytes.fromhex(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), timeout=60)
+print(comm.all_gather_object(("pe", comm.rank)), flush=True)
+comm.barrier()
+"""
+
+
+def test_unique_id_rendezvous_across_processes(tmp_path):
+    n = 3
+    rank0 = subprocess.Popen([sys.executable, "-c", _RANK0, str(n)], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        uid = rank0.stdout.readline().strip()
+        assert len(bytes.fromhex(uid)) == 128, rank0.stderr.read()
+        procs = [subprocess.Popen([sys.executable, "-c", _RANK_N, uid, str(r), str(n)], cwd=tmp_path,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (2, 1)]  # fmt: skip
+        outs = [p.communicate(timeout=90) for p in procs]
+        out0, err0 = rank0.communicate(timeout=90)
+    finally:
+        rank0.kill()
+    expected = "[('pe', 0), ('pe', 1), ('pe', 2)]"
+    assert rank0.returncode == 0 and out0.strip() == expected, err0
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and out.strip() == expected, err
+
+
+def _thread_ranks(n, fn):
+    results = [None] * n
+
+    def body(r):
+        try:
+            results[r] = fn(r)
+        except BaseException as exc:  # noqa: BLE001 - returned to the test
+            results[r] = exc
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return results
+
+
+def test_shmem_state_over_the_unique_id_rendezvous(monkeypatch):
+    # Two PEs as threads (each its own fake driver, IPC shared), the comm the unique id carries.
+    from test_runtime_shmem import FakeDriver, IpcRegistry
+
+    monkeypatch.setattr(shmem_comm, "process_identity", threading.get_ident)
+    uid = shmem.shmem_get_unique_id()
+    ipc = IpcRegistry()
+    drivers = [FakeDriver(ipc), FakeDriver(ipc)]
+
+    def rank(r):
+        comm = shmem_bootstrap.connect(uid, r, 2, timeout=20)
+        return shmem.ShmemState.create_multiprocess(drivers[r], comm, 1 << 20, unique_id=uid)
+
+    states = _thread_ranks(2, rank)
+    assert [s.my_pe for s in states] == [0, 1], states
+    assert all(s.heap_bases[0] and s.heap_bases[1] for s in states)
+    ptrs = _thread_ranks(2, lambda r: states[r].malloc(256))  # collective over the sockets
+    assert ptrs[0] - states[0].my_base == ptrs[1] - states[1].my_base
+    _thread_ranks(2, lambda r: (states[r].finalize(), states[r].comm.close()))
+
+
+def test_shmem_init_attr_needs_no_torch_distributed(cuda):
+    _, drv = cuda  # (torch is absent in this test: sys.modules["torch"] = None)
+    uid = shmem.shmem_get_unique_id()
+    assert shmem.shmem_init_attr(shmem.MORI_SHMEM_INIT_WITH_UNIQUEID, 0, 1, uid, driver=drv) == 0
+    s = shmem.state()
+    assert (s.mode, s.n_pes, s.my_pe) == ("multiprocess", 1, 0)
+    assert isinstance(s.comm, shmem_bootstrap.UniqueIdComm)
+    shmem.shmem_finalize()
+    assert s.comm._hub is None and s.comm._peers == [None]
+
+
+@pytest.mark.parametrize("rank, nranks, expected", [(2, 2, r"rank must be in \[0, nranks\)"),
+                                                    (-1, 2, r"rank must be in \[0, nranks\)"),
+                                                    (True, 2, "rank must be an integer"),
+                                                    (0, 2.0, "nranks must be an integer")])  # fmt: skip
+def test_shmem_init_attr_checks_rank_and_nranks(cuda, rank, nranks, expected):
+    _, drv = cuda
+    with pytest.raises(ShmemError, match=expected):
+        shmem.shmem_init_attr(1, rank, nranks, shmem.shmem_get_unique_id(), driver=drv)
+
+
+def test_rendezvous_errors_name_the_problem():
+    # A rank that never comes: rank 0 says which, within the timeout.
+    uid = shmem_bootstrap.new_unique_id()
+    with pytest.raises(ShmemStateError, match=r"rank\(s\) \[1, 2\] did not join within 0.3 s"):
+        shmem_bootstrap.connect(uid, 0, 3, timeout=0.3)
+    # The listener is gone with that attempt: this process can no longer be rank 0 of that id.
+    with pytest.raises(ShmemStateError, match="rank 0 must be the process that called shmem_get_unique_id"):
+        shmem_bootstrap.connect(uid, 0, 3, timeout=0.3)
+    with pytest.raises(ShmemError, match="carries no rendezvous address"):
+        shmem_bootstrap.connect(b"x" * 128, 1, 2, timeout=0.3)
+    # Nobody listens at the id's address any more: the joining rank fails by the deadline.
+    with pytest.raises(ShmemStateError, match=r"rank 1 cannot reach rank 0 at"):
+        shmem_bootstrap.connect(uid, 1, 3, timeout=0.3)
+
+
+def test_rendezvous_refuses_disagreeing_ranks_and_ignores_strangers():
+    uid = shmem_bootstrap.new_unique_id()
+    token, host, port = shmem_bootstrap.parse_unique_id(uid)
+    stranger = socket.create_connection((host, port), timeout=5)
+    stranger.sendall(shmem_bootstrap._HELLO.pack(b"\0" * 16, 1, 2))  # a wrong token: dropped unread
+
+    def rank(r):
+        return shmem_bootstrap.connect(uid, r, 2 if r == 0 else 3, timeout=5)
+
+    results = _thread_ranks(2, rank)
+    stranger.close()
+    for r in results:
+        assert isinstance(r, ShmemStateError), r
+        assert "a process joined as rank 1 of 3 (rank 0 has nranks=2)" in str(r)
+
+
+def test_rendezvous_timeout_from_the_environment(monkeypatch):
+    monkeypatch.setenv("MORI_COMPILER_RENDEZVOUS_TIMEOUT", "2.5")
+    assert shmem_bootstrap.timeout_from_env() == 2.5
+    for bad in ("0", "-1", "soon"):
+        monkeypatch.setenv("MORI_COMPILER_RENDEZVOUS_TIMEOUT", bad)
+        with pytest.raises(ShmemError, match=f"MORI_COMPILER_RENDEZVOUS_TIMEOUT={bad!r}: expected a number of seconds"):
+            shmem_bootstrap.timeout_from_env()
