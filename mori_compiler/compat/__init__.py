@@ -1,4 +1,5 @@
-"""MORI's module names (``mori``, ``mori.ops``, ``mori.shmem``, ``mori.ir``, ``mori.io``) for this project.
+"""MORI's module names (``mori``, ``mori.ops``, ``mori.shmem``, ``mori.ir``, ``mori.io``; from ``mori.cpp``
+the names clients import from it directly) for this project.
 
 A MORI script runs unchanged once the finder below is installed: ``python -m mori_compiler.compat enable``
 writes a ``.pth`` file into the environment's site-packages that installs it at every interpreter start
@@ -42,13 +43,13 @@ MODULE_MAP = {
     "mori.ir.bitcode": f"{_HERE}.mori_ir",
     "mori.io": f"{_HERE}.mori_io",
     "mori.io.engine": f"{_HERE}.mori_io",
+    "mori.cpp": f"{_HERE}.mori_cpp",  # only the names clients import from MORI's C++ extension directly
 }
 
 #: MORI modules this project does not offer (yet), with the reason an import of them reports.
 NOT_OFFERED = {
     "mori.ir.triton": "the Triton integration (get_extern_libs, install_hook) is not offered yet",
     "mori.ir.flydsl": "the FlyDSL integration is not offered yet",
-    "mori.cpp": "MORI's C++ extension does not exist here: its Python names live in mori.ops, mori.shmem and mori.io",
     "mori.jit": "there is no JIT of MORI's HIP sources: kernels are compiled from MLIR by mori_compiler",
 }
 
@@ -56,11 +57,12 @@ NOT_OFFERED = {
 def _refusal(fullname: str) -> str | None:
     for name, why in NOT_OFFERED.items():
         if fullname == name or fullname.startswith(name + "."):
-            return f"{fullname}: {why} (mori_compiler's MORI-compatible names: {', '.join(sorted(_PACKAGES))})"
+            return f"{fullname}: {why} (mori_compiler's MORI-compatible names: {', '.join(sorted(_MODULES))})"
     return None
 
 
 _PACKAGES = {"mori", "mori.ops", "mori.shmem", "mori.ir", "mori.io"}
+_MODULES = _PACKAGES | {"mori.cpp"}
 
 
 class _AliasLoader:
@@ -88,7 +90,7 @@ class MoriAliasFinder:
         alias = MODULE_MAP.get(fullname)
         if alias is None:
             reason = _refusal(fullname) or (f"{fullname} is not one of mori_compiler's MORI-compatible modules "
-                                            f"({', '.join(sorted(_PACKAGES))}); docs/mori-compat.md lists them")
+                                            f"({', '.join(sorted(_MODULES))}); docs/mori-compat.md lists them")
             raise ModuleNotFoundError(reason, name=fullname)
         is_package = fullname in _PACKAGES
         return importlib.machinery.ModuleSpec(fullname, _AliasLoader(alias), is_package=is_package)

@@ -13,7 +13,7 @@ from mori_compiler import __version__
 __mori_compiler_alias__ = True  # how mori_compiler.compat tells this package from a real MORI
 __path__: list[str] = []  # a package: its submodules come from mori_compiler.compat's finder only
 
-_SUBMODULES = ("io", "ir", "ops", "shmem")
+_SUBMODULES = ("cpp", "io", "ir", "ops", "shmem")
 
 
 def __getattr__(name: str):

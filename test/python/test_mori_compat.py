@@ -69,6 +69,43 @@ def test_modules_not_offered_raise_a_clear_import_error(tmp_path, name, expected
     assert f"ModuleNotFoundError: {expected}" in proc.stderr, proc.stderr
 
 
+def test_mori_submodules_load_on_attribute_access(tmp_path):
+    # MORI's own tests do `import mori` and then use `mori.shmem.shmem_mype()`, `mori.ops.EpDispatchCombineConfig`.
+    code = _WITH_FINDER + (
+        "import sys, mori\n"
+        "assert 'mori.shmem' not in sys.modules and 'mori_compiler.ops' not in sys.modules\n"
+        "assert mori.shmem.shmem_mype and mori.ops.EpDispatchCombineConfig and mori.ir.find_bitcode and mori.io.IOEngine\n"
+        "try:\n"
+        "    mori.ccl\n"
+        "except AttributeError as exc:\n"
+        "    print(exc)\n")  # fmt: skip
+    proc = _python(code, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "module 'mori' (mori_compiler's MORI-compatible names) has no attribute 'ccl'"
+
+
+def test_mori_cpp_offers_the_names_clients_take_from_it(tmp_path):
+    code = _WITH_FINDER + (
+        "from mori.cpp import TransferStatus, StatusCode, MemoryDesc, MORI_SHMEM_INIT_WITH_UNIQUEID\n"
+        "import mori.cpp, mori.io, mori.shmem\n"
+        "assert TransferStatus is mori.io.TransferStatus and MemoryDesc is mori.io.MemoryDesc\n"
+        "assert MORI_SHMEM_INIT_WITH_UNIQUEID == mori.shmem.MORI_SHMEM_INIT_WITH_UNIQUEID\n"
+        "try:\n"
+        "    from mori.cpp import UMBPClient\n"
+        "except ImportError as exc:\n"
+        "    print(type(exc).__name__, 'UMBPClient' in str(exc))\n"
+        "try:\n"
+        "    mori.cpp.UMBPClient\n"
+        "except AttributeError as exc:\n"
+        "    print(exc)\n")  # fmt: skip
+    proc = _python(code, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.strip().splitlines()
+    assert first == "ImportError True"
+    assert second.startswith("mori.cpp.UMBPClient: MORI's C++ extension does not exist in mori_compiler; its mori.cpp "
+                             "offers only BackendType, ")  # fmt: skip
+
+
 def test_without_the_set_up_step_mori_is_not_importable(tmp_path):
     proc = _python("import mori", cwd=tmp_path)
     assert proc.returncode == 1 and "No module named 'mori'" in proc.stderr, proc.stderr
