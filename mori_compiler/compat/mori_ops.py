@@ -29,16 +29,14 @@ __path__: list[str] = []  # mori.ops is a package in MORI
 logger = logging.getLogger("mori.ops.dispatch_combine")  # MORI's module logger; the project's op logs nothing
 
 
-class EpDispatchCombineQuantType(str, enum.Enum):
-    """MORI's combine quantization kinds; each member is the string ``quant_type`` takes."""
+class EpDispatchCombineQuantType(enum.StrEnum):
+    """MORI's combine quantization kinds (its member names); each member *is* the string ``quant_type`` takes
+    (str() and formatting give that string, so configs, cache keys and JSON see exactly what a string gives)."""
 
     None_ = "none"
     Fp8DirectCast = "fp8_direct_cast"
     Fp8BlockwiseQuant = "fp8_blockwise"
     Fp4BlockwiseQuant = "fp4_blockwise"
-
-    def __str__(self):
-        return self.name
 
 
 def _geometry(value, what: str) -> int:

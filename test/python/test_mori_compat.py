@@ -476,3 +476,55 @@ def test_rendezvous_timeout_from_the_environment(monkeypatch):
         monkeypatch.setenv("MORI_COMPILER_RENDEZVOUS_TIMEOUT", bad)
         with pytest.raises(ShmemError, match=f"MORI_COMPILER_RENDEZVOUS_TIMEOUT={bad!r}: expected a number of seconds"):
             shmem_bootstrap.timeout_from_env()
+
+
+def test_quant_type_members_are_the_config_strings():
+    from mori_compiler.compat.mori_ops import EpDispatchCombineQuantType as Q
+
+    assert [str(m) for m in Q] == ["none", "fp8_direct_cast", "fp8_blockwise", "fp4_blockwise"]
+    assert f"{Q.Fp8BlockwiseQuant}" == "fp8_blockwise" and Q("fp4_blockwise") is Q.Fp4BlockwiseQuant
+
+
+def test_op_adapter_size_queries_and_geometry_checks():
+    # The adapter's own logic, on an object that has only what it reads (building a real op needs torch).
+    from mori_compiler.compat.mori_ops import EpDispatchCombineOp, _geometry
+    from mori_compiler.ops import EpDispatchCombineConfig
+
+    cfg = EpDispatchCombineConfig(data_type="bf16", rank=0, world_size=4, hidden_dim=256, scale_dim=0,
+                                  scale_type_size=1, max_token_type_size=2, max_num_inp_token_per_rank=8,
+                                  num_experts_per_rank=2, num_experts_per_token=2, max_total_recv_tokens=12)  # fmt: skip
+    op = object.__new__(EpDispatchCombineOp)
+    op.sizes = cfg.sizes
+    assert op.max_num_tokens_to_send_per_rank() == 8 and op.max_num_tokens_to_send() == 32
+    assert op.max_num_tokens_to_recv_per_rank() == 3 and op.max_num_tokens_to_recv() == 12  # min(ceil(12/4), 8)
+    assert op.decode_send_flat_idx(70) == (2, 6)
+    assert _geometry(-1, "x") == -1 and _geometry(64, "x") == 64
+    for bad in (0, -2, True, 1.5):
+        with pytest.raises(ValueError, match="x must be -1 \\(default\\) or a positive integer"):
+            _geometry(bad, "x")
+    for name in ("get_launch_config", "get_debug_time_buf", "get_debug_time_offset"):
+        with pytest.raises(NotImplementedError, match=f"EpDispatchCombineOp.{name} is not offered by mori_compiler"):
+            getattr(op, name)()
+
+
+def test_op_adapter_passes_mori_positional_arguments_by_name(monkeypatch):
+    # MORI's dispatch_send(input, weights, scales, indices, block_num, warp_per_block, call_local_expert_count):
+    # the project's own has rdma_block_num fifth, so the adapter must pass everything by name.
+    from mori_compiler.compat.mori_ops import EpDispatchCombineOp
+    from mori_compiler.ops import EpDispatchCombineOp as ProjectOp
+
+    calls = []
+    for name in ("dispatch_send", "combine_send", "dispatch_standard_moe", "combine_standard_moe"):
+        monkeypatch.setattr(ProjectOp, name, lambda self, *a, _n=name, **k: calls.append((_n, a, k)))
+    op = object.__new__(EpDispatchCombineOp)
+    op.dispatch_send("x", "w", "s", "i", 4, 8, True)
+    op.combine_send("y", "w", "i", 4, 8)
+    op.dispatch_standard_moe("x", "w", "s", "i", 4, 2, 8)
+    op.combine_standard_moe("y", "w", "i", 4, 2, 8, True)
+    assert calls == [
+        ("dispatch_send", ("x", "w", "s", "i"), {"block_num": 4, "warp_per_block": 8, "call_local_expert_count": True}),
+        ("combine_send", ("y", "w", "i"), {"block_num": 4, "warp_per_block": 8}),
+        ("dispatch_standard_moe", ("x", "w", "s", "i"), {"block_num": 4, "rdma_block_num": 2, "warp_per_block": 8}),
+        ("combine_standard_moe", ("y", "w", "i"), {"block_num": 4, "rdma_block_num": 2, "warp_per_block": 8,
+                                                   "call_reset": True}),
+    ]  # fmt: skip
