@@ -90,12 +90,17 @@ def state() -> ShmemState:
     return s
 
 
+def _check_not_initialized() -> None:
+    s = _STATE
+    if s is not None:
+        raise ShmemStateError(f"shmem is already initialized ({s.mode}, {s.n_pes} PEs): call shmem_finalize() "
+                              f"before initializing again")  # fmt: skip
+
+
 def _install(make) -> None:
     global _STATE, _NUM_QP_PER_PE
     with _STATE_LOCK:
-        if _STATE is not None:
-            raise ShmemStateError(f"shmem is already initialized ({_STATE.mode}, {_STATE.n_pes} PEs): call "
-                                  f"shmem_finalize() before initializing again")  # fmt: skip
+        _check_not_initialized()
         qp = num_qp_from_env()
         _STATE = make()
         _NUM_QP_PER_PE = qp
@@ -159,6 +164,9 @@ def shmem_init_attr(flags: int, rank: int, nranks: int, unique_id, *, heap_size:
     if flags != MORI_SHMEM_INIT_WITH_UNIQUEID:
         raise ShmemError(f"shmem_init_attr flags={flags}: only MORI_SHMEM_INIT_WITH_UNIQUEID "
                          f"({MORI_SHMEM_INIT_WITH_UNIQUEID}) is supported (no MPI)")  # fmt: skip
+    if isinstance(unique_id, (int, str)):
+        raise ShmemError(f"unique_id must be the {UNIQUE_ID_BYTES} bytes of shmem_get_unique_id(), got a "
+                         f"{type(unique_id).__name__}")  # fmt: skip
     uid = bytes(unique_id)
     if len(uid) != UNIQUE_ID_BYTES:
         raise ShmemError(f"unique_id must be {UNIQUE_ID_BYTES} bytes (from shmem_get_unique_id()), got {len(uid)}")
@@ -167,8 +175,12 @@ def shmem_init_attr(flags: int, rank: int, nranks: int, unique_id, *, heap_size:
             raise ShmemError(f"shmem_init_attr {name} must be an integer, got {value!r}")
     if not 0 <= rank < nranks:
         raise ShmemError(f"shmem_init_attr(rank={rank}, nranks={nranks}): rank must be in [0, nranks)")
+    _check_not_initialized()  # before any rendezvous: the other ranks would wait for nothing
     dist = _initialized_torch_distributed()
     if dist is not None:
+        if timeout is not None:
+            raise ShmemError("shmem_init_attr timeout= applies to the unique id's rendezvous, but torch.distributed "
+                             "is initialized and its WORLD group is the rendezvous; leave timeout out")  # fmt: skip
         comm = TorchComm(None)
         if comm.world_size != nranks or comm.rank != rank:
             raise ShmemStateError(f"shmem_init_attr(rank={rank}, nranks={nranks}) does not match torch.distributed "

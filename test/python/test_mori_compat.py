@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import types
 
 import pytest
@@ -528,3 +529,28 @@ def test_op_adapter_passes_mori_positional_arguments_by_name(monkeypatch):
         ("combine_standard_moe", ("y", "w", "i"), {"block_num": 4, "rdma_block_num": 2, "warp_per_block": 8,
                                                    "call_reset": True}),
     ]  # fmt: skip
+
+
+def test_shmem_init_attr_refuses_before_any_rendezvous(cuda):
+    _, drv = cuda
+    with pytest.raises(ShmemError, match="unique_id must be the 128 bytes of shmem_get_unique_id\\(\\), got a int"):
+        shmem.shmem_init_attr(1, 0, 1, 128, driver=drv)
+    shmem.shmem_init_virtual(2, driver=drv)
+    started = time.monotonic()
+    with pytest.raises(ShmemStateError, match="shmem is already initialized \\(virtual, 2 PEs\\)"):
+        shmem.shmem_init_attr(1, 0, 2, shmem.shmem_get_unique_id(), driver=drv, timeout=30)
+    assert time.monotonic() - started < 5  # refused at once, not after waiting for rank 1
+
+
+def test_shmem_init_attr_with_torch_distributed_takes_no_timeout(cuda, monkeypatch):
+    _, drv = cuda
+    dist = types.ModuleType("torch.distributed")
+    dist.is_available = dist.is_initialized = lambda: True
+    dist.get_rank, dist.get_world_size = (lambda group=None: 0), (lambda group=None: 1)
+    torch = types.ModuleType("torch")
+    torch.distributed = dist
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    with pytest.raises(ShmemError, match="timeout= applies to the unique id's rendezvous, but torch.distributed"):
+        shmem.shmem_init_attr(1, 0, 1, shmem.shmem_get_unique_id(), driver=drv, timeout=5)
+    assert shmem.current_state() is None
