@@ -4,13 +4,18 @@ A *PE* is one participant; every PE owns a *symmetric heap* of ``MORI_SHMEM_HEAP
 per PE), and a symmetric object lives at the same offset in every PE's heap. Two modes:
 
 * **multi-process** (``shmem_torch_process_group_init`` / ``shmem_init_attr`` / ``shmem_init_from_env``):
-  one PE per process, on the same or different GPUs of one host; the processes exchange IPC handles with
-  ``torch.distributed.all_gather_object`` and map every peer's heap. Peers on other hosts stay unmapped
-  (``shmem_ptr_p2p`` → 0): there is no RDMA transport. ``torch.distributed`` must be initialized, and each
-  process must have selected its GPU (``torch.cuda.set_device``) before init.
+  one PE per process, on the same or different GPUs of one host; the processes exchange IPC handles over a
+  rendezvous (a torch.distributed group, or for ``shmem_init_attr`` without torch.distributed the sockets its
+  unique id names, ``shmem_bootstrap``) and map every peer's heap. Peers on other hosts stay unmapped
+  (``shmem_ptr_p2p`` → 0): there is no RDMA transport. Each process must have selected its GPU
+  (``torch.cuda.set_device``) before init.
 * **virtual** (``shmem_init_virtual(n_pes)``, this project's extension): N PEs in this one process on one
   GPU, for testing multi-PE kernels on a single GPU. ``shmem_malloc`` returns PE 0's address of the object
   (the symmetric handle); ``shmem_ptr_p2p(ptr, 0, p)`` gives PE p's copy; ``shmem_mype()`` is 0.
+
+Code objects loaded by someone else (Triton, FlyDSL, a HIP or CUDA module of the caller's) that link the
+project's device library get their device state from ``shmem_module_init(module)``, as MORI's do; the
+runtime's own ``KernelSet`` fills its bundles itself.
 
 ``shmem_malloc`` / ``shmem_free`` are collective in multi-process mode: every PE must call them, in the same
 order, with the same sizes and alignments; a mismatch raises on every PE (MORI would corrupt memory
@@ -21,8 +26,8 @@ be used with the address-based device API, which works only on heap addresses. M
 This module keeps the process-global state and the API over it; the rest lives by concern:
 
 * ``heap_allocator``: the heap size (``MORI_SHMEM_HEAP_SIZE``), alignment and the first-fit allocator;
-* ``shmem_comm``: the rendezvous with the other processes (torch.distributed, unique ids, the collective
-  checks of init and of malloc/free);
+* ``shmem_comm``: the rendezvous with the other processes (torch.distributed, the collective checks of init
+  and of malloc/free); ``shmem_bootstrap``: the rendezvous a unique id carries;
 * ``shmem_state``: ``ShmemState``, one initialized shmem: who owns which memory, the virtual-PE layout,
   addresses, allocation, the device state snapshot (``device_state_bytes``, written by runtime/launcher.py);
 * ``shmem_tensors``: torch tensor views of symmetric objects;
@@ -35,10 +40,13 @@ import os
 import re
 import threading
 
-from . import shmem_tensors
-from .driver import Driver, default_driver, torch_cuda
+from mori_compiler.ep_schema import MAX_QP_PER_PE
+from mori_compiler.lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
+
+from . import shmem_bootstrap, shmem_tensors
+from .driver import Driver, DriverError, Module, canonical_backend, default_driver, torch_cuda
 from .heap_allocator import heap_size_from_env
-from .shmem_comm import UNIQUE_ID_BYTES, TorchComm, new_unique_id, resolve_process_group, torch_distributed
+from .shmem_comm import UNIQUE_ID_BYTES, TorchComm, resolve_process_group, torch_distributed
 from .shmem_errors import ShmemError, ShmemOutOfMemoryError, ShmemStateError
 from .shmem_state import ShmemState
 
@@ -48,18 +56,24 @@ __all__ = [
     "current_state", "device_state_bytes", "heap_size_from_env", "mori_shmem_create_tensor", "read_wait_report",
     "reset_wait_report", "shmem_barrier_all", "shmem_buffer_deregister", "shmem_buffer_register",
     "shmem_finalize", "shmem_free", "shmem_get_unique_id", "shmem_init_attr", "shmem_init_comm",
-    "shmem_init_from_env", "shmem_init_virtual", "shmem_malloc", "shmem_malloc_align", "shmem_mype",
-    "shmem_npes", "shmem_ptr_p2p", "shmem_tensor", "shmem_torch_process_group_init", "state",
+    "shmem_init_from_env", "shmem_init_virtual", "shmem_malloc", "shmem_malloc_align", "shmem_module_init",
+    "shmem_mype", "shmem_npes", "shmem_num_qp_per_pe", "shmem_ptr_p2p", "shmem_tensor",
+    "shmem_torch_process_group_init", "state",
+    "MoriShmemBuffer", "mori_shmem_create_tensor_list_intra_node", "mori_shmem_free_tensor", "shmem_barrier_on_stream",
+    "shmem_ext_malloc_with_flags", "shmem_mpi_init", "symm_mori_shmem_tensor",
 ]  # fmt: skip
 
 MORI_SHMEM_INIT_WITH_UNIQUEID = 1
 MORI_SHMEM_INIT_WITH_MPI_COMM = 0
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+NUM_QP_ENV = "MORI_NUM_QP_PER_PE"
+DEFAULT_NUM_QP_PER_PE = 4  # MORI's default in code (its guide says 1)
 
 # ---- the process-global state ------------------------------------------------------------------------
 
 _STATE: ShmemState | None = None
 _STATE_LOCK = threading.RLock()
+_NUM_QP_PER_PE = DEFAULT_NUM_QP_PER_PE  # read from MORI_NUM_QP_PER_PE at each init, as MORI reads it
 
 
 def current_state() -> ShmemState | None:
@@ -76,13 +90,34 @@ def state() -> ShmemState:
     return s
 
 
+def _check_not_initialized() -> None:
+    s = _STATE
+    if s is not None:
+        raise ShmemStateError(f"shmem is already initialized ({s.mode}, {s.n_pes} PEs): call shmem_finalize() "
+                              f"before initializing again")  # fmt: skip
+
+
 def _install(make) -> None:
-    global _STATE
+    global _STATE, _NUM_QP_PER_PE
     with _STATE_LOCK:
-        if _STATE is not None:
-            raise ShmemStateError(f"shmem is already initialized ({_STATE.mode}, {_STATE.n_pes} PEs): call "
-                                  f"shmem_finalize() before initializing again")  # fmt: skip
+        _check_not_initialized()
+        qp = num_qp_from_env()
         _STATE = make()
+        _NUM_QP_PER_PE = qp
+
+
+def num_qp_from_env() -> int:
+    """``MORI_NUM_QP_PER_PE`` (default 4, MORI's), in [1, MAX_QP_PER_PE]; a bad value is an error."""
+    text = os.environ.get(NUM_QP_ENV, "").strip()
+    if not text:
+        return DEFAULT_NUM_QP_PER_PE
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise ShmemError(f"{NUM_QP_ENV}={text!r}: expected an integer in [1, {MAX_QP_PER_PE}]") from None
+    if not 1 <= value <= MAX_QP_PER_PE:
+        raise ShmemError(f"{NUM_QP_ENV}={value}: must be in [1, {MAX_QP_PER_PE}]")
+    return value
 
 
 def _device_index(device) -> int | None:
@@ -119,31 +154,61 @@ def shmem_init_virtual(n_pes: int, *, device=None, heap_size: int | None = None,
 
 
 def shmem_init_attr(flags: int, rank: int, nranks: int, unique_id, *, heap_size: int | None = None,
-                    driver: Driver | None = None) -> int:  # fmt: skip
-    """MORI's ``shmem_init_attr``. Only ``MORI_SHMEM_INIT_WITH_UNIQUEID`` is supported; the rendezvous is
-    torch.distributed's WORLD group, which must be initialized with world size ``nranks`` and this process
-    at ``rank``. Collective: every rank must call it. Returns 0."""
+                    driver: Driver | None = None, timeout: float | None = None) -> int:  # fmt: skip
+    """MORI's ``shmem_init_attr``: ``MORI_SHMEM_INIT_WITH_UNIQUEID`` only (no MPI). Collective: every rank
+    0 .. nranks-1 calls it with the id rank 0 got from ``shmem_get_unique_id()``. Where torch.distributed is
+    initialized its WORLD group is the rendezvous (and must be this rank of nranks); otherwise the id carries
+    it, as in MORI: rank 0 serves on the listener the id names and the others connect to it
+    (runtime/shmem_bootstrap.py; ``timeout`` seconds, default ``MORI_COMPILER_RENDEZVOUS_TIMEOUT`` or 300).
+    Returns 0."""
     if flags != MORI_SHMEM_INIT_WITH_UNIQUEID:
         raise ShmemError(f"shmem_init_attr flags={flags}: only MORI_SHMEM_INIT_WITH_UNIQUEID "
                          f"({MORI_SHMEM_INIT_WITH_UNIQUEID}) is supported (no MPI)")  # fmt: skip
+    if isinstance(unique_id, (int, str)):
+        raise ShmemError(f"unique_id must be the {UNIQUE_ID_BYTES} bytes of shmem_get_unique_id(), got a "
+                         f"{type(unique_id).__name__}")  # fmt: skip
     uid = bytes(unique_id)
     if len(uid) != UNIQUE_ID_BYTES:
         raise ShmemError(f"unique_id must be {UNIQUE_ID_BYTES} bytes (from shmem_get_unique_id()), got {len(uid)}")
-    dist = torch_distributed()
-    if not dist.is_initialized():
-        raise ShmemStateError("shmem_init_attr needs torch.distributed initialized (init_process_group) with "
-                              f"world size {nranks}")  # fmt: skip
-    comm = TorchComm(None)
-    if comm.world_size != nranks or comm.rank != rank:
-        raise ShmemStateError(f"shmem_init_attr(rank={rank}, nranks={nranks}) does not match torch.distributed "
-                              f"(rank {comm.rank} of world size {comm.world_size})")  # fmt: skip
+    for name, value in (("rank", rank), ("nranks", nranks)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ShmemError(f"shmem_init_attr {name} must be an integer, got {value!r}")
+    if not 0 <= rank < nranks:
+        raise ShmemError(f"shmem_init_attr(rank={rank}, nranks={nranks}): rank must be in [0, nranks)")
+    _check_not_initialized()  # before any rendezvous: the other ranks would wait for nothing
+    dist = _initialized_torch_distributed()
+    if dist is not None:
+        if timeout is not None:
+            raise ShmemError("shmem_init_attr timeout= applies to the unique id's rendezvous, but torch.distributed "
+                             "is initialized and its WORLD group is the rendezvous; leave timeout out")  # fmt: skip
+        comm = TorchComm(None)
+        if comm.world_size != nranks or comm.rank != rank:
+            raise ShmemStateError(f"shmem_init_attr(rank={rank}, nranks={nranks}) does not match torch.distributed "
+                                  f"(rank {comm.rank} of world size {comm.world_size})")  # fmt: skip
+        shmem_bootstrap.release(uid)
+    else:
+        comm = shmem_bootstrap.connect(uid, rank, nranks, timeout=timeout)
 
     def make():
         drv = driver if driver is not None else default_driver()
         return ShmemState.create_multiprocess(drv, comm, heap_size, unique_id=uid)
 
-    _install(make)
+    try:
+        _install(make)
+    except BaseException:
+        if isinstance(comm, shmem_bootstrap.UniqueIdComm):
+            comm.close()
+        raise
     return 0
+
+
+def _initialized_torch_distributed():
+    """torch.distributed when it is importable and initialized, else None (the unique id's rendezvous)."""
+    try:
+        dist = torch_distributed()
+    except ShmemStateError:
+        return None
+    return dist if dist.is_initialized() else None
 
 
 def shmem_torch_process_group_init(group_name: str, *, heap_size: int | None = None,
@@ -197,10 +262,18 @@ def shmem_init_comm(comm, *, heap_size: int | None = None, driver: Driver | None
     return 0
 
 
+def shmem_mpi_init() -> int:
+    """MORI's MPI init: not offered (no MPI here). Refused with what to use instead."""
+    raise NotImplementedError("shmem_mpi_init: mori_compiler has no MPI bootstrap; use "
+                              "shmem_torch_process_group_init(name), shmem_init_attr(flags, rank, nranks, uid) or "
+                              "shmem_init_from_env() under torchrun")  # fmt: skip
+
+
 def shmem_get_unique_id() -> bytes:
-    """128 bytes: a random token and this host's name. Used only as a rendezvous key (checked equal on
-    every PE by shmem_init_attr)."""
-    return new_unique_id()
+    """128 bytes for ``shmem_init_attr``, to be called by rank 0 and handed to every rank (as MORI's): a random
+    token and the address of a rendezvous listener this call opens in this process (runtime/shmem_bootstrap.py).
+    Every PE checks at init that all got the same id."""
+    return shmem_bootstrap.new_unique_id()
 
 
 def shmem_finalize() -> int:
@@ -210,7 +283,11 @@ def shmem_finalize() -> int:
     with _STATE_LOCK:
         s = state()
         _STATE = None
-        s.finalize()
+        try:
+            s.finalize()
+        finally:
+            if isinstance(s.comm, shmem_bootstrap.UniqueIdComm):
+                s.comm.close()  # the unique id's sockets
     return 0
 
 
@@ -235,22 +312,56 @@ def shmem_malloc_align(alignment: int, size: int) -> int:
     return state().malloc(size, alignment)
 
 
+def shmem_ext_malloc_with_flags(size: int, flags: int) -> int:
+    """MORI's allocation with flags. Only ``flags == 0`` (a plain ``shmem_malloc``) is offered: the heap is
+    one device allocation, so there is no per-object memory kind to choose."""
+    if isinstance(flags, bool) or not isinstance(flags, int) or flags != 0:
+        raise NotImplementedError(f"shmem_ext_malloc_with_flags(size, flags={flags!r}): only flags=0 is offered "
+                                  f"(the symmetric heap is one device allocation, with no per-object memory kind)")  # fmt: skip
+    return shmem_malloc(size)
+
+
 def shmem_free(ptr: int) -> None:
     state().free(ptr)
 
 
-def shmem_buffer_register(ptr: int, size: int) -> None:
+def shmem_buffer_register(ptr: int, size: int) -> int:
     """Record a non-heap buffer (MORI registers it for RDMA). Registered buffers are not symmetric: the
-    address-based device API (put/get/ptr_p2p) works only on heap addresses."""
+    address-based device API (put/get/ptr_p2p) works only on heap addresses. Returns 0."""
     state().buffer_register(ptr, size)
+    return 0
 
 
-def shmem_buffer_deregister(ptr: int) -> None:
-    state().buffer_deregister(ptr)
+_NO_SIZE = object()
 
 
-def shmem_ptr_p2p(ptr: int, my_pe: int, dest_pe: int) -> int:
-    return state().ptr_p2p(ptr, my_pe, dest_pe)
+def shmem_buffer_deregister(ptr: int, size: int = _NO_SIZE) -> int:
+    """Forget the buffer registered at ``ptr``; ``size`` must be the size it was registered with (MORI's
+    signature: both are required). Returns 0."""
+    s = state()
+    ptr = int(ptr)
+    registered = s.registered.get(ptr)
+    if size is _NO_SIZE:
+        hint = f" ({registered} for the buffer at 0x{ptr:x})" if registered is not None else ""
+        raise ShmemError(f"shmem_buffer_deregister(ptr, size): size is required, as in MORI; pass the size the "
+                         f"buffer was registered with{hint}")  # fmt: skip
+    if registered is not None and (isinstance(size, bool) or not isinstance(size, int) or size != registered):
+        raise ShmemError(f"shmem_buffer_deregister(0x{ptr:x}, {size!r}): the buffer was registered with "
+                         f"{registered} bytes; pass that size")  # fmt: skip
+    s.buffer_deregister(ptr)
+    return 0
+
+
+def shmem_ptr_p2p(dest_ptr: int, my_pe: int, dest_pe: int) -> int:
+    return state().ptr_p2p(dest_ptr, my_pe, dest_pe)
+
+
+def shmem_num_qp_per_pe() -> int:
+    """Queue pairs per peer, as MORI reports them: ``MORI_NUM_QP_PER_PE`` at init (default 4). The project
+    reaches peers over P2P and creates no queue pairs; the number is what an inter-node EP config may ask
+    for (``num_qp_per_pe``) on MORI's own transport."""
+    state()
+    return _NUM_QP_PER_PE
 
 
 def shmem_barrier_all() -> None:
@@ -258,7 +369,88 @@ def shmem_barrier_all() -> None:
     state().barrier_all()
 
 
+def shmem_barrier_on_stream(stream=None) -> None:
+    """MORI's device-side barrier kernel on a stream: not offered (the runtime ships no kernel of its own).
+    Refused with what to use instead."""
+    raise NotImplementedError("shmem_barrier_on_stream: the runtime has no barrier kernel of its own to enqueue; "
+                              "call shmem_barrier_all() (host: device sync + barrier) or a barrier inside your "
+                              "kernel (mori_shmem barrier_all, MORI_DEVICE_FUNCTIONS' shmem barrier)")  # fmt: skip
+
+
 # ---- the device state --------------------------------------------------------------------------------
+
+_NOT_FOUND = ("CUDA_ERROR_NOT_FOUND", "hipErrorNotFound")
+
+
+def _foreign_module(drv: Driver, module) -> Module:
+    """A ``Module`` over a module handle someone else loaded: our own Module as it is, else a raw handle
+    (an int, or a binding handle convertible with int(): Triton's ``kernel.module``, FlyDSL's and HIP's
+    ``hipModule_t``, cuda-bindings' ``CUmodule``). It is never unloaded here: its loader owns it."""
+    if isinstance(module, Module):
+        return module
+    if module is None or isinstance(module, (bool, float, str, bytes)):
+        raise ShmemError(f"shmem_module_init: expected a loaded module (a module handle as an int, as Triton's "
+                         f"kernel.module, or a hipModule_t / CUmodule), got {module!r}")  # fmt: skip
+    try:
+        handle = int(module)
+    except (TypeError, ValueError):
+        raise ShmemError(f"shmem_module_init: cannot read a module handle from {type(module).__name__} (expected an "
+                         f"int, a hipModule_t / CUmodule, or a mori_compiler runtime Module)") from None  # fmt: skip
+    if handle <= 0:
+        raise ShmemError(f"shmem_module_init: module handle {handle} is not a loaded module")
+    backend = canonical_backend(drv.backend)
+    if backend == "nvvm":
+        from .cuda import CudaModule as module_class
+    else:
+        from .hip import HipModule as module_class
+    if not hasattr(drv, "_call"):
+        raise ShmemError(f"shmem_module_init: the {drv.backend} driver of this shmem cannot look up globals of a "
+                         f"raw module handle; pass a mori_compiler runtime Module")  # fmt: skip
+    return module_class(drv, handle)
+
+
+def _state_global(mod: Module, symbol: str) -> tuple[int, int] | None:
+    try:
+        return mod.global_address(symbol)
+    except DriverError as exc:
+        if exc.error_name in _NOT_FOUND:
+            return None
+        raise
+
+
+def shmem_module_init(hip_module, *, wait_limit: int = 0) -> int:
+    """Fill the device state of a code object that someone else loaded (MORI's ``shmem_module_init``):
+    Triton's ``kernel.module``, a FlyDSL or HIP ``hipModule_t``, a CUDA ``CUmodule``, or a runtime ``Module``.
+    Call it after shmem init, once per loaded module (the copy is a snapshot, so again after a re-init).
+    Returns 0 when the module's ``mori_compiler_shmem_state`` was written, and -1, as MORI does, when the
+    module has no shmem state at all (a kernel that calls no shmem function: Triton's hook calls it for
+    every kernel). A module linked with MORI's own bitcode (``_ZN4mori5shmem15globalGpuStatesE``) needs
+    MORI's runtime and is refused, as are virtual PEs (their kernels are launched by ``KernelSet``).
+    ``wait_limit``: the bounded-wait poll count written into the state (0: wait forever)."""
+    s = state()
+    if s.virtual:
+        raise ShmemStateError(f"shmem_module_init: shmem runs {s.n_pes} virtual PEs in this process, whose kernels "
+                              f"need per-PE arguments (compile with virtual_pes=True and launch with KernelSet); a "
+                              f"module loaded elsewhere runs with multi-process shmem (one PE per process)")  # fmt: skip
+    data = s.device_state_bytes(wait_limit)
+    mod = _foreign_module(s.driver, hip_module)
+    found = _state_global(mod, STATE_SYMBOL)
+    if found is None:
+        from mori_compiler.lib_bitcode.abi import MORI_STATE_SYMBOL
+
+        if _state_global(mod, MORI_STATE_SYMBOL) is not None:
+            raise ShmemStateError(f"shmem_module_init: the module holds MORI's device state ({MORI_STATE_SYMBOL}): "
+                                  f"it was linked with MORI's libmori_shmem_device.bc, whose state only MORI's "
+                                  f"runtime can fill; link the project's library (mori.ir.find_bitcode() without "
+                                  f"MORI_SHMEM_BC) or run it with MORI")  # fmt: skip
+        return -1
+    ptr, size = found
+    if size < STATE_SIZE:
+        raise ShmemStateError(f"shmem_module_init: {STATE_SYMBOL} in the module has {size} bytes; the runtime "
+                              f"writes {STATE_SIZE} (the module's device library and this runtime disagree)")  # fmt: skip
+    s.driver.memcpy_htod(ptr, data)
+    return 0
+
 
 
 def device_state_bytes(wait_limit: int = 0) -> bytes:
@@ -287,3 +479,31 @@ def shmem_tensor(ptr: int, shape, dtype, pe: int | None = None):
     """A torch tensor view of the symmetric object at ``ptr`` (this PE's address) on PE ``pe`` (default
     mine; virtual mode: any PE; multi-process: a peer's heap through its IPC mapping)."""
     return shmem_tensors.symmetric_tensor_view(state(), ptr, shape, dtype, pe)
+
+
+# MORI's mori.shmem.tensor_utils names, over the views above.
+
+
+class MoriShmemBuffer:
+    """``nbytes`` bytes of device memory at ``ptr`` as a CUDA array (what torch.as_tensor takes), as MORI's."""
+
+    def __init__(self, ptr: int, nbytes: int, dtype):
+        self.ptr, self.nbytes, self.dtype = int(ptr), int(nbytes), dtype
+        self.__cuda_array_interface__ = {"data": (self.ptr, False), "shape": (self.nbytes,), "typestr": "<u1",
+                                         "strides": None, "version": 3}  # fmt: skip
+
+
+def symm_mori_shmem_tensor(tensor, peer: int):
+    """PE ``peer``'s copy of the symmetric tensor ``tensor`` (this PE's view of it)."""
+    return shmem_tensor(tensor.data_ptr(), tuple(tensor.shape), tensor.dtype, pe=peer)
+
+
+def mori_shmem_free_tensor(tensor) -> None:
+    """Free the symmetric allocation behind ``tensor`` (from mori_shmem_create_tensor)."""
+    shmem_free(tensor.data_ptr())
+
+
+def mori_shmem_create_tensor_list_intra_node(shape, dtype, num_ranks: int):
+    """A fresh symmetric tensor and its view on each of PEs 0 .. num_ranks-1."""
+    tensor = mori_shmem_create_tensor(shape, dtype)
+    return [symm_mori_shmem_tensor(tensor, pe) for pe in range(num_ranks)]

@@ -197,12 +197,13 @@ def _named_paths(doc: Path) -> set[str]:
 
 
 def test_docs_exist():
-    for name in ("extending.md", "ep-protocols.md", "device-abi.md", "toolchain.md", "mori-io.md", "tracing.md"):
+    for name in ("extending.md", "ep-protocols.md", "device-abi.md", "toolchain.md", "mori-io.md", "tracing.md",
+                 "mori-compat.md"):
         assert (DOCS / name).is_file(), name
 
 
 @pytest.mark.parametrize("doc", ["extending.md", "ep-protocols.md", "device-abi.md", "toolchain.md", "mori-io.md",
-                                 "tracing.md"])
+                                 "tracing.md", "mori-compat.md"])
 def test_every_path_the_docs_name_exists(doc):
     paths = _named_paths(DOCS / doc)
     if doc == "extending.md":
