@@ -105,7 +105,13 @@ def _wheel(cache_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def mori_sources(request) -> dict[str, ast.Module]:
-    wheel = _wheel(Path(request.config.cache.mkdir("amd_mori_wheel")))
+    cache = getattr(request.config, "cache", None)  # (absent under -p no:cacheprovider)
+    if cache is not None:
+        cache_dir = Path(cache.mkdir("amd_mori_wheel"))
+    else:
+        cache_dir = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mori_compiler_tests"
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    wheel = _wheel(cache_dir)
     with zipfile.ZipFile(wheel) as zf:
         return {name: ast.parse(zf.read(name).decode(), name) for name in (*API_FILES, *PACKAGE_FILES)}
 

@@ -348,9 +348,9 @@ def test_buffer_registration_is_bookkeeping(drv):
     with pytest.raises(ShmemError, match="size must be positive"):
         shmem.shmem_buffer_register(0x6000_0000, 0)
     assert shmem.shmem_ptr_p2p(0x5000_0000, 0, 1) == 0  # registered buffers are not symmetric
-    shmem.shmem_buffer_deregister(0x5000_0000)
+    shmem.shmem_buffer_deregister(0x5000_0000, 4096)
     with pytest.raises(ShmemError, match="no buffer is registered at that address"):
-        shmem.shmem_buffer_deregister(0x5000_0000)
+        shmem.shmem_buffer_deregister(0x5000_0000, 4096)
 
 
 def test_barrier_and_finalize_release_everything(drv):
@@ -583,9 +583,9 @@ def test_init_attr_checks_torch_distributed(world, drv):
         shmem.shmem_init_attr(0, 0, 2, uid, driver=drv)
     with pytest.raises(ShmemError, match="unique_id must be 128 bytes"):
         shmem.shmem_init_attr(1, 0, 2, b"short", driver=drv)
-    w.initialized = False
-    with pytest.raises(ShmemStateError, match="needs torch.distributed initialized"):
-        shmem.shmem_init_attr(1, 0, 2, uid, driver=drv)
+    w.initialized = False  # then the unique id carries the rendezvous: rank 0 waits for rank 1, up to the timeout
+    with pytest.raises(ShmemStateError, match=r"rank\(s\) \[1\] did not join within 0.2 s"):
+        shmem.shmem_init_attr(1, 0, 2, uid, driver=drv, timeout=0.2)
     assert shmem.current_state() is None and drv.calls == []
 
 
