@@ -1,10 +1,11 @@
-"""A pure-NumPy reference model of MORI-EP dispatch/combine and the correctness oracle of its tests.
+"""A NumPy reference model of MORI-EP dispatch/combine and the correctness oracle of its tests.
 
 Everything here follows docs/ep-protocols.md: the index encodings, routing, layout, counts, source
 positions, the combine reduction, the reference model and the oracle. The sizes and encodings are the EP
-schema's (``EpShape.sizes``, an ``ep_schema.EpSizes``), so the oracle reads what the kernels write. It needs NumPy
-and ml_dtypes (the bf16 / fp8 casts; both in the ``test`` extra): functions take and return NumPy arrays. Callers holding torch tensors convert them with
-``t.cpu().numpy()``; torch has no NumPy bfloat16/float8, so for those dtypes callers pass either
+schema's (``EpShape.sizes``, an ``ep_schema.EpSizes``), so the oracle reads what the kernels write. It needs
+NumPy and ml_dtypes (the bf16 / fp8 casts; both in the ``test`` extra): functions take and return NumPy arrays.
+Callers holding torch tensors convert them with ``t.cpu().numpy()``; torch has no NumPy bfloat16/float8, so
+for those dtypes callers pass either
 
 * **values as float32** (``t.float().cpu().numpy()``), where a function computes on values
   (:func:`reference_combine`, :func:`check_combine`, :func:`convert_combine_input_ref`), or
@@ -894,8 +895,9 @@ def to_bits(values, dtype_name: str, *, saturate: bool = False) -> np.ndarray:
 
 def from_bits(bits, dtype_name: str) -> np.ndarray:
     """float32 values of bit patterns (uint32 / uint16 / uint8 as produced by :func:`to_bits`; of a wider
-    integer only the low 16 bits count for bf16, the low 8 for fp8). A NaN code gives a NaN with the code's sign
-    bit (e4m3fn 0x7f / 0xff: +NaN / -NaN; FNUZ 0x80: -NaN), so ``to_bits(from_bits(c))`` is ``c`` for every fp8 code."""
+    integer only the low 16 bits count for bf16, the low 8 for fp8). A NaN code gives a NaN with the code's
+    sign bit (e4m3fn 0x7f / 0xff: +NaN / -NaN; FNUZ 0x80: -NaN), so ``to_bits(from_bits(c))`` is ``c`` for
+    every fp8 code."""
     name = canonical_dtype(dtype_name)
     b = np.asarray(bits)
     if not np.issubdtype(b.dtype, np.integer):

@@ -148,8 +148,8 @@ def test_the_oracle_rounds_the_documented_examples():
     assert e4m3.tolist() == [0x7E, 0x7F, 0x00, 0x02]  # 464 ties to 448; 2^-10 ties to 0; 1.5 * 2^-9 to 2^-8
     fnuz = oracle_encode(E4M3FNUZ, np.array([248.0, -0.0, -1e-9, np.nan], np.float32), overflow="max", infinity="max")
     assert fnuz.tolist() == [0x7F, 0x00, 0x00, 0x80]
-    assert oracle_encode(BF16, np.array([1.0 + 2.0**-8, -np.nan], np.float32), overflow="inf", infinity="inf").tolist() == [
-        0x3F80, 0xFFC0]  # fmt: skip
+    bf16 = oracle_encode(BF16, np.array([1.0 + 2.0**-8, -np.nan, 3.4e38], np.float32), overflow="inf", infinity="inf")
+    assert bf16.tolist() == [0x3F80, 0xFFC0, 0x7F80]  # the tie to even; -NaN keeps its sign; past bf16's max
 
 
 def test_bf16_encoder(inputs):
