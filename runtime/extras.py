@@ -5,7 +5,11 @@ or raises ``MissingExtraError`` naming the module, its package and the ``pip ins
 
 * ``cuda``: torch and cuda-bindings (``cuda.bindings.driver``), the NVIDIA runtime;
 * ``hip``: hip-python (``hip``), the AMD runtime (with a ROCm build of torch, which PyPI does not carry);
-* ``bench``: matplotlib, for the benchmarks' plots.
+* ``bench``: matplotlib, for the benchmarks' plots;
+* ``flydsl``: FlyDSL, for FlyDSL kernels that call our shmem (compiled in a process of their own: FlyDSL and
+  the MLIR bindings cannot share one);
+* ``test``: ml_dtypes, the bf16 / fp8 / fp4 casts of the EP reference model (mori_compiler.ops.reference),
+  which the tests and the benchmarks use as their oracle.
 
 ``cuda_unavailable_reason()`` says why CUDA GPU work cannot run here (the GPU tests' skip reason), importing
 torch only once torch and cuda-bindings are both found.
@@ -37,6 +41,8 @@ OPTIONAL_PACKAGES = {
     "cuda": OptionalPackage("cuda-bindings", "cuda", "CUDA launches (nvvm bundles)"),
     "hip": OptionalPackage("hip-python", "hip", "HIP launches (rocdl bundles)"),
     "matplotlib": OptionalPackage("matplotlib", "bench", "the benchmarks' plots"),
+    "flydsl": OptionalPackage("flydsl", "flydsl", "FlyDSL kernels calling our shmem"),
+    "ml_dtypes": OptionalPackage("ml_dtypes", "test", "the EP reference model's bf16 / fp8 / fp4 casts"),
 }
 
 

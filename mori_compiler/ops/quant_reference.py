@@ -45,8 +45,10 @@ the oracle's bound holds for it). Finite inputs give the same bits; the code of 
 which the model refuses, becomes a signed zero in the kernels.
 
 Values are passed as float32 NumPy arrays (bf16 expert outputs converted to float32); bits come back as
-uint8. The f32 arithmetic (scale, multiply, sum in copy order) is what the kernels do; a kernel summing in
-another order may differ in the last f32 bit before the bf16 output rounding.
+uint8. The casts are ml_dtypes' (``float8_e4m3fn``, ``float8_e4m3fnuz``, ``float4_e2m1fn``) behind the clamps
+above (its fp8 casts do not saturate); test_dtype_encoders.py pins them to exact rounding. The f32 arithmetic
+(scale, multiply, sum in copy order) is what the kernels do; a kernel summing in another order may differ in
+the last f32 bit before the bf16 output rounding.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ import numpy as np
 from mori_compiler.wire_quant import DEFAULT_COMBINE_SCALE_DIM, FP8_COMBINE_SCALE_DIM_ENV, QUANT_TYPES
 from mori_compiler.ops.config import combine_scale_blocks
 from mori_compiler.ops.reference import canonical_dtype, combine_tolerance, from_bits, quantize, to_bits
+from mori_compiler.runtime.extras import import_extra
+
+ml_dtypes = import_extra("ml_dtypes")
 
 __all__ = [
     "FP8_COMBINE_SCALE_DIM_ENV", "DEFAULT_SCALE_DIM", "QUANT_TYPES", "FP8_NAMES", "FP8_MAX", "FP4_MAX",
@@ -69,7 +74,8 @@ DEFAULT_SCALE_DIM = DEFAULT_COMBINE_SCALE_DIM
 FP8_NAMES = ("fp8_e4m3fn", "fp8_e4m3fnuz")
 FP8_MAX = {"fp8_e4m3fn": 448.0, "fp8_e4m3fnuz": 240.0}
 FP4_MAX = 6.0
-FP4_E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)  # magnitude per code
+# Magnitude of each code 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+FP4_E2M1_VALUES = np.arange(8, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
 FP4_E2M1_VALUES.flags.writeable = False
 
 
@@ -178,15 +184,11 @@ def fp8_blockwise_dequantize(bits, scales, fp8_name) -> np.ndarray:
 
 
 def _fp4_codes(x: np.ndarray) -> np.ndarray:
-    if np.isnan(x).any():
+    """uint8 E2M1 codes (one per element, 0..15) of float32 values, by ml_dtypes' round-to-nearest-even cast."""
+    if np.isnan(x).any():  # ml_dtypes casts NaN to a zero (-NaN to +0): the model refuses it instead
         raise ValueError("fp4 e2m1 has no NaN encoding: the input contains NaN")
-    mag = np.minimum(np.abs(x.astype(np.float64)), FP4_MAX)
-    grid = FP4_E2M1_VALUES.astype(np.float64)
-    hi = np.clip(np.searchsorted(grid, mag, side="left"), 1, 7)  # grid[hi-1] < mag <= grid[hi] (mag > 0)
-    lo = hi - 1
-    d_lo, d_hi = mag - grid[lo], grid[hi] - mag
-    code = np.where((d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0)), hi, lo)  # ties to the even code
-    return (code | np.where(np.signbit(x), 8, 0)).astype(np.uint8)
+    # ml_dtypes 0.5-0.7 saturate this cast on their own, which they do not document: the clamp states our rule.
+    return np.clip(x, -FP4_MAX, FP4_MAX).astype(ml_dtypes.float4_e2m1fn).view(np.uint8)
 
 
 def fp4_e2m1_encode(x_f32) -> np.ndarray:
@@ -207,8 +209,7 @@ def fp4_e2m1_decode(packed, hidden: int) -> np.ndarray:
         raise ValueError(f"packed must be a uint8 [n, ceil(hidden/2)={-(-hidden // 2)}] array, "
                          f"got {p.dtype} shape {p.shape}")  # fmt: skip
     codes = np.stack([p & 0xF, p >> 4], axis=2).reshape(p.shape[0], -1)[:, :hidden]
-    mag = FP4_E2M1_VALUES[codes & 7]
-    return np.where(codes & 8, -mag, mag).astype(np.float32)
+    return np.ascontiguousarray(codes).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
 
 
 def fp4_blockwise_quantize(x_f32, scale_dim=None) -> tuple[np.ndarray, np.ndarray]:

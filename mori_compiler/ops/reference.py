@@ -1,10 +1,11 @@
-"""A pure-NumPy reference model of MORI-EP dispatch/combine and the correctness oracle of its tests.
+"""A NumPy reference model of MORI-EP dispatch/combine and the correctness oracle of its tests.
 
 Everything here follows docs/ep-protocols.md: the index encodings, routing, layout, counts, source
 positions, the combine reduction, the reference model and the oracle. The sizes and encodings are the EP
-schema's (``EpShape.sizes``, an ``ep_schema.EpSizes``), so the oracle reads what the kernels write. NumPy is the only
-dependency: functions take and return NumPy arrays. Callers holding torch tensors convert them with
-``t.cpu().numpy()``; torch has no NumPy bfloat16/float8, so for those dtypes callers pass either
+schema's (``EpShape.sizes``, an ``ep_schema.EpSizes``), so the oracle reads what the kernels write. It needs
+NumPy and ml_dtypes (the bf16 / fp8 casts; both in the ``test`` extra): functions take and return NumPy arrays.
+Callers holding torch tensors convert them with ``t.cpu().numpy()``; torch has no NumPy bfloat16/float8, so
+for those dtypes callers pass either
 
 * **values as float32** (``t.float().cpu().numpy()``), where a function computes on values
   (:func:`reference_combine`, :func:`check_combine`, :func:`convert_combine_input_ref`), or
@@ -34,6 +35,9 @@ from typing import NamedTuple
 import numpy as np
 
 from mori_compiler.ep_schema import TRAFFIC_COUNTERS, EpSizes, EpTopology, KernelType, topology_problems
+from mori_compiler.runtime.extras import import_extra
+
+ml_dtypes = import_extra("ml_dtypes")  # a missing one names the extra that installs it
 
 __all__ = [
     "EpShape", "route", "destinations", "unique_dest_count", "expected_recv_counts", "RecvOverflow",
@@ -849,10 +853,11 @@ _ALIASES = {
     "fp8_e4m3fnuz": "fp8_e4m3fnuz", "float8_e4m3fnuz": "fp8_e4m3fnuz", "fp8_fnuz": "fp8_e4m3fnuz",
     "e4m3fnuz": "fp8_e4m3fnuz",
 }  # fmt: skip
-_FP8 = {  # name -> (exponent bias, largest finite positive code)
-    "fp8_e4m3fn": (7, 0x7E),
-    "fp8_e4m3fnuz": (8, 0x7F),
-}
+# The ml_dtypes type of each narrow dtype: its numpy casts round to nearest even and are our encoders and
+# decoders (test_dtype_encoders.py pins them bit for bit to exact rounding).
+_ML_DTYPE = {"bf16": ml_dtypes.bfloat16, "fp8_e4m3fn": ml_dtypes.float8_e4m3fn,
+             "fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz}  # fmt: skip
+_BITS = {"bf16": np.uint16, "fp8_e4m3fn": np.uint8, "fp8_e4m3fnuz": np.uint8}
 
 
 def canonical_dtype(dtype_name: str) -> str:
@@ -861,50 +866,6 @@ def canonical_dtype(dtype_name: str) -> str:
     if key not in _ALIASES:
         raise ValueError(f"unknown dtype {dtype_name!r} (known: {', '.join(DTYPES)})")
     return _ALIASES[key]
-
-
-@functools.lru_cache(maxsize=None)
-def _fp8_table(name: str) -> np.ndarray:
-    """float64 [256]: the value of every code (NaN codes give NaN)."""
-    bias, _ = _FP8[name]
-    codes = np.arange(256)
-    sign = np.where(codes & 0x80, -1.0, 1.0)
-    e = (codes >> 3) & 0xF
-    m = (codes & 7).astype(np.float64)
-    mag = np.where(e == 0, m * 2.0 ** (1 - bias - 3), (8 + m) * 2.0 ** (e - bias - 3))
-    table = sign * mag
-    if name == "fp8_e4m3fn":
-        table[[0x7F, 0xFF]] = np.nan
-    else:
-        table[0x80] = np.nan
-    table.flags.writeable = False
-    return table
-
-
-def _fp8_encode(a32: np.ndarray, name: str, saturate: bool) -> np.ndarray:
-    """Round-to-nearest-even float32 -> fp8 codes. Overflow gives NaN, or ±max with ``saturate``."""
-    _, maxcode = _FP8[name]
-    table = _fp8_table(name)
-    pos = table[: maxcode + 1]  # magnitudes of codes 0..maxcode, strictly increasing
-    ext = np.append(pos, pos[maxcode] + (pos[maxcode] - pos[maxcode - 1]))  # virtual code maxcode+1 = overflow
-    v = a32.astype(np.float64)
-    nan = np.isnan(v)
-    neg = np.signbit(v)
-    mag = np.minimum(np.where(nan, 0.0, np.abs(v)), ext[-1])
-    hi = np.searchsorted(ext, mag, side="left")  # ext[hi-1] < mag <= ext[hi]
-    lo = np.maximum(hi - 1, 0)
-    d_lo, d_hi = mag - ext[lo], ext[hi] - mag
-    code = np.where((d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0)), hi, lo)  # ties to the even code
-    overflow = code > maxcode
-    if saturate:
-        code = np.where(overflow, maxcode, code)
-    else:
-        nan = nan | overflow
-    if name == "fp8_e4m3fn":
-        code = np.where(nan, 0x7F, code) | np.where(neg, 0x80, 0)
-    else:  # fnuz: single NaN 0x80, no negative zero
-        code = np.where(nan, 0x80, np.where(neg & (code != 0), code | 0x80, code))
-    return code.astype(np.uint8)
 
 
 def to_bits(values, dtype_name: str, *, saturate: bool = False) -> np.ndarray:
@@ -919,26 +880,32 @@ def to_bits(values, dtype_name: str, *, saturate: bool = False) -> np.ndarray:
     name = canonical_dtype(dtype_name)
     a = np.ascontiguousarray(np.asarray(values, dtype=np.float32))
     if name == "float32":
+        if saturate:
+            raise ValueError("saturate=True is only for the fp8 dtypes, not float32")
         return a.view(np.uint32).copy()
-    if name == "bf16":
-        u = a.view(np.uint32).astype(np.uint64)
-        r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
-        r = np.where(np.isnan(a), 0x7FC0 | ((u >> 16) & 0x8000), r)
-        return r.astype(np.uint16)
-    return _fp8_encode(a, name, saturate)
+    if saturate:
+        if name == "bf16":
+            raise ValueError("saturate=True is only for the fp8 dtypes, not bf16")
+        # ml_dtypes' cast does not saturate (overflow is NaN); clamping first is HIP's saturating cast.
+        fp8_max = float(ml_dtypes.finfo(_ML_DTYPE[name]).max)
+        a = np.clip(a, -fp8_max, fp8_max)
+    with np.errstate(invalid="ignore"):  # the bf16 cast of a NaN warns; it gives the quiet NaN documented above
+        return a.astype(_ML_DTYPE[name]).view(_BITS[name])
 
 
 def from_bits(bits, dtype_name: str) -> np.ndarray:
-    """float32 values of bit patterns (uint32 / uint16 / uint8 as produced by :func:`to_bits`)."""
+    """float32 values of bit patterns (uint32 / uint16 / uint8 as produced by :func:`to_bits`; of a wider
+    integer only the low 16 bits count for bf16, the low 8 for fp8). A NaN code gives a NaN with the code's
+    sign bit (e4m3fn 0x7f / 0xff: +NaN / -NaN; FNUZ 0x80: -NaN), so ``to_bits(from_bits(c))`` is ``c`` for
+    every fp8 code."""
     name = canonical_dtype(dtype_name)
     b = np.asarray(bits)
     if not np.issubdtype(b.dtype, np.integer):
         raise ValueError(f"bits must be an integer array, got {b.dtype}")
     if name == "float32":
         return np.ascontiguousarray(b.astype(np.uint32)).view(np.float32)
-    if name == "bf16":
-        return np.ascontiguousarray((b.astype(np.uint32) & 0xFFFF) << 16).view(np.float32)
-    return _fp8_table(name)[b.astype(np.int64) & 0xFF].astype(np.float32)
+    low_bits = b.astype(np.int64) & np.iinfo(_BITS[name]).max
+    return low_bits.astype(_BITS[name]).view(_ML_DTYPE[name]).astype(np.float32)
 
 
 def quantize(values, dtype_name: str) -> np.ndarray:

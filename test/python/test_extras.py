@@ -1,5 +1,6 @@
-"""The install extras (cuda, hip, bench): declared with exact pins, and a missing package named with the extra
-that provides it, in the drivers, the benchmarks and the GPU tests' skip reason."""
+"""The install extras (cuda, hip, bench, flydsl; ml_dtypes in test): declared with exact pins, and a missing
+package named with the extra that provides it, in the drivers, the benchmarks, the reference model and the GPU
+tests' skip reason."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def optional_dependencies(repo_root):
 
 
 @pytest.mark.parametrize("extra, packages", [("cuda", {"torch", "cuda-bindings"}), ("hip", {"hip-python"}),
-                                             ("bench", {"matplotlib"})])  # fmt: skip
+                                             ("bench", {"matplotlib"}), ("flydsl", {"flydsl"})])  # fmt: skip
 def test_extras_are_declared_with_exact_pins(optional_dependencies, extra, packages):
     pins = {}
     for requirement in optional_dependencies[extra]:
@@ -31,6 +32,11 @@ def test_extras_are_declared_with_exact_pins(optional_dependencies, extra, packa
         assert match, f"[{extra}] {requirement!r} is not an exact pin (name==version)"
         pins[match[1]] = match[2]
     assert set(pins) == packages
+
+
+def test_the_reference_models_ml_dtypes_is_pinned_in_the_test_extra(optional_dependencies):
+    """The casts of the oracle are a function of this version, like the kernels of the compiler's pins."""
+    assert [r for r in optional_dependencies["test"] if r.split("==")[0] == "ml_dtypes"] == ["ml_dtypes==0.7.0"]
 
 
 def test_every_optional_package_names_a_declared_extra(optional_dependencies):
@@ -47,7 +53,9 @@ def _block(monkeypatch, *modules):
 
 @pytest.mark.parametrize("module, package, extra", [("cuda.bindings.driver", "cuda-bindings", "cuda"),
                                                     ("torch", "torch", "cuda"), ("hip", "hip-python", "hip"),
-                                                    ("matplotlib", "matplotlib", "bench")])  # fmt: skip
+                                                    ("matplotlib", "matplotlib", "bench"),
+                                                    ("flydsl", "flydsl", "flydsl"),
+                                                    ("ml_dtypes", "ml_dtypes", "test")])  # fmt: skip
 def test_a_missing_module_names_its_package_and_extra(monkeypatch, module, package, extra):
     _block(monkeypatch, module)
     with pytest.raises(MissingExtraError) as info:
@@ -98,6 +106,17 @@ def test_the_drivers_name_the_extra_when_their_bindings_are_missing(monkeypatch,
             driver_mod.get_driver(backend)
     finally:
         driver_mod._reset_drivers()
+
+
+def test_the_reference_model_names_the_extra_when_ml_dtypes_is_missing():
+    """In a process of its own, as where ml_dtypes is not installed (blocked before the first import)."""
+    code = ("import sys; sys.modules['ml_dtypes'] = None\n"
+            "try:\n    import mori_compiler.ops.reference\n"
+            "except ModuleNotFoundError as exc:\n    print(type(exc).__name__, exc)")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("MissingExtraError no module 'ml_dtypes': the EP reference model's")
+    assert "pip install -e '.[test]'" in result.stdout
 
 
 # ---- the GPU tests' skip reason, over fake probes ------------------------------------------------------
