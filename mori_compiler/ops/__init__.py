@@ -4,7 +4,7 @@ Importing this package imports neither MLIR nor torch; building an op needs torc
 shmem (mori_compiler.runtime.shmem), and the compiler only when its kernels are not precompiled.
 ``EpDispatchCombineOp`` is loaded on first access: a warm start (``ep_bundle`` finding its bundle in the
 cache) imports only the config, ``bundle`` and the cache. ``reference`` holds the NumPy reference model
-and correctness oracle (docs/ep-protocols.md).
+and correctness oracle (docs/ep-protocols.md; its bf16/fp8/fp4 casts are ml_dtypes').
 """
 
 from .bundle import ep_bundle, kernel_module_source
