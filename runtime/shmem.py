@@ -46,7 +46,8 @@ from mori_compiler.lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
 from . import shmem_bootstrap, shmem_tensors
 from .driver import Driver, DriverError, Module, canonical_backend, default_driver, torch_cuda
 from .heap_allocator import heap_size_from_env
-from .shmem_comm import UNIQUE_ID_BYTES, TorchComm, resolve_process_group, torch_distributed
+from .shmem_bootstrap import UNIQUE_ID_BYTES
+from .shmem_comm import TorchComm, resolve_process_group, torch_distributed
 from .shmem_errors import ShmemError, ShmemOutOfMemoryError, ShmemStateError
 from .shmem_state import ShmemState
 

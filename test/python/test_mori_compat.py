@@ -8,8 +8,11 @@ functions run over the fake CUDA bindings of test_runtime_fakes.py.
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -452,16 +455,19 @@ def test_rendezvous_errors_name_the_problem():
         shmem_bootstrap.connect(uid, 0, 3, timeout=0.3)
     with pytest.raises(ShmemError, match="carries no rendezvous address"):
         shmem_bootstrap.connect(b"x" * 128, 1, 2, timeout=0.3)
-    # Nobody listens at the id's address any more: the joining rank fails by the deadline.
-    with pytest.raises(ShmemStateError, match=r"rank 1 cannot reach rank 0 at"):
-        shmem_bootstrap.connect(uid, 1, 3, timeout=0.3)
+    # Nobody listens at the id's address any more: refused, so the joining rank fails at once, not at the deadline.
+    started = time.monotonic()
+    with pytest.raises(ShmemStateError, match=r"rank 1 cannot reach rank 0 at [^ ]+:\d+: the connection was refused, "
+                                              r"so rank 0's listener is gone .*the unique id is stale or rank 0 exited"):
+        shmem_bootstrap.connect(uid, 1, 3, timeout=30)
+    assert time.monotonic() - started < 1
 
 
 def test_rendezvous_refuses_disagreeing_ranks_and_ignores_strangers():
     uid = shmem_bootstrap.new_unique_id()
     token, host, port = shmem_bootstrap.parse_unique_id(uid)
     stranger = socket.create_connection((host, port), timeout=5)
-    stranger.sendall(shmem_bootstrap._HELLO.pack(b"\0" * 16, 1, 2))  # a wrong token: dropped unread
+    stranger.sendall(shmem_bootstrap._HELLO.pack(b"\0" * 16, b"\0" * 32, 1, 2))  # a wrong MAC: dropped unread
 
     def rank(r):
         return shmem_bootstrap.connect(uid, r, 2 if r == 0 else 3, timeout=5)
@@ -473,12 +479,164 @@ def test_rendezvous_refuses_disagreeing_ranks_and_ignores_strangers():
         assert "a process joined as rank 1 of 3 (rank 0 has nranks=2)" in str(r)
 
 
+def test_rendezvous_encoding_round_trips_and_refuses_what_it_did_not_make():
+    b = shmem_bootstrap
+    record = {"pe": 1, "host": "h", "pid": -7, "heap_size": 1 << 40, "handle": b"\0\xff" * 32, "unique_id": None,
+              "error": "\u00e9", "ok": True, "no": False, "x": 0.5, "calls": [(1, (2, [3])), ()], "big": -(1 << 200)}  # fmt: skip
+    assert b.decode(b.encode(record)) == record
+    assert type(b.decode(b.encode([(1,)]))[0]) is tuple
+    for bad, why in [(b"", "a tag runs past the end"), (b"Q", "unknown tag b'Q'"), (b"NN", "1 stray byte"),
+                     (b"L\xff\xff\xff\xff", "a list of length 4294967295 runs past the end"),
+                     (b"S\x02\0\0\0\xff\xfe", "a str that is not UTF-8"),
+                     (b"L\x01\0\0\0" * 20 + b"N", "nested deeper than 16"),
+                     (b"M\x01\0\0\0L\0\0\0\0N", "a dict key that is not hashable \\(list\\)"),
+                     (__import__("pickle").dumps(("pe", 0)), "unknown tag")]:  # fmt: skip
+        with pytest.raises(b._Malformed, match=why):
+            b.decode(bad)
+    with pytest.raises(ShmemError, match="cannot send a object"):
+        b.encode([object()])
+
+
+def _uid_at(token: bytes, port: int, host: str = "127.0.0.1") -> bytes:
+    b = shmem_bootstrap
+    return (b.MAGIC + token + struct.pack("<HB", port, len(host)) + host.encode()).ljust(b.UNIQUE_ID_BYTES, b"\0")
+
+
+def _stranger_server(reply, token: bytes = b"t" * 16):
+    """A server at the id's address that is not rank 0 (a stale id's reused port): it reads the hello, sends
+    ``reply(nonce)`` and holds the connection open until the test ends. Returns (uid, stop)."""
+    b = shmem_bootstrap
+    listener = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve():
+        sock, _ = listener.accept()
+        with sock:
+            nonce = sock.recv(b._HELLO.size)[: b.NONCE_BYTES]
+            sock.sendall(reply(nonce))
+            done.wait(10)
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return _uid_at(token, listener.getsockname()[1]), done.set
+
+
+def _frame(kind: bytes, payload: bytes = b"", length: int | None = None) -> bytes:
+    return shmem_bootstrap._FRAME.pack(kind, len(payload) if length is None else length) + payload
+
+
+_PROVEN = lambda nonce: _frame(b"A", shmem_bootstrap._serve_mac(b"t" * 16, nonce))  # noqa: E731 - rank 0's proof
+
+
+@pytest.mark.parametrize("reply, why", [
+    (lambda n: _frame(b"O", length=1 << 40), r"a frame of kind b'O' where rank 0's proof was due"),
+    (lambda n: _frame(b"Z"), r"a frame of kind b'Z' where rank 0's proof was due"),
+    (lambda n: _frame(b"A", length=1 << 40), r"a 1099511627776-byte proof \(a proof has 32 bytes\)"),
+    (lambda n: _frame(b"A", b"\0" * 32), "a proof that does not match the id's token"),
+    (lambda n: _PROVEN(n) + _frame(b"O", length=1 << 40), r"a 1099511627776-byte frame \(at most MAX_FRAME_BYTES"),
+    (lambda n: _PROVEN(n) + _frame(b"A", b"\0" * 32), r"a frame of kind b'A' where an object or an error was due"),
+    (lambda n: _PROVEN(n) + _frame(b"O", b"x"), "a 1-byte start signal"),
+])  # fmt: skip
+def test_a_joining_rank_trusts_nothing_that_is_not_rank_0(reply, why):
+    uid, stop = _stranger_server(reply)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ShmemStateError, match=f"rank 1 got {why}.* from 127.0.0.1:\\d+, which is not rank 0 of "
+                                                  f"this unique id"):  # fmt: skip
+            shmem_bootstrap.connect(uid, 1, 2, timeout=5)
+    finally:
+        stop()
+    assert time.monotonic() - started < 3  # refused at once, never read up to the length, never waiting it out
+
+
+@pytest.mark.parametrize("frame, why", [
+    (_frame(b"O", __import__("pickle").dumps([("pe", 0), None])), r"malformed frame from rank 0 \(unknown tag"),
+    (_frame(b"O", shmem_bootstrap.encode([1, 2, 3])), r"malformed frame from rank 0 \(a list where the list of 2"),
+    (_frame(b"O", length=shmem_bootstrap.MAX_FRAME_BYTES + 1), f"a {shmem_bootstrap.MAX_FRAME_BYTES + 1}-byte frame"),
+    (_frame(b"Q"), "a frame of kind b'Q' where an object or an error was due"),
+    (b"", r"lost rank 0 \((Connection\w*|BrokenPipe)Error"),  # the send or the recv notices the close
+])  # fmt: skip
+def test_a_joined_rank_refuses_malformed_frames_from_rank_0(frame, why):
+    # Rank 0 proved it holds the token, starts the rendezvous, then answers the first gather with ``frame``.
+    uid, stop = _stranger_server(lambda n: _PROVEN(n) + _frame(b"O") + frame if frame else _PROVEN(n) + _frame(b"O"))
+    try:
+        comm = shmem_bootstrap.connect(uid, 1, 2, timeout=5)
+        if not frame:
+            stop()
+        started = time.monotonic()
+        with pytest.raises(ShmemStateError, match=f"shmem rendezvous: rank 1 .*{why}"):
+            comm.all_gather_object(("pe", 1))
+        assert time.monotonic() - started < 3
+        comm.close()
+    finally:
+        stop()
+
+
+@pytest.mark.parametrize("frame, why", [
+    (_frame(b"O", length=1 << 40), r"malformed frame from rank 1 \(a 1099511627776-byte frame"),
+    (_frame(b"E", b"x"), r"malformed frame from rank 1 \(a frame of kind b'E' where an object was due"),
+    (_frame(b"O", b"\x80\x04K\x01."), r"malformed frame from rank 1 \(unknown tag b'\\x80'"),
+])  # fmt: skip
+def test_rank_0_refuses_malformed_frames_from_a_joined_rank(frame, why):
+    b = shmem_bootstrap
+    uid = b.new_unique_id()
+    token, host, port = b.parse_unique_id(uid)
+    result = {}
+
+    def rank0():
+        try:
+            comm = b.connect(uid, 0, 2, timeout=5)
+            result["error"] = None
+            comm.all_gather_object(("pe", 0))
+        except ShmemStateError as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=rank0)
+    thread.start()
+    nonce = b"n" * b.NONCE_BYTES
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as peer:  # rank 1, holding the token
+        peer.sendall(b._HELLO.pack(nonce, b._join_mac(token, nonce, 1, 2), 1, 2))
+        proof = b._recv_exact(peer, b._FRAME.size + 32, b._Deadline(5))
+        assert proof == _frame(b"A", b._serve_mac(token, nonce))
+        thread_started = time.monotonic()
+        peer.sendall(frame)
+        thread.join(3)
+        assert not thread.is_alive() and time.monotonic() - thread_started < 3, "rank 0 hung"
+    assert isinstance(result["error"], ShmemStateError) and re.search(why, str(result["error"])), result
+
+
+def test_a_joining_rank_fails_at_once_on_an_unknown_host_and_retries_an_unreachable_one(monkeypatch):
+    uid = _uid_at(b"t" * 16, 1, "no-such-host.invalid")
+    calls = []
+
+    def unknown(address, timeout=None):
+        calls.append(address)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(shmem_bootstrap.socket, "create_connection", unknown)
+    with pytest.raises(ShmemStateError, match=r"rank 1 cannot reach rank 0 at no-such-host.invalid:1: the host name "
+                                              r"'no-such-host.invalid' does not resolve here \(Name or service"):  # fmt: skip
+        shmem_bootstrap.connect(uid, 1, 2, timeout=30)
+    assert len(calls) == 1
+
+    def unreachable(address, timeout=None):
+        calls.append(address)
+        raise OSError(errno.ENETUNREACH, os.strerror(errno.ENETUNREACH))
+
+    calls.clear()
+    monkeypatch.setattr(shmem_bootstrap.socket, "create_connection", unreachable)
+    with pytest.raises(ShmemStateError, match=f"cannot reach rank 0 at no-such-host.invalid:1 \\({os.strerror(errno.ENETUNREACH)}"):
+        shmem_bootstrap.connect(uid, 1, 2, timeout=0.3)
+    assert len(calls) > 1  # retried to the deadline: the route may come up
+
+
 def test_rendezvous_timeout_from_the_environment(monkeypatch):
     monkeypatch.setenv("MORI_COMPILER_RENDEZVOUS_TIMEOUT", "2.5")
     assert shmem_bootstrap.timeout_from_env() == 2.5
-    for bad in ("0", "-1", "soon"):
+    for bad in ("0", "-1", "soon", "inf", "nan"):
         monkeypatch.setenv("MORI_COMPILER_RENDEZVOUS_TIMEOUT", bad)
-        with pytest.raises(ShmemError, match=f"MORI_COMPILER_RENDEZVOUS_TIMEOUT={bad!r}: expected a number of seconds"):
+        with pytest.raises(ShmemError, match=f"MORI_COMPILER_RENDEZVOUS_TIMEOUT={bad!r}: expected a finite number of "
+                                             f"seconds > 0"):  # fmt: skip
             shmem_bootstrap.timeout_from_env()
 
 
