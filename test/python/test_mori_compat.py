@@ -156,6 +156,43 @@ def test_a_real_mori_always_wins(tmp_path):
     assert proc.stdout.strip() == str(real / "__init__.py")
 
 
+def test_a_real_mori_found_by_a_finder_appended_later_wins(tmp_path):
+    # An import hook installed after start-up (after our finder) that finds a real mori: it wins, not ours.
+    real = _fake_real_mori(tmp_path / "hidden")  # not on sys.path: only the late finder knows it
+    code = _WITH_FINDER + (
+        "import importlib.util, sys\n"
+        "class Late:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name == 'mori': return importlib.util.spec_from_file_location('mori', {str(real / '__init__.py')!r})\n"
+        "sys.meta_path.append(Late())\n"
+        "import mori\n"
+        "assert mori.REAL and not c.is_ours(mori), mori\n"
+        "print(c.real_mori_origin())\n")  # fmt: skip
+    proc = _python(code, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(real / "__init__.py")
+
+
+def test_a_later_finder_that_asks_the_import_system_gets_no_answer_from_us(tmp_path):
+    # A finder after ours that looks names up through importlib.util.find_spec (guarding itself against its own
+    # re-entry) re-enters our finder: no recursion, it finds nothing, and ours serves mori.
+    code = _WITH_FINDER + (
+        "import importlib.util, sys\n"
+        "class Asking:\n"
+        "    busy = False\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'mori' and not Asking.busy:\n"
+        "            Asking.busy = True\n"
+        "            print('asked', importlib.util.find_spec(name))\n"
+        "            Asking.busy = False\n"
+        "sys.meta_path.append(Asking())\n"
+        "import mori\n"
+        "print(c.is_ours(mori))\n")  # fmt: skip
+    proc = _python(code, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["asked", "None", "True"]
+
+
 def test_status_and_enable_name_a_real_mori(tmp_path):
     real = _fake_real_mori(tmp_path / "site")
     site_dir = tmp_path / "site-packages"
