@@ -36,6 +36,7 @@ This module keeps the process-global state and the API over it; the rest lives b
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import threading
@@ -165,18 +166,15 @@ def shmem_init_attr(flags: int, rank: int, nranks: int, unique_id, *, heap_size:
     if flags != MORI_SHMEM_INIT_WITH_UNIQUEID:
         raise ShmemError(f"shmem_init_attr flags={flags}: only MORI_SHMEM_INIT_WITH_UNIQUEID "
                          f"({MORI_SHMEM_INIT_WITH_UNIQUEID}) is supported (no MPI)")  # fmt: skip
-    if isinstance(unique_id, (int, str)):
-        raise ShmemError(f"unique_id must be the {UNIQUE_ID_BYTES} bytes of shmem_get_unique_id(), got a "
-                         f"{type(unique_id).__name__}")  # fmt: skip
-    uid = bytes(unique_id)
-    if len(uid) != UNIQUE_ID_BYTES:
-        raise ShmemError(f"unique_id must be {UNIQUE_ID_BYTES} bytes (from shmem_get_unique_id()), got {len(uid)}")
-    for name, value in (("rank", rank), ("nranks", nranks)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ShmemError(f"shmem_init_attr {name} must be an integer, got {value!r}")
+    uid = _unique_id_bytes(unique_id)
+    rank, nranks = _integer("rank", rank), _integer("nranks", nranks)
     if not 0 <= rank < nranks:
         raise ShmemError(f"shmem_init_attr(rank={rank}, nranks={nranks}): rank must be in [0, nranks)")
-    _check_not_initialized()  # before any rendezvous: the other ranks would wait for nothing
+    if timeout is not None:
+        timeout = shmem_bootstrap.check_timeout(timeout, "shmem_init_attr timeout")
+    # Before any rendezvous, what can fail here alone: the other ranks would otherwise wait for nothing.
+    _check_not_initialized()
+    num_qp_from_env()
     dist = _initialized_torch_distributed()
     if dist is not None:
         if timeout is not None:
@@ -201,6 +199,32 @@ def shmem_init_attr(flags: int, rank: int, nranks: int, unique_id, *, heap_size:
             comm.close()
         raise
     return 0
+
+
+def _unique_id_bytes(unique_id) -> bytes:
+    """The id as bytes (bytes, bytearray, a buffer or a sequence of byte values), of UNIQUE_ID_BYTES bytes."""
+    got = f"got a {type(unique_id).__name__}"
+    if not isinstance(unique_id, (int, str)):  # bytes(n) would be n zeros, bytes(str) a TypeError
+        try:
+            uid = bytes(unique_id)
+        except (TypeError, ValueError):
+            uid = None
+        if uid is not None:
+            if len(uid) != UNIQUE_ID_BYTES:
+                got = f"got {len(uid)}"
+            else:
+                return uid
+    raise ShmemError(f"shmem_init_attr unique_id must be the {UNIQUE_ID_BYTES} bytes of shmem_get_unique_id(), {got}")
+
+
+def _integer(name: str, value) -> int:
+    """``value`` as an int (anything with __index__: an int, a numpy integer), never a bool."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ShmemError(f"shmem_init_attr {name} must be an integer, got {value!r}") from None
 
 
 def _initialized_torch_distributed():

@@ -9,6 +9,7 @@ functions run over the fake CUDA bindings of test_runtime_fakes.py.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import socket
@@ -738,6 +739,44 @@ def test_shmem_init_attr_refuses_before_any_rendezvous(cuda):
     with pytest.raises(ShmemStateError, match="shmem is already initialized \\(virtual, 2 PEs\\)"):
         shmem.shmem_init_attr(1, 0, 2, shmem.shmem_get_unique_id(), driver=drv, timeout=30)
     assert time.monotonic() - started < 5  # refused at once, not after waiting for rank 1
+
+
+@pytest.mark.parametrize("uid, got", [(None, "got a NoneType"), (1.5, "got a float"), ("x" * 128, "got a str"),
+                                      (128, "got a int"), (True, "got a bool"), (b"short", "got 5"),
+                                      ([300] * 128, "got a list"), (object(), "got a object")])  # fmt: skip
+def test_shmem_init_attr_refuses_what_is_not_a_unique_id(cuda, uid, got):
+    _, drv = cuda
+    with pytest.raises(ShmemError, match=rf"shmem_init_attr unique_id must be the 128 bytes of "
+                                         rf"shmem_get_unique_id\(\), {got}$"):  # fmt: skip
+        shmem.shmem_init_attr(1, 0, 1, uid, driver=drv)
+
+
+@pytest.mark.parametrize("timeout", [math.nan, math.inf, -math.inf, "abc", "5", True, -1, 0, 0.0, [5]])
+def test_shmem_init_attr_checks_the_timeout(cuda, timeout):
+    _, drv = cuda
+    started = time.monotonic()
+    with pytest.raises(ShmemError, match=rf"shmem_init_attr timeout={re.escape(repr(timeout))}: expected a finite "
+                                         rf"number of seconds > 0$"):  # fmt: skip
+        shmem.shmem_init_attr(1, 0, 2, shmem.shmem_get_unique_id(), driver=drv, timeout=timeout)
+    assert time.monotonic() - started < 5 and shmem.current_state() is None
+
+
+def test_shmem_init_attr_takes_numpy_integers_and_whole_timeouts(cuda):
+    np = pytest.importorskip("numpy")
+    _, drv = cuda
+    uid = bytearray(shmem.shmem_get_unique_id())  # any buffer of the id's bytes
+    assert shmem.shmem_init_attr(np.int32(1), np.int64(0), np.int64(1), uid, driver=drv, timeout=np.float32(5)) == 0
+    assert (shmem.shmem_mype(), shmem.shmem_npes()) == (0, 1) and shmem.state().comm.timeout == 5.0
+    shmem.shmem_finalize()
+
+
+def test_shmem_init_attr_checks_the_environment_before_the_rendezvous(cuda, monkeypatch):
+    _, drv = cuda
+    monkeypatch.setenv("MORI_NUM_QP_PER_PE", "lots")
+    started = time.monotonic()
+    with pytest.raises(ShmemError, match="MORI_NUM_QP_PER_PE='lots': expected an integer"):
+        shmem.shmem_init_attr(1, 0, 2, shmem.shmem_get_unique_id(), driver=drv, timeout=30)
+    assert time.monotonic() - started < 5  # not after waiting for rank 1
 
 
 def test_shmem_init_attr_with_torch_distributed_takes_no_timeout(cuda, monkeypatch):
