@@ -180,12 +180,13 @@ def shmem_init_attr(flags: int, rank: int, nranks: int, unique_id, *, heap_size:
         if timeout is not None:
             raise ShmemError("shmem_init_attr timeout= applies to the unique id's rendezvous, but torch.distributed "
                              "is initialized and its WORLD group is the rendezvous; leave timeout out")  # fmt: skip
+        shmem_bootstrap.release_all()  # no id's listener is used: torch.distributed is the rendezvous
         comm = TorchComm(None)
         if comm.world_size != nranks or comm.rank != rank:
             raise ShmemStateError(f"shmem_init_attr(rank={rank}, nranks={nranks}) does not match torch.distributed "
                                   f"(rank {comm.rank} of world size {comm.world_size})")  # fmt: skip
-        shmem_bootstrap.release(uid)
     else:
+        shmem_bootstrap.release_all(keep=uid)  # ids got on every rank, only rank 0's used (a common MORI pattern)
         comm = shmem_bootstrap.connect(uid, rank, nranks, timeout=timeout)
 
     def make():
@@ -297,7 +298,8 @@ def shmem_mpi_init() -> int:
 def shmem_get_unique_id() -> bytes:
     """128 bytes for ``shmem_init_attr``, to be called by rank 0 and handed to every rank (as MORI's): a random
     token and the address of a rendezvous listener this call opens in this process (runtime/shmem_bootstrap.py).
-    Every PE checks at init that all got the same id."""
+    Every PE checks at init that all got the same id. The listeners of ids this process does not use are
+    closed by the next ``shmem_init_attr`` (all but the id it is given) and by ``shmem_finalize``."""
     return shmem_bootstrap.new_unique_id()
 
 
@@ -313,6 +315,7 @@ def shmem_finalize() -> int:
         finally:
             if isinstance(s.comm, shmem_bootstrap.UniqueIdComm):
                 s.comm.close()  # the unique id's sockets
+            shmem_bootstrap.release_all()  # and the listeners of ids got since init and never used
     return 0
 
 

@@ -779,6 +779,32 @@ def test_shmem_init_attr_checks_the_environment_before_the_rendezvous(cuda, monk
     assert time.monotonic() - started < 5  # not after waiting for rank 1
 
 
+def test_unused_unique_ids_leave_no_listener_open(cuda, monkeypatch):
+    _, drv = cuda
+    b = shmem_bootstrap
+    ids = [shmem.shmem_get_unique_id() for _ in range(3)]  # every rank gets one, rank 0's is used
+    assert b.open_listener_count() >= 3
+    shmem.shmem_init_attr(1, 0, 1, ids[1], driver=drv)
+    assert b.open_listener_count() == 0  # the unused ones closed at init, the used one after the rendezvous
+    with pytest.raises(ShmemStateError, match="rank 1 cannot reach rank 0 .*refused"):
+        b.connect(ids[0], 1, 2, timeout=5)  # really closed
+    shmem.shmem_get_unique_id()
+    shmem.shmem_finalize()
+    assert b.open_listener_count() == 0  # and those got after init, at finalize
+    # With torch.distributed as the rendezvous no id's listener is used: closed even when init then refuses.
+    dist = types.ModuleType("torch.distributed")
+    dist.is_available = dist.is_initialized = lambda: True
+    dist.get_rank, dist.get_world_size = (lambda group=None: 0), (lambda group=None: 2)
+    torch = types.ModuleType("torch")
+    torch.distributed = dist
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    uid = shmem.shmem_get_unique_id()
+    with pytest.raises(ShmemStateError, match="does not match torch.distributed"):
+        shmem.shmem_init_attr(1, 0, 1, uid, driver=drv)
+    assert b.open_listener_count() == 0
+
+
 def test_shmem_init_attr_with_torch_distributed_takes_no_timeout(cuda, monkeypatch):
     _, drv = cuda
     dist = types.ModuleType("torch.distributed")
