@@ -40,6 +40,7 @@ MODULE_MAP = {
     "mori.ops.local_expert_count": f"{_HERE}.mori_ops",
     "mori.shmem": f"{_HERE}.mori_shmem",
     "mori.shmem.api": f"{_HERE}.mori_shmem",
+    "mori.shmem.tensor_utils": f"{_HERE}.mori_shmem",
     "mori.ir": f"{_HERE}.mori_ir",
     "mori.ir.ops": f"{_HERE}.mori_ir",
     "mori.ir.bitcode": f"{_HERE}.mori_ir",

@@ -37,6 +37,7 @@ API_FILES = {
     "mori/ops/dispatch_combine.py": "mori.ops.dispatch_combine",
     "mori/ops/local_expert_count.py": "mori.ops.local_expert_count",
     "mori/shmem/api.py": "mori.shmem.api",
+    "mori/shmem/tensor_utils.py": "mori.shmem.tensor_utils",
     "mori/ir/ops.py": "mori.ir.ops",
     "mori/ir/bitcode.py": "mori.ir.bitcode",
     "mori/io/engine.py": "mori.io.engine",
