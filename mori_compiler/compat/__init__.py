@@ -23,11 +23,13 @@ import importlib
 import importlib.machinery
 import sys
 import threading
+from collections import namedtuple
 
 # The finder and loader implement the import protocols (find_spec; create_module/exec_module) without
 # subclassing importlib.abc: that import costs importlib.resources, in every process of an enabled environment.
 
-__all__ = ["MODULE_MAP", "NOT_OFFERED", "MoriAliasFinder", "install", "installed", "is_ours", "real_mori_origin"]
+__all__ = ["MODULE_MAP", "NOT_OFFERED", "MoriAliasFinder", "OtherMori", "install", "installed", "is_ours",
+           "other_mori"]
 
 _HERE = __name__  # mori_compiler.compat
 
@@ -146,13 +148,25 @@ def install() -> None:
         sys.meta_path.append(MoriAliasFinder())
 
 
-def real_mori_origin() -> str | None:
-    """Where a real ``mori`` would be imported from (by any finder but ours), or None."""
+#: What ``import mori`` gives instead of mori_compiler's names: ``kind`` "package" (a real MORI; ``where`` its
+#: ``__init__.py``) or "directory" (directories named ``mori`` without ``__init__.py``, which Python imports as
+#: a namespace package: a clone of MORI's sources in the current directory, say; ``where`` lists them).
+#: (A collections namedtuple: typing is not imported at start-up.)
+OtherMori = namedtuple("OtherMori", "kind where")
+
+
+def other_mori() -> OtherMori | None:
+    """What a finder other than ours gives for ``mori`` (or the ``mori`` already loaded, if not ours), or None."""
     loaded = sys.modules.get("mori")
     if loaded is not None and not is_ours(loaded):
-        return getattr(loaded, "__file__", None) or repr(loaded)
+        if getattr(loaded, "__file__", None):
+            return OtherMori("package", loaded.__file__)
+        locations = list(getattr(loaded, "__path__", None) or [])
+        return OtherMori("directory", ", ".join(locations)) if locations else OtherMori("package", repr(loaded))
     spec = _spec_elsewhere(sys.meta_path)
     if spec is None:
         return None
+    if spec.origin not in (None, "namespace"):
+        return OtherMori("package", spec.origin)
     locations = list(spec.submodule_search_locations or [])
-    return spec.origin if spec.origin not in (None, "namespace") else (", ".join(locations) or repr(spec))
+    return OtherMori("directory", ", ".join(locations) or repr(spec))

@@ -171,7 +171,7 @@ def test_a_real_mori_found_by_a_finder_appended_later_wins(tmp_path):
         "sys.meta_path.append(Late())\n"
         "import mori\n"
         "assert mori.REAL and not c.is_ours(mori), mori\n"
-        "print(c.real_mori_origin())\n")  # fmt: skip
+        "print(c.other_mori().where)\n")  # fmt: skip
     proc = _python(code, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(real / "__init__.py")
@@ -208,6 +208,24 @@ def test_status_and_enable_name_a_real_mori(tmp_path):
     enable = _python("", cwd=tmp_path, env_extra=env, args=("-m", "mori_compiler.compat", "enable", "--site-dir", str(site_dir)))
     assert enable.returncode == 1
     assert enable.stderr.startswith(f"error: a real MORI is importable here ({real / '__init__.py'})"), enable.stderr
+    assert not list(site_dir.iterdir())
+
+
+def test_a_directory_named_mori_is_reported_as_one(tmp_path):
+    # A clone of MORI's sources in the current directory: a namespace package to Python, not an installed MORI.
+    (tmp_path / "mori" / "python").mkdir(parents=True)
+    site_dir = tmp_path / "site-packages"
+    site_dir.mkdir()
+    run = lambda cmd: _python("", cwd=tmp_path, env_extra={"PYTHONPATH": ""},  # noqa: E731
+                              args=("-m", "mori_compiler.compat", cmd, "--site-dir", str(site_dir)))  # fmt: skip
+    status = run("status")
+    assert status.returncode == 0, status.stderr
+    assert (f"import mori: a directory named mori at {tmp_path / 'mori'}, without __init__.py, shadows "
+            f"mori_compiler's names (run from another directory)") in status.stdout  # fmt: skip
+    enable = run("enable")
+    assert enable.returncode == 1 and "pip uninstall" not in enable.stderr
+    assert enable.stderr.startswith(f"error: a directory named mori ({tmp_path / 'mori'}) is on the import path"), enable.stderr
+    assert "run enable (and your scripts) from another directory" in enable.stderr
     assert not list(site_dir.iterdir())
 
 
