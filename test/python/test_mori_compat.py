@@ -429,15 +429,19 @@ def test_unique_id_rendezvous_across_processes(tmp_path):
     n = 3
     rank0 = subprocess.Popen([sys.executable, "-c", _RANK0, str(n)], cwd=tmp_path, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    procs = []
     try:
         uid = rank0.stdout.readline().strip()
         assert len(bytes.fromhex(uid)) == 128, rank0.stderr.read()
-        procs = [subprocess.Popen([sys.executable, "-c", _RANK_N, uid, str(r), str(n)], cwd=tmp_path,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (2, 1)]  # fmt: skip
+        for r in (2, 1):
+            procs.append(subprocess.Popen([sys.executable, "-c", _RANK_N, uid, str(r), str(n)], cwd=tmp_path,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
         outs = [p.communicate(timeout=90) for p in procs]
         out0, err0 = rank0.communicate(timeout=90)
     finally:
-        rank0.kill()
+        for p in [rank0, *procs]:  # none left behind when a rank fails or hangs
+            p.kill()
+            p.wait()
     expected = "[('pe', 0), ('pe', 1), ('pe', 2)]"
     assert rank0.returncode == 0 and out0.strip() == expected, err0
     for p, (out, err) in zip(procs, outs):
