@@ -56,6 +56,9 @@ DEFAULT_TIMEOUT = 300.0
 #: The longest frame a rank accepts (64 MiB). The largest message, rank 0's list of every PE's init record,
 #: is a few hundred bytes per PE; the cap bounds what a peer's (or a stranger's) length field can make us read.
 MAX_FRAME_BYTES = 64 << 20
+#: The most ranks one rendezvous takes (65536): rank 0 holds a socket per rank, and file descriptors run out
+#: well before; their init records (a few hundred bytes each) then stay far below MAX_FRAME_BYTES.
+MAX_RANKS = 1 << 16
 MAX_NESTING = 16  # the deepest list/tuple/dict nesting decode() accepts (shmem_comm's records nest 2 deep)
 
 _CHUNK = 1 << 20  # recv() at most this much at a time: a length field never sizes an allocation
@@ -388,6 +391,9 @@ def connect(uid: bytes, rank: int, nranks: int, *, timeout: float | None = None)
                          "project's shmem_get_unique_id()); without torch.distributed every rank needs the id "
                          "rank 0 got from shmem_get_unique_id()")  # fmt: skip
     token, host, port = parsed
+    if not 0 <= rank < nranks <= MAX_RANKS:
+        raise ShmemError(f"shmem rendezvous: rank={rank}, nranks={nranks}: expected 0 <= rank < nranks <= {MAX_RANKS} "
+                         f"(MAX_RANKS)")  # fmt: skip
     timeout = timeout_from_env() if timeout is None else check_timeout(timeout)
     comm = UniqueIdComm(rank, nranks, timeout)
     deadline = _Deadline(timeout)

@@ -518,6 +518,9 @@ def test_rendezvous_errors_name_the_problem():
         shmem_bootstrap.connect(uid, 0, 3, timeout=0.3)
     with pytest.raises(ShmemError, match="carries no rendezvous address"):
         shmem_bootstrap.connect(b"x" * 128, 1, 2, timeout=0.3)
+    for rank, nranks in ((0, 1 << 40), (3, 2), (-1, 2)):
+        with pytest.raises(ShmemError, match=rf"rank={rank}, nranks={nranks}: expected 0 <= rank < nranks <= 65536"):
+            shmem_bootstrap.connect(uid, rank, nranks, timeout=0.3)
     # Nobody listens at the id's address any more: refused, so the joining rank fails at once, not at the deadline.
     started = time.monotonic()
     with pytest.raises(ShmemStateError, match=r"rank 1 cannot reach rank 0 at [^ ]+:\d+: the connection was refused, "
