@@ -161,8 +161,10 @@ def shmem_init_attr(flags: int, rank: int, nranks: int, unique_id, *, heap_size:
     0 .. nranks-1 calls it with the id rank 0 got from ``shmem_get_unique_id()``. Where torch.distributed is
     initialized its WORLD group is the rendezvous (and must be this rank of nranks); otherwise the id carries
     it, as in MORI: rank 0 serves on the listener the id names and the others connect to it
-    (runtime/shmem_bootstrap.py; ``timeout`` seconds, default ``MORI_COMPILER_RENDEZVOUS_TIMEOUT`` or 300).
-    Returns 0."""
+    (runtime/shmem_bootstrap.py; ``timeout``: a finite number of seconds > 0, default
+    ``MORI_COMPILER_RENDEZVOUS_TIMEOUT`` or 300). ``unique_id``: the id's bytes (or any buffer of them);
+    ``rank`` / ``nranks``: integers (numpy's too). Everything that can fail on this rank alone is checked
+    before the rendezvous. Returns 0."""
     if flags != MORI_SHMEM_INIT_WITH_UNIQUEID:
         raise ShmemError(f"shmem_init_attr flags={flags}: only MORI_SHMEM_INIT_WITH_UNIQUEID "
                          f"({MORI_SHMEM_INIT_WITH_UNIQUEID}) is supported (no MPI)")  # fmt: skip

@@ -113,9 +113,7 @@ def release_all(keep: bytes | None = None) -> None:
     parsed = parse_unique_id(keep) if keep is not None else None
     kept = parsed[0] if parsed is not None else None
     with _LOCK:
-        closing = [sock for token, sock in _LISTENERS.items() if token != kept]
-        for token in [t for t in _LISTENERS if t != kept]:
-            del _LISTENERS[token]
+        closing = [_LISTENERS.pop(token) for token in list(_LISTENERS) if token != kept]
     for sock in closing:
         sock.close()
 
