@@ -498,8 +498,8 @@ def _join(comm: UniqueIdComm, token: bytes, host: str, port: int, rank: int, nra
         raise ShmemStateError(f"shmem rendezvous: rank {rank} lost rank 0 at {where} "
                               f"({_why(exc, deadline.seconds)})") from None  # fmt: skip
     except _Malformed as exc:
-        raise ShmemStateError(f"shmem rendezvous: rank {rank} got {exc} from {where}, which is not rank 0 of this "
-                              f"unique id (a stale id whose port another process now holds?); pass every rank the id "
+        raise ShmemStateError(f"shmem rendezvous: rank {rank}: what answers at {where} is not rank 0 of this unique "
+                              f"id ({exc}); a stale id whose port another process now holds? Pass every rank the id "
                               f"rank 0 got from shmem_get_unique_id() in this run") from None  # fmt: skip
     if kind == _ERROR:
         raise ShmemStateError(_error_text(payload))
