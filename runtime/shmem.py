@@ -36,6 +36,7 @@ This module keeps the process-global state and the API over it; the rest lives b
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import threading
@@ -46,7 +47,8 @@ from mori_compiler.lib_bitcode.state import STATE_SIZE, STATE_SYMBOL
 from . import shmem_bootstrap, shmem_tensors
 from .driver import Driver, DriverError, Module, canonical_backend, default_driver, torch_cuda
 from .heap_allocator import heap_size_from_env
-from .shmem_comm import UNIQUE_ID_BYTES, TorchComm, resolve_process_group, torch_distributed
+from .shmem_bootstrap import UNIQUE_ID_BYTES
+from .shmem_comm import TorchComm, resolve_process_group, torch_distributed
 from .shmem_errors import ShmemError, ShmemOutOfMemoryError, ShmemStateError
 from .shmem_state import ShmemState
 
@@ -159,34 +161,34 @@ def shmem_init_attr(flags: int, rank: int, nranks: int, unique_id, *, heap_size:
     0 .. nranks-1 calls it with the id rank 0 got from ``shmem_get_unique_id()``. Where torch.distributed is
     initialized its WORLD group is the rendezvous (and must be this rank of nranks); otherwise the id carries
     it, as in MORI: rank 0 serves on the listener the id names and the others connect to it
-    (runtime/shmem_bootstrap.py; ``timeout`` seconds, default ``MORI_COMPILER_RENDEZVOUS_TIMEOUT`` or 300).
-    Returns 0."""
+    (runtime/shmem_bootstrap.py; ``timeout``: a finite number of seconds > 0, default
+    ``MORI_COMPILER_RENDEZVOUS_TIMEOUT`` or 300). ``unique_id``: the id's bytes (or any buffer of them);
+    ``rank`` / ``nranks``: integers (numpy's too). Everything that can fail on this rank alone is checked
+    before the rendezvous. Returns 0."""
     if flags != MORI_SHMEM_INIT_WITH_UNIQUEID:
         raise ShmemError(f"shmem_init_attr flags={flags}: only MORI_SHMEM_INIT_WITH_UNIQUEID "
                          f"({MORI_SHMEM_INIT_WITH_UNIQUEID}) is supported (no MPI)")  # fmt: skip
-    if isinstance(unique_id, (int, str)):
-        raise ShmemError(f"unique_id must be the {UNIQUE_ID_BYTES} bytes of shmem_get_unique_id(), got a "
-                         f"{type(unique_id).__name__}")  # fmt: skip
-    uid = bytes(unique_id)
-    if len(uid) != UNIQUE_ID_BYTES:
-        raise ShmemError(f"unique_id must be {UNIQUE_ID_BYTES} bytes (from shmem_get_unique_id()), got {len(uid)}")
-    for name, value in (("rank", rank), ("nranks", nranks)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ShmemError(f"shmem_init_attr {name} must be an integer, got {value!r}")
+    uid = _unique_id_bytes(unique_id)
+    rank, nranks = _integer("rank", rank), _integer("nranks", nranks)
     if not 0 <= rank < nranks:
         raise ShmemError(f"shmem_init_attr(rank={rank}, nranks={nranks}): rank must be in [0, nranks)")
-    _check_not_initialized()  # before any rendezvous: the other ranks would wait for nothing
+    if timeout is not None:
+        timeout = shmem_bootstrap.check_timeout(timeout, "shmem_init_attr timeout")
+    # Before any rendezvous, what can fail here alone: the other ranks would otherwise wait for nothing.
+    _check_not_initialized()
+    num_qp_from_env()
     dist = _initialized_torch_distributed()
     if dist is not None:
         if timeout is not None:
             raise ShmemError("shmem_init_attr timeout= applies to the unique id's rendezvous, but torch.distributed "
                              "is initialized and its WORLD group is the rendezvous; leave timeout out")  # fmt: skip
+        shmem_bootstrap.release_all()  # no id's listener is used: torch.distributed is the rendezvous
         comm = TorchComm(None)
         if comm.world_size != nranks or comm.rank != rank:
             raise ShmemStateError(f"shmem_init_attr(rank={rank}, nranks={nranks}) does not match torch.distributed "
                                   f"(rank {comm.rank} of world size {comm.world_size})")  # fmt: skip
-        shmem_bootstrap.release(uid)
     else:
+        shmem_bootstrap.release_all(keep=uid)  # ids got on every rank, only rank 0's used (a common MORI pattern)
         comm = shmem_bootstrap.connect(uid, rank, nranks, timeout=timeout)
 
     def make():
@@ -200,6 +202,32 @@ def shmem_init_attr(flags: int, rank: int, nranks: int, unique_id, *, heap_size:
             comm.close()
         raise
     return 0
+
+
+def _unique_id_bytes(unique_id) -> bytes:
+    """The id as bytes (bytes, bytearray, a buffer or a sequence of byte values), of UNIQUE_ID_BYTES bytes."""
+    got = f"got a {type(unique_id).__name__}"
+    if not isinstance(unique_id, (int, str)):  # bytes(n) would be n zeros, bytes(str) a TypeError
+        try:
+            uid = bytes(unique_id)
+        except (TypeError, ValueError):
+            uid = None
+        if uid is not None:
+            if len(uid) != UNIQUE_ID_BYTES:
+                got = f"got {len(uid)}"
+            else:
+                return uid
+    raise ShmemError(f"shmem_init_attr unique_id must be the {UNIQUE_ID_BYTES} bytes of shmem_get_unique_id(), {got}")
+
+
+def _integer(name: str, value) -> int:
+    """``value`` as an int (anything with __index__: an int, a numpy integer), never a bool."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ShmemError(f"shmem_init_attr {name} must be an integer, got {value!r}") from None
 
 
 def _initialized_torch_distributed():
@@ -272,7 +300,8 @@ def shmem_mpi_init() -> int:
 def shmem_get_unique_id() -> bytes:
     """128 bytes for ``shmem_init_attr``, to be called by rank 0 and handed to every rank (as MORI's): a random
     token and the address of a rendezvous listener this call opens in this process (runtime/shmem_bootstrap.py).
-    Every PE checks at init that all got the same id."""
+    Every PE checks at init that all got the same id. The listeners of ids this process does not use are
+    closed by the next ``shmem_init_attr`` (all but the id it is given) and by ``shmem_finalize``."""
     return shmem_bootstrap.new_unique_id()
 
 
@@ -288,6 +317,7 @@ def shmem_finalize() -> int:
         finally:
             if isinstance(s.comm, shmem_bootstrap.UniqueIdComm):
                 s.comm.close()  # the unique id's sockets
+            shmem_bootstrap.release_all()  # and the listeners of ids got since init and never used
     return 0
 
 

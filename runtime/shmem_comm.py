@@ -2,8 +2,8 @@
 
 * The *rendezvous object* is anything with ``rank``, ``world_size``, ``all_gather_object(obj) -> list``
   and ``barrier()``; ``TorchComm`` provides it over a torch.distributed process group (gloo is enough).
-  ``resolve_process_group`` finds a group registered by name; ``new_unique_id`` makes MORI's 128-byte
-  rendezvous key.
+  ``resolve_process_group`` finds a group registered by name. (``shmem_bootstrap`` makes MORI's unique id
+  and the rendezvous object it carries.)
 * *Init records*: at init every PE all-gathers one record (``init_record``: its PE, host, process, GPU,
   heap size, heap base, IPC handle, unique id, or the error that stopped it); ``gather_init_records``
   checks that every PE agrees before anyone maps a peer's heap. ``gather_failures`` all-gathers each PE's
@@ -18,14 +18,11 @@
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 
 from .extras import import_extra
 from .heap_allocator import HEAP_SIZE_ENV
 from .shmem_errors import ShmemError, ShmemStateError
-
-UNIQUE_ID_BYTES = 128
 
 
 # ---- the rendezvous ----------------------------------------------------------------------------------
@@ -85,13 +82,6 @@ def resolve_process_group(group_name: str):
     raise ShmemError(f"no torch process group is registered as '{group_name}'; register one with "
                      f"torch._C._distributed_c10d._register_process_group('{group_name}', group), or use "
                      f"'default' for the WORLD group")  # fmt: skip
-
-
-def new_unique_id() -> bytes:
-    """128 bytes: a random token and this host's name. Used only as a rendezvous key (checked equal on
-    every PE at init)."""
-    token = b"mori_compiler-uid:" + secrets.token_hex(16).encode() + b"@" + socket.gethostname().encode()[:64]
-    return token[:UNIQUE_ID_BYTES].ljust(UNIQUE_ID_BYTES, b"\0")
 
 
 # ---- init: every PE's heap and identity --------------------------------------------------------------

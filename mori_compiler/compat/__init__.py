@@ -6,9 +6,10 @@ writes a ``.pth`` file into the environment's site-packages that installs it at 
 (``disable`` removes it, ``status`` says what ``import mori`` resolves to). docs/mori-compat.md is the guide.
 
 It never shadows a real MORI: the finder sits at the *end* of ``sys.meta_path``, so it is asked for ``mori``
-only after every other finder (the path finder above all) found none, and it serves ``mori.*`` submodules
-only while the loaded ``mori`` is ours. ``enable`` refuses when a real ``mori`` is importable, and ``status``
-names it.
+only after every finder before it (the path finder above all) found none; before it serves ``mori`` it asks
+every finder appended after it (another ``.pth``, an import hook installed later) and the path finder, and
+steps aside if any finds one; it serves ``mori.*`` submodules only while the loaded ``mori`` is ours.
+``enable`` refuses when a real ``mori`` is importable, and ``status`` names it.
 
 Each MORI name maps to a thin alias module of this package (``MODULE_MAP``), which re-exports the
 project's implementation under MORI's names and raises a clear error for what it does not offer. Importing
@@ -21,11 +22,14 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import sys
+import threading
+from collections import namedtuple
 
 # The finder and loader implement the import protocols (find_spec; create_module/exec_module) without
 # subclassing importlib.abc: that import costs importlib.resources, in every process of an enabled environment.
 
-__all__ = ["MODULE_MAP", "NOT_OFFERED", "MoriAliasFinder", "install", "installed", "is_ours", "real_mori_origin"]
+__all__ = ["MODULE_MAP", "NOT_OFFERED", "MoriAliasFinder", "OtherMori", "install", "installed", "is_ours",
+           "other_mori"]
 
 _HERE = __name__  # mori_compiler.compat
 
@@ -38,6 +42,7 @@ MODULE_MAP = {
     "mori.ops.local_expert_count": f"{_HERE}.mori_ops",
     "mori.shmem": f"{_HERE}.mori_shmem",
     "mori.shmem.api": f"{_HERE}.mori_shmem",
+    "mori.shmem.tensor_utils": f"{_HERE}.mori_shmem",
     "mori.ir": f"{_HERE}.mori_ir",
     "mori.ir.ops": f"{_HERE}.mori_ir",
     "mori.ir.bitcode": f"{_HERE}.mori_ir",
@@ -79,11 +84,30 @@ class _AliasLoader:
         pass  # executed when it was imported under its own name
 
 
+_ASKING = threading.local()  # set while this thread asks the other finders for ``mori``
+
+
+def _spec_elsewhere(finders) -> object | None:
+    """The first spec for ``mori`` that one of ``finders`` (ours skipped) gives, or None."""
+    for finder in finders:
+        if isinstance(finder, MoriAliasFinder) or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            spec = finder.find_spec("mori", None)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None:
+            return spec
+    return None
+
+
 class MoriAliasFinder:
     """Serves MODULE_MAP's names, and refuses NOT_OFFERED's, when no other finder has a real ``mori``."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "mori" and not fullname.startswith("mori."):
+            return None
+        if fullname == "mori" and self._mori_found_elsewhere():
             return None
         if fullname != "mori" and not is_ours(sys.modules.get("mori")):
             return None  # a real MORI is loaded: its own submodules (or their absence) are its business
@@ -94,6 +118,19 @@ class MoriAliasFinder:
             raise ModuleNotFoundError(reason, name=fullname)
         is_package = fullname in _PACKAGES
         return importlib.machinery.ModuleSpec(fullname, _AliasLoader(alias), is_package=is_package)
+
+    def _mori_found_elsewhere(self) -> bool:
+        """Whether a finder after this one in ``sys.meta_path`` (one appended after start-up), or the path finder,
+        finds a ``mori``. A finder that asks the import system in turn re-enters here and is answered None."""
+        if getattr(_ASKING, "active", False):
+            return True  # asked again while asking the others: not ours to serve
+        meta = list(sys.meta_path)
+        later = meta[meta.index(self) + 1 :] if self in meta else []
+        _ASKING.active = True
+        try:
+            return _spec_elsewhere([*later, importlib.machinery.PathFinder]) is not None
+        finally:
+            _ASKING.active = False
 
 
 def is_ours(module) -> bool:
@@ -111,19 +148,25 @@ def install() -> None:
         sys.meta_path.append(MoriAliasFinder())
 
 
-def real_mori_origin() -> str | None:
-    """Where a real ``mori`` would be imported from (by any finder but ours), or None."""
+#: What ``import mori`` gives instead of mori_compiler's names: ``kind`` "package" (a real MORI; ``where`` its
+#: ``__init__.py``) or "directory" (directories named ``mori`` without ``__init__.py``, which Python imports as
+#: a namespace package: a clone of MORI's sources in the current directory, say; ``where`` lists them).
+#: (A collections namedtuple: typing is not imported at start-up.)
+OtherMori = namedtuple("OtherMori", "kind where")
+
+
+def other_mori() -> OtherMori | None:
+    """What a finder other than ours gives for ``mori`` (or the ``mori`` already loaded, if not ours), or None."""
     loaded = sys.modules.get("mori")
     if loaded is not None and not is_ours(loaded):
-        return getattr(loaded, "__file__", None) or repr(loaded)
-    for finder in sys.meta_path:
-        if isinstance(finder, MoriAliasFinder) or not hasattr(finder, "find_spec"):
-            continue
-        try:
-            spec = finder.find_spec("mori", None)
-        except (ImportError, ValueError):
-            continue
-        if spec is not None:
-            locations = list(spec.submodule_search_locations or [])
-            return spec.origin if spec.origin not in (None, "namespace") else (", ".join(locations) or repr(spec))
-    return None
+        if getattr(loaded, "__file__", None):
+            return OtherMori("package", loaded.__file__)
+        locations = list(getattr(loaded, "__path__", None) or [])
+        return OtherMori("directory", ", ".join(locations)) if locations else OtherMori("package", repr(loaded))
+    spec = _spec_elsewhere(sys.meta_path)
+    if spec is None:
+        return None
+    if spec.origin not in (None, "namespace"):
+        return OtherMori("package", spec.origin)
+    locations = list(spec.submodule_search_locations or [])
+    return OtherMori("directory", ", ".join(locations) or repr(spec))

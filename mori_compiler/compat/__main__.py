@@ -2,8 +2,8 @@
 
 ``enable`` writes ``mori_compiler_compat.pth`` into the environment's site-packages (``--site-dir``: another
 directory that ``site`` processes); at every start the interpreter then appends mori_compiler.compat's finder
-to ``sys.meta_path``. It refuses when a real ``mori`` is importable (ours would never be used) and when the
-directory is not writable. ``disable`` removes the file; ``status`` says whether it is there and what
+to ``sys.meta_path``. It refuses when a real ``mori`` is importable (ours would never be used), when a
+directory named ``mori`` shadows the names from here, and when the directory is not writable. ``disable`` removes the file; ``status`` says whether it is there and what
 ``import mori`` resolves to. Each is idempotent; exit 0, or 1 with one ``error:`` line.
 """
 
@@ -15,7 +15,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from . import is_ours, real_mori_origin
+from . import is_ours, other_mori
 
 PTH_NAME = "mori_compiler_compat.pth"
 # One line, run by site at start-up. Guarded, so that an uninstalled mori_compiler leaves no error behind.
@@ -33,9 +33,14 @@ def default_site_dir() -> Path:
 
 
 def enable(site_dir: Path) -> str:
-    origin = real_mori_origin()
-    if origin is not None:
-        raise CompatError(f"a real MORI is importable here ({origin}): `import mori` gives it, and mori_compiler's "
+    other = other_mori()
+    if other is not None and other.kind == "directory":
+        raise CompatError(f"a directory named mori ({other.where}) is on the import path (a namespace package, such "
+                          f"as a clone of MORI's sources in the current directory): `import mori` gives it here, "
+                          f"not mori_compiler's names; run enable (and your scripts) from another directory, or take "
+                          f"it off PYTHONPATH")  # fmt: skip
+    if other is not None:
+        raise CompatError(f"a real MORI is importable here ({other.where}): `import mori` gives it, and mori_compiler's "
                           f"names would never be used; uninstall it (pip uninstall amd-mori) to use "
                           f"mori_compiler under MORI's names")  # fmt: skip
     pth = site_dir / PTH_NAME
@@ -69,9 +74,12 @@ def disable(site_dir: Path) -> str:
 def status(site_dir: Path) -> str:
     pth = site_dir / PTH_NAME
     lines = [f"set-up file: {pth} ({'present' if pth.is_file() else 'absent'})"]
-    origin = real_mori_origin()
-    if origin is not None:
-        lines.append(f"import mori: a real MORI at {origin} (mori_compiler's names are not used)")
+    other = other_mori()
+    if other is not None and other.kind == "directory":
+        lines.append(f"import mori: a directory named mori at {other.where}, without __init__.py, shadows "
+                     f"mori_compiler's names (run from another directory)")  # fmt: skip
+    elif other is not None:
+        lines.append(f"import mori: a real MORI at {other.where} (mori_compiler's names are not used)")
     elif pth.is_file() or is_ours(sys.modules.get("mori")):
         lines.append("import mori: mori_compiler's MORI-compatible names (mori_compiler.compat)")
     else:

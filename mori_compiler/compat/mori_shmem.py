@@ -1,4 +1,5 @@
-"""``mori.shmem`` (and ``mori.shmem.api``): the runtime's MORI-compatible shmem API, mori_compiler.runtime.shmem.
+"""``mori.shmem`` (and ``mori.shmem.api``, ``mori.shmem.tensor_utils``): the runtime's MORI-compatible shmem
+API, mori_compiler.runtime.shmem.
 
 Imports the runtime only: no MLIR, no llvmlite (GPU machines need neither). What MORI offers and the runtime
 does not (``shmem_mpi_init``, ``shmem_barrier_on_stream``, allocation flags) raises NotImplementedError

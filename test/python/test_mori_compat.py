@@ -8,8 +8,12 @@ functions run over the fake CUDA bindings of test_runtime_fakes.py.
 
 from __future__ import annotations
 
+import errno
+import math
 import os
+import re
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -49,6 +53,9 @@ def test_mori_names_map_to_the_alias_modules(tmp_path):
         "from mori.ir import MORI_DEVICE_FUNCTIONS, SIGNAL_SET, SIGNAL_ADD, find_bitcode, get_bitcode_path\n"
         "from mori.io import IOEngine, IOEngineConfig, BackendType\n"
         "from mori.shmem.api import shmem_module_init, shmem_num_qp_per_pe\n"
+        "from mori.shmem.tensor_utils import MoriShmemBuffer, symm_mori_shmem_tensor, mori_shmem_free_tensor, "
+        "mori_shmem_create_tensor_list_intra_node\n"
+        "assert 'mori.shmem.tensor_utils' in c.MODULE_MAP\n"
         "import mori_compiler.ops as ops\n"
         "assert issubclass(EpDispatchCombineOp, ops.EpDispatchCombineOp) and EpDispatchCombineConfig is ops.EpDispatchCombineConfig\n"
         "assert len(MORI_DEVICE_FUNCTIONS) > 50 and (SIGNAL_SET, SIGNAL_ADD) == (9, 10)\n"
@@ -153,6 +160,43 @@ def test_a_real_mori_always_wins(tmp_path):
     assert proc.stdout.strip() == str(real / "__init__.py")
 
 
+def test_a_real_mori_found_by_a_finder_appended_later_wins(tmp_path):
+    # An import hook installed after start-up (after our finder) that finds a real mori: it wins, not ours.
+    real = _fake_real_mori(tmp_path / "hidden")  # not on sys.path: only the late finder knows it
+    code = _WITH_FINDER + (
+        "import importlib.util, sys\n"
+        "class Late:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name == 'mori': return importlib.util.spec_from_file_location('mori', {str(real / '__init__.py')!r})\n"
+        "sys.meta_path.append(Late())\n"
+        "import mori\n"
+        "assert mori.REAL and not c.is_ours(mori), mori\n"
+        "print(c.other_mori().where)\n")  # fmt: skip
+    proc = _python(code, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(real / "__init__.py")
+
+
+def test_a_later_finder_that_asks_the_import_system_gets_no_answer_from_us(tmp_path):
+    # A finder after ours that looks names up through importlib.util.find_spec (guarding itself against its own
+    # re-entry) re-enters our finder: no recursion, it finds nothing, and ours serves mori.
+    code = _WITH_FINDER + (
+        "import importlib.util, sys\n"
+        "class Asking:\n"
+        "    busy = False\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'mori' and not Asking.busy:\n"
+        "            Asking.busy = True\n"
+        "            print('asked', importlib.util.find_spec(name))\n"
+        "            Asking.busy = False\n"
+        "sys.meta_path.append(Asking())\n"
+        "import mori\n"
+        "print(c.is_ours(mori))\n")  # fmt: skip
+    proc = _python(code, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["asked", "None", "True"]
+
+
 def test_status_and_enable_name_a_real_mori(tmp_path):
     real = _fake_real_mori(tmp_path / "site")
     site_dir = tmp_path / "site-packages"
@@ -164,6 +208,24 @@ def test_status_and_enable_name_a_real_mori(tmp_path):
     enable = _python("", cwd=tmp_path, env_extra=env, args=("-m", "mori_compiler.compat", "enable", "--site-dir", str(site_dir)))
     assert enable.returncode == 1
     assert enable.stderr.startswith(f"error: a real MORI is importable here ({real / '__init__.py'})"), enable.stderr
+    assert not list(site_dir.iterdir())
+
+
+def test_a_directory_named_mori_is_reported_as_one(tmp_path):
+    # A clone of MORI's sources in the current directory: a namespace package to Python, not an installed MORI.
+    (tmp_path / "mori" / "python").mkdir(parents=True)
+    site_dir = tmp_path / "site-packages"
+    site_dir.mkdir()
+    run = lambda cmd: _python("", cwd=tmp_path, env_extra={"PYTHONPATH": ""},  # noqa: E731
+                              args=("-m", "mori_compiler.compat", cmd, "--site-dir", str(site_dir)))  # fmt: skip
+    status = run("status")
+    assert status.returncode == 0, status.stderr
+    assert (f"import mori: a directory named mori at {tmp_path / 'mori'}, without __init__.py, shadows "
+            f"mori_compiler's names (run from another directory)") in status.stdout  # fmt: skip
+    enable = run("enable")
+    assert enable.returncode == 1 and "pip uninstall" not in enable.stderr
+    assert enable.stderr.startswith(f"error: a directory named mori ({tmp_path / 'mori'}) is on the import path"), enable.stderr
+    assert "run enable (and your scripts) from another directory" in enable.stderr
     assert not list(site_dir.iterdir())
 
 
@@ -367,15 +429,19 @@ def test_unique_id_rendezvous_across_processes(tmp_path):
     n = 3
     rank0 = subprocess.Popen([sys.executable, "-c", _RANK0, str(n)], cwd=tmp_path, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    procs = []
     try:
         uid = rank0.stdout.readline().strip()
         assert len(bytes.fromhex(uid)) == 128, rank0.stderr.read()
-        procs = [subprocess.Popen([sys.executable, "-c", _RANK_N, uid, str(r), str(n)], cwd=tmp_path,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (2, 1)]  # fmt: skip
+        for r in (2, 1):
+            procs.append(subprocess.Popen([sys.executable, "-c", _RANK_N, uid, str(r), str(n)], cwd=tmp_path,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
         outs = [p.communicate(timeout=90) for p in procs]
         out0, err0 = rank0.communicate(timeout=90)
     finally:
-        rank0.kill()
+        for p in [rank0, *procs]:  # none left behind when a rank fails or hangs
+            p.kill()
+            p.wait()
     expected = "[('pe', 0), ('pe', 1), ('pe', 2)]"
     assert rank0.returncode == 0 and out0.strip() == expected, err0
     for p, (out, err) in zip(procs, outs):
@@ -452,16 +518,22 @@ def test_rendezvous_errors_name_the_problem():
         shmem_bootstrap.connect(uid, 0, 3, timeout=0.3)
     with pytest.raises(ShmemError, match="carries no rendezvous address"):
         shmem_bootstrap.connect(b"x" * 128, 1, 2, timeout=0.3)
-    # Nobody listens at the id's address any more: the joining rank fails by the deadline.
-    with pytest.raises(ShmemStateError, match=r"rank 1 cannot reach rank 0 at"):
-        shmem_bootstrap.connect(uid, 1, 3, timeout=0.3)
+    for rank, nranks in ((0, 1 << 40), (3, 2), (-1, 2)):
+        with pytest.raises(ShmemError, match=rf"rank={rank}, nranks={nranks}: expected 0 <= rank < nranks <= 65536"):
+            shmem_bootstrap.connect(uid, rank, nranks, timeout=0.3)
+    # Nobody listens at the id's address any more: refused, so the joining rank fails at once, not at the deadline.
+    started = time.monotonic()
+    with pytest.raises(ShmemStateError, match=r"rank 1 cannot reach rank 0 at [^ ]+:\d+: the connection was refused, "
+                                              r"so rank 0's listener is gone .*the unique id is stale or rank 0 exited"):
+        shmem_bootstrap.connect(uid, 1, 3, timeout=30)
+    assert time.monotonic() - started < 1
 
 
 def test_rendezvous_refuses_disagreeing_ranks_and_ignores_strangers():
     uid = shmem_bootstrap.new_unique_id()
     token, host, port = shmem_bootstrap.parse_unique_id(uid)
     stranger = socket.create_connection((host, port), timeout=5)
-    stranger.sendall(shmem_bootstrap._HELLO.pack(b"\0" * 16, 1, 2))  # a wrong token: dropped unread
+    stranger.sendall(shmem_bootstrap._HELLO.pack(b"\0" * 16, b"\0" * 32, 1, 2))  # a wrong MAC: dropped unread
 
     def rank(r):
         return shmem_bootstrap.connect(uid, r, 2 if r == 0 else 3, timeout=5)
@@ -473,12 +545,164 @@ def test_rendezvous_refuses_disagreeing_ranks_and_ignores_strangers():
         assert "a process joined as rank 1 of 3 (rank 0 has nranks=2)" in str(r)
 
 
+def test_rendezvous_encoding_round_trips_and_refuses_what_it_did_not_make():
+    b = shmem_bootstrap
+    record = {"pe": 1, "host": "h", "pid": -7, "heap_size": 1 << 40, "handle": b"\0\xff" * 32, "unique_id": None,
+              "error": "\u00e9", "ok": True, "no": False, "x": 0.5, "calls": [(1, (2, [3])), ()], "big": -(1 << 200)}  # fmt: skip
+    assert b.decode(b.encode(record)) == record
+    assert type(b.decode(b.encode([(1,)]))[0]) is tuple
+    for bad, why in [(b"", "a tag runs past the end"), (b"Q", "unknown tag b'Q'"), (b"NN", "1 stray byte"),
+                     (b"L\xff\xff\xff\xff", "a list of length 4294967295 runs past the end"),
+                     (b"S\x02\0\0\0\xff\xfe", "a str that is not UTF-8"),
+                     (b"L\x01\0\0\0" * 20 + b"N", "nested deeper than 16"),
+                     (b"M\x01\0\0\0L\0\0\0\0N", "a dict key that is not hashable \\(list\\)"),
+                     (__import__("pickle").dumps(("pe", 0)), "unknown tag")]:  # fmt: skip
+        with pytest.raises(b._Malformed, match=why):
+            b.decode(bad)
+    with pytest.raises(ShmemError, match="cannot send a object"):
+        b.encode([object()])
+
+
+def _uid_at(token: bytes, port: int, host: str = "127.0.0.1") -> bytes:
+    b = shmem_bootstrap
+    return (b.MAGIC + token + struct.pack("<HB", port, len(host)) + host.encode()).ljust(b.UNIQUE_ID_BYTES, b"\0")
+
+
+def _stranger_server(reply, token: bytes = b"t" * 16):
+    """A server at the id's address that is not rank 0 (a stale id's reused port): it reads the hello, sends
+    ``reply(nonce)`` and holds the connection open until the test ends. Returns (uid, stop)."""
+    b = shmem_bootstrap
+    listener = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve():
+        sock, _ = listener.accept()
+        with sock:
+            nonce = sock.recv(b._HELLO.size)[: b.NONCE_BYTES]
+            sock.sendall(reply(nonce))
+            done.wait(10)
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return _uid_at(token, listener.getsockname()[1]), done.set
+
+
+def _frame(kind: bytes, payload: bytes = b"", length: int | None = None) -> bytes:
+    return shmem_bootstrap._FRAME.pack(kind, len(payload) if length is None else length) + payload
+
+
+_PROVEN = lambda nonce: _frame(b"A", shmem_bootstrap._serve_mac(b"t" * 16, nonce))  # noqa: E731 - rank 0's proof
+
+
+@pytest.mark.parametrize("reply, why", [
+    (lambda n: _frame(b"O", length=1 << 40), r"a frame of kind b'O' where rank 0's proof was due"),
+    (lambda n: _frame(b"Z"), r"a frame of kind b'Z' where rank 0's proof was due"),
+    (lambda n: _frame(b"A", length=1 << 40), r"a 1099511627776-byte proof \(a proof has 32 bytes\)"),
+    (lambda n: _frame(b"A", b"\0" * 32), "a proof that does not match the id's token"),
+    (lambda n: _PROVEN(n) + _frame(b"O", length=1 << 40), r"a 1099511627776-byte frame \(at most MAX_FRAME_BYTES"),
+    (lambda n: _PROVEN(n) + _frame(b"A", b"\0" * 32), r"a frame of kind b'A' where an object or an error was due"),
+    (lambda n: _PROVEN(n) + _frame(b"O", b"x"), "a 1-byte start signal"),
+])  # fmt: skip
+def test_a_joining_rank_trusts_nothing_that_is_not_rank_0(reply, why):
+    uid, stop = _stranger_server(reply)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ShmemStateError, match=f"rank 1: what answers at 127.0.0.1:\\d+ is not rank 0 of this "
+                                                  f"unique id \\({why}"):  # fmt: skip
+            shmem_bootstrap.connect(uid, 1, 2, timeout=5)
+    finally:
+        stop()
+    assert time.monotonic() - started < 3  # refused at once, never read up to the length, never waiting it out
+
+
+@pytest.mark.parametrize("frame, why", [
+    (_frame(b"O", __import__("pickle").dumps([("pe", 0), None])), r"malformed frame from rank 0 \(unknown tag"),
+    (_frame(b"O", shmem_bootstrap.encode([1, 2, 3])), r"malformed frame from rank 0 \(a list where the list of 2"),
+    (_frame(b"O", length=shmem_bootstrap.MAX_FRAME_BYTES + 1), f"a {shmem_bootstrap.MAX_FRAME_BYTES + 1}-byte frame"),
+    (_frame(b"Q"), "a frame of kind b'Q' where an object or an error was due"),
+    (b"", r"lost rank 0 \((Connection\w*|BrokenPipe)Error"),  # the send or the recv notices the close
+])  # fmt: skip
+def test_a_joined_rank_refuses_malformed_frames_from_rank_0(frame, why):
+    # Rank 0 proved it holds the token, starts the rendezvous, then answers the first gather with ``frame``.
+    uid, stop = _stranger_server(lambda n: _PROVEN(n) + _frame(b"O") + frame if frame else _PROVEN(n) + _frame(b"O"))
+    try:
+        comm = shmem_bootstrap.connect(uid, 1, 2, timeout=5)
+        if not frame:
+            stop()
+        started = time.monotonic()
+        with pytest.raises(ShmemStateError, match=f"shmem rendezvous: rank 1 .*{why}"):
+            comm.all_gather_object(("pe", 1))
+        assert time.monotonic() - started < 3
+        comm.close()
+    finally:
+        stop()
+
+
+@pytest.mark.parametrize("frame, why", [
+    (_frame(b"O", length=1 << 40), r"malformed frame from rank 1 \(a 1099511627776-byte frame"),
+    (_frame(b"E", b"x"), r"malformed frame from rank 1 \(a frame of kind b'E' where an object was due"),
+    (_frame(b"O", b"\x80\x04K\x01."), r"malformed frame from rank 1 \(unknown tag b'\\x80'"),
+])  # fmt: skip
+def test_rank_0_refuses_malformed_frames_from_a_joined_rank(frame, why):
+    b = shmem_bootstrap
+    uid = b.new_unique_id()
+    token, host, port = b.parse_unique_id(uid)
+    result = {}
+
+    def rank0():
+        try:
+            comm = b.connect(uid, 0, 2, timeout=5)
+            result["error"] = None
+            comm.all_gather_object(("pe", 0))
+        except ShmemStateError as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=rank0)
+    thread.start()
+    nonce = b"n" * b.NONCE_BYTES
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as peer:  # rank 1, holding the token
+        peer.sendall(b._HELLO.pack(nonce, b._join_mac(token, nonce, 1, 2), 1, 2))
+        proof = b._recv_exact(peer, b._FRAME.size + 32, b._Deadline(5))
+        assert proof == _frame(b"A", b._serve_mac(token, nonce))
+        thread_started = time.monotonic()
+        peer.sendall(frame)
+        thread.join(3)
+        assert not thread.is_alive() and time.monotonic() - thread_started < 3, "rank 0 hung"
+    assert isinstance(result["error"], ShmemStateError) and re.search(why, str(result["error"])), result
+
+
+def test_a_joining_rank_fails_at_once_on_an_unknown_host_and_retries_an_unreachable_one(monkeypatch):
+    uid = _uid_at(b"t" * 16, 1, "no-such-host.invalid")
+    calls = []
+
+    def unknown(address, timeout=None):
+        calls.append(address)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(shmem_bootstrap.socket, "create_connection", unknown)
+    with pytest.raises(ShmemStateError, match=r"rank 1 cannot reach rank 0 at no-such-host.invalid:1: the host name "
+                                              r"'no-such-host.invalid' does not resolve here \(Name or service"):  # fmt: skip
+        shmem_bootstrap.connect(uid, 1, 2, timeout=30)
+    assert len(calls) == 1
+
+    def unreachable(address, timeout=None):
+        calls.append(address)
+        raise OSError(errno.ENETUNREACH, os.strerror(errno.ENETUNREACH))
+
+    calls.clear()
+    monkeypatch.setattr(shmem_bootstrap.socket, "create_connection", unreachable)
+    with pytest.raises(ShmemStateError, match=f"cannot reach rank 0 at no-such-host.invalid:1 \\({os.strerror(errno.ENETUNREACH)}"):
+        shmem_bootstrap.connect(uid, 1, 2, timeout=0.3)
+    assert len(calls) > 1  # retried to the deadline: the route may come up
+
+
 def test_rendezvous_timeout_from_the_environment(monkeypatch):
     monkeypatch.setenv("MORI_COMPILER_RENDEZVOUS_TIMEOUT", "2.5")
     assert shmem_bootstrap.timeout_from_env() == 2.5
-    for bad in ("0", "-1", "soon"):
+    for bad in ("0", "-1", "soon", "inf", "nan"):
         monkeypatch.setenv("MORI_COMPILER_RENDEZVOUS_TIMEOUT", bad)
-        with pytest.raises(ShmemError, match=f"MORI_COMPILER_RENDEZVOUS_TIMEOUT={bad!r}: expected a number of seconds"):
+        with pytest.raises(ShmemError, match=f"MORI_COMPILER_RENDEZVOUS_TIMEOUT={bad!r}: expected a finite number of "
+                                             f"seconds > 0"):  # fmt: skip
             shmem_bootstrap.timeout_from_env()
 
 
@@ -543,6 +767,70 @@ def test_shmem_init_attr_refuses_before_any_rendezvous(cuda):
     with pytest.raises(ShmemStateError, match="shmem is already initialized \\(virtual, 2 PEs\\)"):
         shmem.shmem_init_attr(1, 0, 2, shmem.shmem_get_unique_id(), driver=drv, timeout=30)
     assert time.monotonic() - started < 5  # refused at once, not after waiting for rank 1
+
+
+@pytest.mark.parametrize("uid, got", [(None, "got a NoneType"), (1.5, "got a float"), ("x" * 128, "got a str"),
+                                      (128, "got a int"), (True, "got a bool"), (b"short", "got 5"),
+                                      ([300] * 128, "got a list"), (object(), "got a object")])  # fmt: skip
+def test_shmem_init_attr_refuses_what_is_not_a_unique_id(cuda, uid, got):
+    _, drv = cuda
+    with pytest.raises(ShmemError, match=rf"shmem_init_attr unique_id must be the 128 bytes of "
+                                         rf"shmem_get_unique_id\(\), {got}$"):  # fmt: skip
+        shmem.shmem_init_attr(1, 0, 1, uid, driver=drv)
+
+
+@pytest.mark.parametrize("timeout", [math.nan, math.inf, -math.inf, "abc", "5", True, -1, 0, 0.0, [5]])
+def test_shmem_init_attr_checks_the_timeout(cuda, timeout):
+    _, drv = cuda
+    started = time.monotonic()
+    with pytest.raises(ShmemError, match=rf"shmem_init_attr timeout={re.escape(repr(timeout))}: expected a finite "
+                                         rf"number of seconds > 0$"):  # fmt: skip
+        shmem.shmem_init_attr(1, 0, 2, shmem.shmem_get_unique_id(), driver=drv, timeout=timeout)
+    assert time.monotonic() - started < 5 and shmem.current_state() is None
+
+
+def test_shmem_init_attr_takes_numpy_integers_and_whole_timeouts(cuda):
+    np = pytest.importorskip("numpy")
+    _, drv = cuda
+    uid = bytearray(shmem.shmem_get_unique_id())  # any buffer of the id's bytes
+    assert shmem.shmem_init_attr(np.int32(1), np.int64(0), np.int64(1), uid, driver=drv, timeout=np.float32(5)) == 0
+    assert (shmem.shmem_mype(), shmem.shmem_npes()) == (0, 1) and shmem.state().comm.timeout == 5.0
+    shmem.shmem_finalize()
+
+
+def test_shmem_init_attr_checks_the_environment_before_the_rendezvous(cuda, monkeypatch):
+    _, drv = cuda
+    monkeypatch.setenv("MORI_NUM_QP_PER_PE", "lots")
+    started = time.monotonic()
+    with pytest.raises(ShmemError, match="MORI_NUM_QP_PER_PE='lots': expected an integer"):
+        shmem.shmem_init_attr(1, 0, 2, shmem.shmem_get_unique_id(), driver=drv, timeout=30)
+    assert time.monotonic() - started < 5  # not after waiting for rank 1
+
+
+def test_unused_unique_ids_leave_no_listener_open(cuda, monkeypatch):
+    _, drv = cuda
+    b = shmem_bootstrap
+    ids = [shmem.shmem_get_unique_id() for _ in range(3)]  # every rank gets one, rank 0's is used
+    assert b.open_listener_count() >= 3
+    shmem.shmem_init_attr(1, 0, 1, ids[1], driver=drv)
+    assert b.open_listener_count() == 0  # the unused ones closed at init, the used one after the rendezvous
+    with pytest.raises(ShmemStateError, match="rank 1 cannot reach rank 0 .*refused"):
+        b.connect(ids[0], 1, 2, timeout=5)  # really closed
+    shmem.shmem_get_unique_id()
+    shmem.shmem_finalize()
+    assert b.open_listener_count() == 0  # and those got after init, at finalize
+    # With torch.distributed as the rendezvous no id's listener is used: closed even when init then refuses.
+    dist = types.ModuleType("torch.distributed")
+    dist.is_available = dist.is_initialized = lambda: True
+    dist.get_rank, dist.get_world_size = (lambda group=None: 0), (lambda group=None: 2)
+    torch = types.ModuleType("torch")
+    torch.distributed = dist
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    uid = shmem.shmem_get_unique_id()
+    with pytest.raises(ShmemStateError, match="does not match torch.distributed"):
+        shmem.shmem_init_attr(1, 0, 1, uid, driver=drv)
+    assert b.open_listener_count() == 0
 
 
 def test_shmem_init_attr_with_torch_distributed_takes_no_timeout(cuda, monkeypatch):

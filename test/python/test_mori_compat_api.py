@@ -29,14 +29,17 @@ from mori_compiler.compat import MODULE_MAP
 
 MORI_VERSION = "1.2.4"
 WHEEL_NAME = f"amd_mori-{MORI_VERSION}-cp312-cp312-manylinux_2_39_x86_64.whl"
-PIP_DOWNLOAD = ["download", "--no-deps", "--python-version", "3.12", "--only-binary=:all:", "--platform",
-                "manylinux_2_39_x86_64", f"amd-mori=={MORI_VERSION}", "-d"]  # fmt: skip
+# (--timeout / --retries: offline, pip gives up in seconds, not minutes)
+PIP_DOWNLOAD = ["download", "--no-deps", "--timeout", "10", "--retries", "1", "--python-version", "3.12",
+                "--only-binary=:all:", "--platform", "manylinux_2_39_x86_64", f"amd-mori=={MORI_VERSION}",
+                "-d"]  # fmt: skip
 
 #: MORI's file in the wheel -> the MORI module name it is imported as (our alias of it answers).
 API_FILES = {
     "mori/ops/dispatch_combine.py": "mori.ops.dispatch_combine",
     "mori/ops/local_expert_count.py": "mori.ops.local_expert_count",
     "mori/shmem/api.py": "mori.shmem.api",
+    "mori/shmem/tensor_utils.py": "mori.shmem.tensor_utils",
     "mori/ir/ops.py": "mori.ir.ops",
     "mori/ir/bitcode.py": "mori.ir.bitcode",
     "mori/io/engine.py": "mori.io.engine",
@@ -86,12 +89,16 @@ NEEDS_TORCH = {"mori.ops.dispatch_combine.TOPK_IDX_DTYPE"}
 # ---- the reference: MORI's sources from the wheel -----------------------------------------------------
 
 
-def _wheel(cache_dir: Path) -> Path:
+def _explicit_wheel() -> Path | None:
     explicit = os.environ.get("MORI_TEST_MORI_WHEEL")
-    if explicit:
-        if not Path(explicit).is_file():
-            pytest.fail(f"MORI_TEST_MORI_WHEEL={explicit} does not exist")
-        return Path(explicit)
+    if not explicit:
+        return None
+    if not Path(explicit).is_file():
+        pytest.fail(f"MORI_TEST_MORI_WHEEL={explicit} does not exist")
+    return Path(explicit)
+
+
+def _downloaded_wheel(cache_dir: Path) -> Path:
     wheel = cache_dir / WHEEL_NAME
     if wheel.is_file() and zipfile.is_zipfile(wheel):
         return wheel
@@ -103,15 +110,18 @@ def _wheel(cache_dir: Path) -> Path:
     return wheel
 
 
-@pytest.fixture(scope="module")
-def mori_sources(request) -> dict[str, ast.Module]:
+def _cache_dir(request) -> Path:
     cache = getattr(request.config, "cache", None)  # (absent under -p no:cacheprovider)
     if cache is not None:
-        cache_dir = Path(cache.mkdir("amd_mori_wheel"))
-    else:
-        cache_dir = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mori_compiler_tests"
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    wheel = _wheel(cache_dir)
+        return Path(cache.mkdir("amd_mori_wheel"))
+    cache_dir = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mori_compiler_tests"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return cache_dir
+
+
+@pytest.fixture(scope="module")
+def mori_sources(request) -> dict[str, ast.Module]:
+    wheel = _explicit_wheel() or _downloaded_wheel(_cache_dir(request))  # the cache is touched only when needed
     with zipfile.ZipFile(wheel) as zf:
         return {name: ast.parse(zf.read(name).decode(), name) for name in (*API_FILES, *PACKAGE_FILES)}
 

@@ -581,11 +581,13 @@ def test_init_attr_checks_torch_distributed(world, drv):
         shmem.shmem_init_attr(1, 1, 2, uid, driver=drv)
     with pytest.raises(ShmemError, match="only MORI_SHMEM_INIT_WITH_UNIQUEID"):
         shmem.shmem_init_attr(0, 0, 2, uid, driver=drv)
-    with pytest.raises(ShmemError, match="unique_id must be 128 bytes"):
+    with pytest.raises(ShmemError, match=r"unique_id must be the 128 bytes of shmem_get_unique_id\(\), got 5"):
         shmem.shmem_init_attr(1, 0, 2, b"short", driver=drv)
     w.initialized = False  # then the unique id carries the rendezvous: rank 0 waits for rank 1, up to the timeout
+    with pytest.raises(ShmemStateError, match="rank 0 must be the process that called shmem_get_unique_id"):
+        shmem.shmem_init_attr(1, 0, 2, uid, driver=drv, timeout=0.2)  # that id's listener was closed: not used
     with pytest.raises(ShmemStateError, match=r"rank\(s\) \[1\] did not join within 0.2 s"):
-        shmem.shmem_init_attr(1, 0, 2, uid, driver=drv, timeout=0.2)
+        shmem.shmem_init_attr(1, 0, 2, shmem.shmem_get_unique_id(), driver=drv, timeout=0.2)
     assert shmem.current_state() is None and drv.calls == []
 
 
