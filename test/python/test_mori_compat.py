@@ -30,7 +30,7 @@ from mori_compiler.runtime import driver as driver_mod
 from mori_compiler.runtime import shmem, shmem_bootstrap, shmem_comm
 from mori_compiler.runtime.shmem import ShmemError, ShmemStateError
 
-from test_runtime_fakes import FakeCudaModule, FakeGPU, OneRank  # noqa: E402 - the shared fake bindings
+from test_runtime_fakes import FakeGPU, OneRank, install_fake_cuda  # noqa: E402 - the shared fake bindings
 
 
 def _python(code: str, *, cwd, env_extra: dict | None = None, args=()) -> subprocess.CompletedProcess:
@@ -294,15 +294,8 @@ def test_finder_is_installed_once_and_last(monkeypatch):
 @pytest.fixture
 def cuda(monkeypatch):
     gpu = FakeGPU()
-    module = FakeCudaModule(gpu)
-    bindings = types.ModuleType("cuda.bindings")
-    bindings.driver = module
-    pkg = types.ModuleType("cuda")
-    pkg.bindings = bindings
     monkeypatch.setitem(sys.modules, "torch", None)
-    monkeypatch.setitem(sys.modules, "cuda", pkg)
-    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
-    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", module)
+    install_fake_cuda(monkeypatch, gpu)
     monkeypatch.setenv("MORI_SHMEM_HEAP_SIZE", str(1 << 20))
     monkeypatch.delenv("MORI_NUM_QP_PER_PE", raising=False)
     driver_mod._reset_drivers()

@@ -607,8 +607,8 @@ def gpu():
     return FakeGPU()
 
 
-@pytest.fixture
-def fake_cuda(monkeypatch, gpu):
+def install_fake_cuda(monkeypatch, gpu) -> "FakeCudaModule":
+    """``cuda.bindings.driver`` (and its packages) answered by a FakeCudaModule over ``gpu``, for the test."""
     module = FakeCudaModule(gpu)
     bindings = types.ModuleType("cuda.bindings")
     bindings.driver = module
@@ -618,6 +618,11 @@ def fake_cuda(monkeypatch, gpu):
     monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
     monkeypatch.setitem(sys.modules, "cuda.bindings.driver", module)
     return module
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch, gpu):
+    return install_fake_cuda(monkeypatch, gpu)
 
 
 def _install_hip(monkeypatch, gpu, **kw):
