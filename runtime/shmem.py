@@ -482,7 +482,6 @@ def shmem_module_init(hip_module, *, wait_limit: int = 0) -> int:
     return 0
 
 
-
 def device_state_bytes(wait_limit: int = 0) -> bytes:
     return state().device_state_bytes(wait_limit)
 
