@@ -12,7 +12,8 @@ Layers, lowest first (a module may import only from its own layer or lower ones)
 5. ``mori_compiler.runtime``: bundle loading and GPU launch (never imports MLIR or llvmlite)
 6. driver: ``mori_compiler.options``, ``.pipeline``, ``.cache``, ``.examples``
 7. ``mori_compiler.ops`` (the EP operators, on the cache), ``mori_compiler.tools`` (the CLIs) and
-   ``mori_compiler.compat`` (MORI's module names over ops, runtime, io and lib_bitcode)
+   ``mori_compiler.compat`` (MORI's module names over ops, runtime, io and lib_bitcode), ``mori_compiler.clients``
+   (Triton and FlyDSL kernels calling the project's shmem device library)
 """
 
 __version__ = "0.1.0"
