@@ -1,0 +1,260 @@
+"""The Triton client (mori_compiler.clients.triton, MORI's mori.ir.triton) without a GPU.
+
+Triton kernels calling the shmem device functions are compiled for sm_90 (PTX and, through the ptxas Triton
+ships, a cubin) and gfx942 (an hsaco) with ``triton.compile`` and an explicit target: no call stays
+unresolved, the state global ``mori_compiler_shmem_state`` survives Triton's linking as an exported symbol
+(where ``shmem_module_init`` looks it up), and every row of the ABI table compiles. The load hook is driven
+with the fake CUDA bindings. Skipped, with the reason, where Triton is not installed (``pip install
+triton==3.6.0``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton", reason="Triton is not installed (pip install triton==3.6.0)")
+
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from mori_compiler.clients import triton as mt  # noqa: E402
+from mori_compiler.clients import triton_runtime  # noqa: E402
+from mori_compiler.codeobject import check_no_undefined_symbols, read_elf_symbols  # noqa: E402
+from mori_compiler.errors import MoriCompilerError  # noqa: E402
+from mori_compiler.lib_bitcode.abi import MORI_DEVICE_FUNCTIONS, abi_function  # noqa: E402
+from mori_compiler.lib_bitcode.library import library_ir  # noqa: E402
+from mori_compiler.lib_bitcode.state import STATE_SIZE, STATE_SYMBOL, unpack_state  # noqa: E402
+from mori_compiler.targets import get_target  # noqa: E402
+
+SM90 = GPUTarget("cuda", 90, 32)
+GFX942 = GPUTarget("hip", "gfx942", 64)
+PTX_STATE = f".visible .global .align 8 .b8 {STATE_SYMBOL}[{STATE_SIZE}];"
+
+
+def _compile(fn, signature: dict, target, **options):
+    libs = tuple(mt.get_extern_libs(target).items())
+    return triton.compile(ASTSource(fn, signature, {}), target=target,
+                          options={"extern_libs": libs, "num_warps": 1, **options})  # fmt: skip
+
+
+def _assert_linked_ptx(ptx: str) -> None:
+    assert PTX_STATE in ptx, "the state global is not an exported global of the kernel's module"
+    unresolved = [line for line in ptx.splitlines() if line.lstrip().startswith(".extern")]
+    assert not unresolved, f"unresolved externs: {unresolved}"
+
+
+@triton.jit
+def ring_put_signal(dest, src, nbytes, signal, out, BLOCK: tl.constexpr):
+    """Each PE puts `src` into the next PE's `dest` with a signal, adds 1 per lane to the next PE's
+    `signal + lane`, and records (my_pe, n_pes, the next PE's `dest` as seen from here)."""
+    me = mt.my_pe()
+    n = mt.n_pes()
+    peer = (me + 1) % n
+    mt.putmem_nbi_signal_block(dest, src, nbytes, signal, 1, mt.SIGNAL_ADD, peer, 0)
+    lanes = tl.arange(0, BLOCK)
+    mt.uint64_atomic_add_thread(signal + 1 + lanes, lanes.to(tl.uint64) + 1, peer, 0)
+    mt.quiet_thread()
+    tl.store(out, me)
+    tl.store(out + 1, n)
+    tl.store(out + 2, mt.ptr_p2p(dest, me, peer).to(tl.int64))
+
+
+RING_SIGNATURE = {"dest": "*u8", "src": "*u8", "nbytes": "i64", "signal": "*u64", "out": "*i64", "BLOCK": "constexpr"}
+
+
+def test_sm90_kernel_links_the_library_and_keeps_the_state_global():
+    k = triton.compile(ASTSource(ring_put_signal, RING_SIGNATURE, {"BLOCK": 32}), target=SM90,
+                       options={"extern_libs": tuple(mt.get_extern_libs("sm_90").items()), "num_warps": 1})  # fmt: skip
+    ptx = k.asm["ptx"]
+    _assert_linked_ptx(ptx)
+    assert re.search(r"\.visible \.entry ring_put_signal\(", ptx)
+    assert "atom.release.sys.add.u64" in ptx, "the signal (SIGNAL_ADD) is not a system-scope release add"
+    assert "atom.relaxed.sys.add.u64" in ptx, "the lanes' remote atomic add is missing"
+    assert len(k.asm["cubin"]) > 0  # ptxas assembled it: no call stayed unresolved
+
+
+def test_gfx942_kernel_links_the_library_and_exports_the_state_global():
+    k = triton.compile(ASTSource(ring_put_signal, RING_SIGNATURE, {"BLOCK": 64}), target=GFX942,
+                       options={"extern_libs": tuple(mt.get_extern_libs(GFX942).items()), "num_warps": 1})  # fmt: skip
+    hsaco = k.asm["hsaco"]
+    check_no_undefined_symbols(hsaco, "Triton's gfx942 code object")
+    exported = {s.name: s for s in read_elf_symbols(hsaco)}
+    assert STATE_SYMBOL in exported, "hipModuleGetGlobal would not find the state global"
+    assert "ring_put_signal" in exported
+
+
+def _all_functions_source() -> str:
+    """A kernel calling every function of the ABI table once (compile-only: its waits would spin)."""
+    lines = ["import triton", "import triton.language as tl", "from mori_compiler.clients import triton as mt", "",
+             "@triton.jit", "def every_function(buf, n, pe, x, out):", "    acc = tl.zeros((), tl.int64)"]  # fmt: skip
+    by_type = {"int32": "pe", "uint32": "pe", "int64": "n", "float32": "x", "float64": "x"}
+    for name, meta in MORI_DEVICE_FUNCTIONS.items():
+        params = abi_function(meta["symbol"]).params
+        args = []
+        for p, t in zip(params, meta["args"]):
+            args.append(("buf" if "*" in p.c_type else "n") if t == "uint64" else by_type[t])
+        call = f"mt.{name}({', '.join(args)})"
+        lines.append(f"    acc += {call}.to(tl.int64)" if meta["ret"] in ("int32", "uint32", "int64", "uint64")
+                     else f"    {call}")  # fmt: skip
+    lines.append("    tl.store(out, acc)")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def every_function(tmp_path_factory):
+    path = tmp_path_factory.mktemp("triton_kernels") / "every_function_kernel.py"
+    path.write_text(_all_functions_source())
+    spec = importlib.util.spec_from_file_location("every_function_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # Triton reads the kernel's source through its module
+    spec.loader.exec_module(module)
+    yield module.every_function
+    sys.modules.pop(spec.name, None)
+
+
+def test_every_abi_function_compiles_for_sm90(every_function):
+    k = _compile(every_function, {"buf": "*i64", "n": "i64", "pe": "i32", "x": "fp32", "out": "*i64"}, SM90)
+    _assert_linked_ptx(k.asm["ptx"])
+    assert len(k.asm["cubin"]) > 0
+
+
+def test_every_extern_is_a_row_of_the_abi_table():
+    names = set(MORI_DEVICE_FUNCTIONS) | {"SIGNAL_SET", "SIGNAL_ADD"}
+    assert set(mt.ops.__all__) == names
+    for name, meta in MORI_DEVICE_FUNCTIONS.items():
+        fn = getattr(mt, name)
+        assert fn is getattr(mt.ops, name) and fn.__name__ == name
+        assert meta["symbol"] in fn.__doc__
+
+
+@triton.jit
+def float_pe(dest, src, x):
+    mt.putmem_nbi_block(dest, src, 8, x, 0)
+
+
+@triton.jit
+def pointer_pe(dest, src):
+    mt.putmem_nbi_block(dest, src, 8, src, 0)
+
+
+@triton.jit
+def too_few(dest):
+    mt.putmem_nbi_block(dest, dest, 8)
+
+
+@pytest.mark.parametrize("fn, signature, expected", [
+    (float_pe, {"dest": "*u8", "src": "*u8", "x": "fp32"}, r"putmem_nbi_block: parameter 'pe' is int32; got fp32"),
+    (pointer_pe, {"dest": "*u8", "src": "*u8"}, r"putmem_nbi_block: parameter 'pe' is int32, not an address"),
+    (too_few, {"dest": "*u8"}, r"putmem_nbi_block\(dest, source, bytes, pe, qpId\) takes 5 argument\(s\), got 3"),
+])  # fmt: skip
+def test_bad_arguments_are_refused_naming_the_parameter(fn, signature, expected):
+    with pytest.raises(triton.CompilationError) as err:
+        _compile(fn, signature, SM90)
+    assert re.search(expected, str(err.value)), str(err.value)
+
+
+def test_extern_libs_is_the_library_text_per_target(monkeypatch):
+    monkeypatch.delenv("MORI_SHMEM_BC", raising=False)
+    for target, name in ((SM90, "sm_90"), ("sm_90", "sm_90"), (GFX942, "gfx942"), ("gfx950", "gfx950")):
+        libs = mt.get_extern_libs(target)
+        assert list(libs) == ["mori_shmem"]
+        assert Path(libs["mori_shmem"]).read_text() == library_ir(get_target(name))
+
+
+@pytest.mark.parametrize("target, expected", [
+    (GPUTarget("cuda", 100, 32), "no shmem device library for sm_100"),
+    ("gfx90a", "no shmem device library for gfx90a"),
+    (GPUTarget("metal", "m1", 32), "Triton backend 'metal' has no shmem device library"),
+    (42, "target must be a target name or a triton GPUTarget"),
+])  # fmt: skip
+def test_unsupported_targets_are_refused(target, expected):
+    with pytest.raises(MoriCompilerError, match=re.escape(expected)):
+        mt.get_extern_libs(target)
+
+
+def test_without_a_gpu_the_target_must_be_given():
+    with pytest.raises(MoriCompilerError, match="Triton finds no GPU to compile for .*pass target="):
+        mt.get_extern_libs()
+
+
+def test_mori_bitcode_is_refused(monkeypatch, tmp_path):
+    bc = tmp_path / "libmori_shmem_device.bc"
+    bc.write_bytes(b"BC")
+    monkeypatch.setenv("MORI_SHMEM_BC", str(bc))
+    with pytest.raises(MoriCompilerError, match="state only MORI's runtime fills"):
+        mt.get_extern_libs("sm_90")
+
+
+def test_cco_is_refused_with_the_reason():
+    with pytest.raises(AttributeError, match="mori.ir.triton.cco is not offered by mori_compiler: MORI's CCO"):
+        mt.cco  # noqa: B018
+    with pytest.raises(NotImplementedError, match="get_cco_extern_libs is not offered"):
+        mt.get_cco_extern_libs()
+
+
+# ---- the load hook --------------------------------------------------------------------------------------
+
+
+def test_install_hook_adds_one_load_hook_and_keeps_others():
+    chain = triton.knobs.runtime.kernel_load_end_hook
+    other = lambda *args: None  # noqa: E731
+    chain.add(other)
+    try:
+        mt.install_hook()
+        mt.install_hook()
+        assert chain.calls.count(triton_runtime.fill_shmem_state) == 1 and other in chain.calls
+        mt.uninstall_hook()
+        assert triton_runtime.fill_shmem_state not in chain.calls and other in chain.calls
+    finally:
+        chain.remove(other)
+        mt.uninstall_hook()
+
+
+def _metadata_group(tmp_path, name: str, asm: str) -> dict:
+    ptx = tmp_path / f"{name}.ptx"
+    ptx.write_text(asm)
+    return {f"{name}.ptx": str(ptx)}
+
+
+def test_hook_refuses_a_shmem_kernel_before_shmem_init(tmp_path):
+    from mori_compiler.runtime import shmem
+
+    assert shmem.current_state() is None
+    group = _metadata_group(tmp_path, "k", PTX_STATE)
+    with pytest.raises(shmem.ShmemStateError, match="Triton kernel k calls shmem device functions, but shmem is not "
+                                                    "initialized"):  # fmt: skip
+        triton_runtime.fill_shmem_state(1234, 5678, "k", group, "hash")
+    plain = _metadata_group(tmp_path, "plain", ".visible .entry plain()")
+    assert triton_runtime.fill_shmem_state(1234, 5678, "plain", plain, "hash") is None  # not a shmem kernel
+
+
+def test_hook_fills_the_state_of_a_loaded_module(monkeypatch, tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_runtime_fakes import FakeGPU, OneRank, install_fake_cuda
+
+    from mori_compiler.runtime import driver as driver_mod
+    from mori_compiler.runtime import shmem
+
+    gpu = FakeGPU()
+    monkeypatch.setitem(sys.modules, "torch", None)
+    install_fake_cuda(monkeypatch, gpu)
+    monkeypatch.setenv("MORI_SHMEM_HEAP_SIZE", str(1 << 20))
+    driver_mod._reset_drivers()
+    drv = driver_mod.get_driver("nvvm")
+    shmem.shmem_init_comm(OneRank(), driver=drv)
+    try:
+        handle = int(drv._call("cuModuleLoadData", b"// PTX\n"))  # a module Triton loaded
+        mt.install_hook()
+        triton.knobs.runtime.kernel_load_end_hook(handle, 1, "k", _metadata_group(tmp_path, "k", PTX_STATE), "h")
+        fields = unpack_state(gpu.read(gpu.module_globals[(handle, STATE_SYMBOL)], STATE_SIZE))
+        assert (fields["rank"], fields["n_pes"], fields["heap_size"]) == (0, 1, 1 << 20)
+    finally:
+        mt.uninstall_hook()
+        shmem.shmem_finalize()
+        driver_mod._reset_drivers()
