@@ -25,7 +25,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from mori_compiler.clients import triton as mt  # noqa: E402
 from mori_compiler.clients import triton_runtime  # noqa: E402
-from mori_compiler.codeobject import check_no_undefined_symbols, read_elf_symbols  # noqa: E402
+from mori_compiler.codeobject import read_amdgpu_code_object  # noqa: E402
 from mori_compiler.errors import MoriCompilerError  # noqa: E402
 from mori_compiler.lib_bitcode.abi import MORI_DEVICE_FUNCTIONS, abi_function  # noqa: E402
 from mori_compiler.lib_bitcode.library import library_ir  # noqa: E402
@@ -82,11 +82,12 @@ def test_sm90_kernel_links_the_library_and_keeps_the_state_global():
 def test_gfx942_kernel_links_the_library_and_exports_the_state_global():
     k = triton.compile(ASTSource(ring_put_signal, RING_SIGNATURE, {"BLOCK": 64}), target=GFX942,
                        options={"extern_libs": tuple(mt.get_extern_libs(GFX942).items()), "num_warps": 1})  # fmt: skip
-    hsaco = k.asm["hsaco"]
-    check_no_undefined_symbols(hsaco, "Triton's gfx942 code object")
-    exported = {s.name: s for s in read_elf_symbols(hsaco)}
-    assert STATE_SYMBOL in exported, "hipModuleGetGlobal would not find the state global"
-    assert "ring_put_signal" in exported
+    info = read_amdgpu_code_object(k.asm["hsaco"])  # the project's reader
+    assert info.gfx_name == "gfx942" and info.undefined_symbols() == []
+    assert [kd.name for kd in info.kernels] == ["ring_put_signal"]
+    state = info.exported_symbols().get(STATE_SYMBOL)
+    assert state is not None, f"hipModuleGetGlobal would not find the state global: {sorted(info.exported_symbols())}"
+    assert state.size == STATE_SIZE
 
 
 def _all_functions_source() -> str:
