@@ -259,3 +259,42 @@ def test_hook_fills_the_state_of_a_loaded_module(monkeypatch, tmp_path):
         mt.uninstall_hook()
         shmem.shmem_finalize()
         driver_mod._reset_drivers()
+
+
+# ---- the example and the GPU test's kernels, compiled here ----------------------------------------------
+
+
+@pytest.mark.parametrize("target, binary", [("sm_90", "cubin"), ("gfx942", "hsaco")])
+def test_example_compiles_without_a_gpu(target, binary):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "examples/triton_shmem/ring.py", "--compile-only", "--target", target],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert re.fullmatch(rf"{target}: put_row_to_next compiled \(\d+ bytes of {binary}\)\n", proc.stdout), proc.stdout
+
+
+def test_gpu_test_kernels_compile_with_one_element_per_thread():
+    """The GPU test's kernels compile for sm_90, and their *_thread calls get one tensor element per thread
+    (a replicated layout would make each call once per copy)."""
+    sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+    import test_triton_shmem_gpu as g
+
+    sizes = {"CHUNK": g.CHUNK, "LANES": g.LANES}
+    kernels = [
+        (g.query, {"buf": "*u8", "out": "*i64"}, {}),
+        (g.put_ring, dict.fromkeys(("d_block", "d_warp", "d_thread", "d_typed", "src"), "*u8") | {"nbytes": "i32"},
+         sizes),
+        (g.put_signal_ring, {"d_block": "*u8", "d_thread": "*u8", "src": "*u8", "nbytes": "i32", "sig_add": "*i64",
+                             "sig_set": "*i64"}, sizes),
+        (g.atomics, dict.fromkeys(("counters", "fetch_words", "set_words", "cas_words", "fetched", "cas_old"), "*i64"),
+         {"LANES": g.LANES}),
+    ]  # fmt: skip
+    libs = tuple(mt.get_extern_libs("sm_90").items())
+    for fn, signature, constants in kernels:
+        signature = signature | dict.fromkeys(constants, "constexpr")
+        k = triton.compile(ASTSource(fn, signature, constants), target=SM90, options={"extern_libs": libs, "num_warps": 1})
+        _assert_linked_ptx(k.asm["ptx"])
+        layouts = set(re.findall(r"#ttg\.blocked<\{[^}]*\}>", k.asm["ttgir"]))
+        one_per_thread = {"#ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [1], order = [0]}>"}
+        assert layouts == (one_per_thread if constants else set()), (fn.__name__, layouts)
