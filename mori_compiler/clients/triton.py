@@ -2,7 +2,7 @@
 
     from mori_compiler.clients import triton as mt      # under MORI's names: from mori.ir import triton as mt
 
-    mt.install_hook()                                   # once: fill each shmem kernel's state when Triton loads it
+    mt.install_hook()                                   # once: shmem kernels get this process's shmem state
 
     @triton.jit
     def put_to_peer(dest, src, nbytes, peer):

@@ -10,15 +10,19 @@ state (``globalGpuStates``) can only be filled by MORI's runtime.
 
 Triton's linker internalizes the library's functions (all inlined) but leaves globals alone, so the state
 global ``mori_compiler_shmem_state`` stays exported in the kernel's module (``.visible .global`` in PTX, a
-dynamic symbol in the hsaco). ``install_hook()`` adds a ``triton.knobs.runtime.kernel_load_end_hook``
-(Triton 3.6 calls it after every module load, once per kernel and device, also for kernels found in
-Triton's cache) that fills it with ``runtime.shmem.shmem_module_init``. A module loaded before a shmem
-re-init keeps the old state: Triton loads each kernel once per process and device.
+dynamic symbol in the hsaco). ``install_hook()`` adds two Triton 3.6 hooks: ``kernel_load_end_hook`` (called
+after every module load, once per kernel and device, also for kernels from Triton's cache) notes the
+kernels whose assembly names the state global, and ``launch_enter_hook`` fills such a kernel's state with
+``runtime.shmem.shmem_module_init`` before its first launch under the current shmem. Filling at launch
+rather than at load lets a kernel be loaded before shmem init, refills it after a re-init, and refuses a
+launch without shmem each time (an error raised at load would leave Triton's loaded copy unfilled and
+the next launch silently wrong).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from mori_compiler.errors import MoriCompilerError
 
@@ -98,33 +102,80 @@ def _uses_shmem(metadata_group: dict, name: str) -> bool | None:
     return None
 
 
-def fill_shmem_state(module, function, name, metadata_group, hash) -> None:  # noqa: A002 (Triton's names)
-    """The ``kernel_load_end_hook``: fill the state of a just-loaded Triton module that calls shmem
-    functions. A kernel that calls none is left alone, with or without shmem; one that calls some while
-    shmem is not initialized (or runs virtual PEs) is refused before its first launch."""
-    from mori_compiler.runtime import shmem
+@dataclass
+class LoadedKernel:
+    """A loaded Triton kernel that calls shmem functions (or may: ``uses_shmem`` None when its assembly was
+    not found), and the shmem whose state its module holds (None: not filled yet)."""
 
+    module: int
+    name: str
+    uses_shmem: bool | None
+    filled_for: object = None
+
+
+#: Function handle -> the loaded shmem kernel (Triton never unloads a kernel's module).
+LOADED: dict[int, LoadedKernel] = {}
+
+
+def on_kernel_load(module, function, name, metadata_group, hash) -> None:  # noqa: A002 (Triton's names)
+    """``kernel_load_end_hook``: remember a just-loaded kernel that calls shmem functions."""
+    uses = _uses_shmem(metadata_group, name)
+    if uses is not False:
+        LOADED[int(function)] = LoadedKernel(int(module), name, uses)
+
+
+def _shmem():
+    """runtime.shmem, imported on first use (~0.1 s: not for compile-only users) and then looked up once."""
+    global _SHMEM
+    if _SHMEM is None:
+        from mori_compiler.runtime import shmem
+
+        _SHMEM = shmem
+    return _SHMEM
+
+
+_SHMEM = None
+
+
+def on_launch(metadata) -> None:
+    """``launch_enter_hook``: before a shmem kernel runs, make its module hold the current shmem's state
+    (filled at its first launch, again after a shmem re-init); refuse the launch when there is no shmem."""
+    data = getattr(metadata, "data", None) or {}  # LazyDict's eager part: the user's launch_metadata stays lazy
+    kernel = LOADED.get(data.get("function"))
+    if kernel is None:
+        return
+    shmem = _shmem()
     current = shmem.current_state()
+    if current is not None and kernel.filled_for is current:
+        return
     if current is None or current.virtual:
-        if _uses_shmem(metadata_group, name):
+        if kernel.uses_shmem:
             why = ("shmem is not initialized in this process (call shmem_init_attr / shmem_torch_process_group_init "
-                   "before the first launch)") if current is None else \
+                   "first)") if current is None else \
                   ("shmem runs virtual PEs in this process; Triton kernels run with multi-process shmem (one PE "
                    "per process)")  # fmt: skip
-            raise shmem.ShmemStateError(f"Triton kernel {name} calls shmem device functions, but {why}")
+            raise shmem.ShmemStateError(f"Triton kernel {kernel.name} calls shmem device functions, but {why}")
+        return  # its assembly was not found: without shmem there is nothing to fill anyway
+    if shmem.shmem_module_init(kernel.module) != 0:  # -1: the module has no shmem state after all
+        del LOADED[data["function"]]
         return
-    shmem.shmem_module_init(module)  # -1 (nothing to fill) for a kernel without shmem calls
+    kernel.filled_for = current
 
 
 def install_hook() -> None:
-    """Fill the shmem state of every Triton kernel that calls shmem functions when Triton loads it. Call
-    once before the first launch; calling again changes nothing. Other hooks in the chain are kept."""
+    """Give every Triton kernel that calls shmem functions the device state of this process's shmem:
+    Triton's load hook notes such a kernel, its launch hook fills the module's state before the first
+    launch (after shmem init) and again after a shmem re-init, and refuses a launch without shmem. Call
+    once, before or after shmem init; calling again changes nothing; other hooks in the chains are kept.
+    Cost per launch of any kernel: one dictionary lookup (plus a state check for shmem kernels)."""
     from triton import knobs
 
-    knobs.runtime.kernel_load_end_hook.add(fill_shmem_state)
+    knobs.runtime.kernel_load_end_hook.add(on_kernel_load)
+    knobs.runtime.launch_enter_hook.add(on_launch)
 
 
 def uninstall_hook() -> None:
     from triton import knobs
 
-    knobs.runtime.kernel_load_end_hook.remove(fill_shmem_state)
+    knobs.runtime.kernel_load_end_hook.remove(on_kernel_load)
+    knobs.runtime.launch_enter_hook.remove(on_launch)

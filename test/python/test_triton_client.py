@@ -199,45 +199,77 @@ def test_cco_is_refused_with_the_reason():
         mt.get_cco_extern_libs()
 
 
-# ---- the load hook --------------------------------------------------------------------------------------
+# ---- the hooks -----------------------------------------------------------------------------------------
 
 
-def test_install_hook_adds_one_load_hook_and_keeps_others():
-    chain = triton.knobs.runtime.kernel_load_end_hook
+def test_install_hook_adds_one_load_and_one_launch_hook_and_keeps_others():
+    chains = (triton.knobs.runtime.kernel_load_end_hook, triton.knobs.runtime.launch_enter_hook)
+    ours = (triton_runtime.on_kernel_load, triton_runtime.on_launch)
     other = lambda *args: None  # noqa: E731
-    chain.add(other)
+    for chain in chains:
+        chain.add(other)
     try:
         mt.install_hook()
         mt.install_hook()
-        assert chain.calls.count(triton_runtime.fill_shmem_state) == 1 and other in chain.calls
+        for chain, hook in zip(chains, ours):
+            assert chain.calls.count(hook) == 1 and other in chain.calls
         mt.uninstall_hook()
-        assert triton_runtime.fill_shmem_state not in chain.calls and other in chain.calls
+        for chain, hook in zip(chains, ours):
+            assert hook not in chain.calls and other in chain.calls
     finally:
-        chain.remove(other)
+        for chain in chains:
+            chain.remove(other)
         mt.uninstall_hook()
 
 
-def _metadata_group(tmp_path, name: str, asm: str) -> dict:
+def _metadata_group(tmp_path, name: str, asm: str | None) -> dict:
+    if asm is None:
+        return {}
     ptx = tmp_path / f"{name}.ptx"
     ptx.write_text(asm)
     return {f"{name}.ptx": str(ptx)}
 
 
-def test_hook_refuses_a_shmem_kernel_before_shmem_init(tmp_path):
+def _launch(function: int):
+    """What Triton passes to the launch hook (compiler.LazyDict), with an unevaluated user part."""
+    from triton.compiler.compiler import LazyDict
+
+    metadata = LazyDict({"name": "k", "function": function, "stream": 0})
+    metadata.add(lambda: pytest.fail("the user's launch_metadata was evaluated"), ())
+    triton.knobs.runtime.launch_enter_hook(metadata)
+
+
+@pytest.fixture
+def hooks(monkeypatch):
+    monkeypatch.setattr(triton_runtime, "LOADED", {})
+    mt.install_hook()
+    yield triton.knobs.runtime.kernel_load_end_hook
+    mt.uninstall_hook()
+
+
+def test_launch_without_shmem_is_refused_every_time(hooks, tmp_path):
     from mori_compiler.runtime import shmem
 
     assert shmem.current_state() is None
-    group = _metadata_group(tmp_path, "k", PTX_STATE)
-    with pytest.raises(shmem.ShmemStateError, match="Triton kernel k calls shmem device functions, but shmem is not "
-                                                    "initialized"):  # fmt: skip
-        triton_runtime.fill_shmem_state(1234, 5678, "k", group, "hash")
-    plain = _metadata_group(tmp_path, "plain", ".visible .entry plain()")
-    assert triton_runtime.fill_shmem_state(1234, 5678, "plain", plain, "hash") is None  # not a shmem kernel
+    hooks(1234, 5678, "k", _metadata_group(tmp_path, "k", PTX_STATE), "hash")
+    for _ in range(2):  # the refusal lasts: the loaded copy is not left unfilled for the next launch
+        with pytest.raises(shmem.ShmemStateError, match="Triton kernel k calls shmem device functions, but shmem is "
+                                                        "not initialized"):  # fmt: skip
+            _launch(5678)
 
 
-def test_hook_fills_the_state_of_a_loaded_module(monkeypatch, tmp_path):
+def test_kernels_without_shmem_are_left_alone(hooks, tmp_path):
+    hooks(1, 2, "plain", _metadata_group(tmp_path, "plain", ".visible .entry plain()"), "hash")
+    assert triton_runtime.LOADED == {}
+    _launch(2)  # no shmem, no error
+    hooks(3, 4, "unknown", _metadata_group(tmp_path, "unknown", None), "hash")  # assembly not found
+    _launch(4)  # without shmem nothing could be filled: not refused either
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_runtime_fakes import FakeGPU, OneRank, install_fake_cuda
+    from test_runtime_fakes import FakeGPU, install_fake_cuda
 
     from mori_compiler.runtime import driver as driver_mod
     from mori_compiler.runtime import shmem
@@ -245,20 +277,47 @@ def test_hook_fills_the_state_of_a_loaded_module(monkeypatch, tmp_path):
     gpu = FakeGPU()
     monkeypatch.setitem(sys.modules, "torch", None)
     install_fake_cuda(monkeypatch, gpu)
-    monkeypatch.setenv("MORI_SHMEM_HEAP_SIZE", str(1 << 20))
     driver_mod._reset_drivers()
-    drv = driver_mod.get_driver("nvvm")
-    shmem.shmem_init_comm(OneRank(), driver=drv)
-    try:
-        handle = int(drv._call("cuModuleLoadData", b"// PTX\n"))  # a module Triton loaded
-        mt.install_hook()
-        triton.knobs.runtime.kernel_load_end_hook(handle, 1, "k", _metadata_group(tmp_path, "k", PTX_STATE), "h")
-        fields = unpack_state(gpu.read(gpu.module_globals[(handle, STATE_SYMBOL)], STATE_SIZE))
-        assert (fields["rank"], fields["n_pes"], fields["heap_size"]) == (0, 1, 1 << 20)
-    finally:
-        mt.uninstall_hook()
+    yield gpu, driver_mod.get_driver("nvvm")
+    if shmem.current_state() is not None:
         shmem.shmem_finalize()
-        driver_mod._reset_drivers()
+    driver_mod._reset_drivers()
+
+
+def test_launch_fills_the_state_once_per_shmem_init(hooks, fake_cuda, tmp_path, monkeypatch):
+    from test_runtime_fakes import OneRank
+
+    from mori_compiler.runtime import shmem
+
+    gpu, drv = fake_cuda
+    handle = int(drv._call("cuModuleLoadData", b"// PTX\n"))  # the module Triton loaded
+    hooks(handle, 77, "k", _metadata_group(tmp_path, "k", PTX_STATE), "h")  # loaded before shmem init
+    state_of = lambda: unpack_state(gpu.read(gpu.module_globals[(handle, STATE_SYMBOL)], STATE_SIZE))  # noqa: E731
+    for heap in (1 << 20, 2 << 20):  # a re-init refills at the next launch
+        monkeypatch.setenv("MORI_SHMEM_HEAP_SIZE", str(heap))
+        shmem.shmem_init_comm(OneRank(), driver=drv)
+        _launch(77)
+        assert (state_of()["rank"], state_of()["n_pes"], state_of()["heap_size"]) == (0, 1, heap)
+        gpu.write(gpu.module_globals[(handle, STATE_SYMBOL)], bytes(STATE_SIZE))
+        _launch(77)  # filled already under this shmem: no second copy
+        assert state_of()["n_pes"] == 0
+        shmem.shmem_finalize()
+
+
+def test_a_module_without_state_is_dropped_at_its_first_launch(hooks, fake_cuda, tmp_path, monkeypatch):
+    from test_runtime_fakes import OneRank
+
+    from mori_compiler.runtime import shmem
+
+    gpu, drv = fake_cuda
+    monkeypatch.setenv("MORI_SHMEM_HEAP_SIZE", str(1 << 20))
+    shmem.shmem_init_comm(OneRank(), driver=drv)
+    gpu.globals = {}
+    handle = int(drv._call("cuModuleLoadData", b"// PTX\n"))
+    hooks(handle, 78, "unknown", _metadata_group(tmp_path, "unknown", None), "h")
+    assert 78 in triton_runtime.LOADED
+    _launch(78)
+    assert 78 not in triton_runtime.LOADED
 
 
 # ---- the example and the GPU test's kernels, compiled here ----------------------------------------------

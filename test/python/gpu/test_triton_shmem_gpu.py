@@ -8,7 +8,8 @@ into every PE, int64_atomic_fetch_add_thread, atomic_uint64_nonfetch_thread (AMO
 atomic_uint64_fetch_thread (AMO_COMPARE_SWAP) into the next PE; quiet_thread after each. Random data, poisoned
 outputs and receive buffers, every result checked on the host. Kernels of processes sharing a GPU are not
 guaranteed to run at the same time, so no kernel waits for another PE: the host synchronizes
-(``shmem_barrier_all``) between the phases. Also: a shmem kernel launched before shmem init is refused.
+(``shmem_barrier_all``) between the phases. Also: a shmem kernel launched before shmem init is refused,
+and works once shmem is initialized.
 
 Precompile (optional: the library text needs neither MLIR nor llvmlite): ``precompile(cache_root)``.
 """
@@ -236,12 +237,17 @@ def _worker(rank: int, world: int, init_file: str):
 
     torch.cuda.set_device(0)
     mt.install_hook()
-    out = torch.zeros(1, dtype=torch.int32, device="cuda")
-    with pytest.raises(shmem.ShmemStateError, match="calls shmem device functions, but shmem is not initialized"):
-        query_before_init[(1,)](out, num_warps=1, extern_libs=mt.get_extern_libs())
+    out = torch.full((1,), -7, dtype=torch.int32, device="cuda")
+    for _ in range(2):  # refused at every launch, not only at the one that loaded it
+        with pytest.raises(shmem.ShmemStateError, match="calls shmem device functions, but shmem is not initialized"):
+            query_before_init[(1,)](out, num_warps=1, extern_libs=mt.get_extern_libs())
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     shmem.shmem_torch_process_group_init("default")
     try:
+        # loaded before shmem init: its state is filled at its first launch after it
+        query_before_init[(1,)](out, num_warps=1, extern_libs=mt.get_extern_libs())
+        torch.cuda.synchronize()
+        assert int(out[0]) == rank, f"PE {rank}: a kernel loaded before shmem init reads my_pe {int(out[0])}"
         prev = (rank - 1) % world
         _check_query(rank, world)
         _check_puts(rank, world, prev)
