@@ -327,8 +327,9 @@ def test_a_module_without_state_is_dropped_at_its_first_launch(hooks, fake_cuda,
 def test_example_compiles_without_a_gpu(target, binary):
     import subprocess
 
-    proc = subprocess.run([sys.executable, "examples/triton_shmem/ring.py", "--compile-only", "--target", target],
-                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)  # fmt: skip
+    example = Path(__file__).resolve().parents[2] / "examples" / "triton_shmem" / "ring.py"
+    proc = subprocess.run([sys.executable, str(example), "--compile-only", "--target", target], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert re.fullmatch(rf"{target}: put_row_to_next compiled \(\d+ bytes of {binary}\)\n", proc.stdout), proc.stdout
 
@@ -352,7 +353,8 @@ def test_gpu_test_kernels_compile_with_one_element_per_thread():
     libs = tuple(mt.get_extern_libs("sm_90").items())
     for fn, signature, constants in kernels:
         signature = signature | dict.fromkeys(constants, "constexpr")
-        k = triton.compile(ASTSource(fn, signature, constants), target=SM90, options={"extern_libs": libs, "num_warps": 1})
+        k = triton.compile(ASTSource(fn, signature, constants), target=SM90,
+                           options={"extern_libs": libs, "num_warps": 1})  # fmt: skip
         _assert_linked_ptx(k.asm["ptx"])
         layouts = set(re.findall(r"#ttg\.blocked<\{[^}]*\}>", k.asm["ttgir"]))
         one_per_thread = {"#ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [1], order = [0]}>"}

@@ -174,7 +174,8 @@ def _check_puts(rank, world, prev):
     for what, d in zip(("putmem_nbi_block", "putmem_nbi_warp", "putmem_nbi_thread", "put_uint64_nbi_block"), dests):
         got = d.cpu()
         bad = (got != want).nonzero()
-        assert bad.numel() == 0, f"PE {rank}: {what} from PE {prev}: {bad.numel()} bytes differ, first at {bad[0].item()}"
+        assert bad.numel() == 0, (f"PE {rank}: {what} from PE {prev}: {bad.numel()} bytes differ, first at "
+                                  f"{bad[0].item()}")  # fmt: skip
 
 
 def _check_put_signal(rank, world, prev):
