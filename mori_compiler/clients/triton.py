@@ -19,6 +19,8 @@ they drive MORI's CCO runtime (communicators, windows, SDMA queues, RDMA), which
 
 from __future__ import annotations
 
+import types
+
 from mori_compiler.compat._refuse import not_offered
 
 from . import triton_ops as ops
@@ -29,12 +31,20 @@ from .triton_runtime import get_extern_libs, install_hook, uninstall_hook
 
 CCO_NOT_OFFERED = ("MORI's CCO device API (LSA/SDMA/GDA communicators and windows) needs MORI's CCO runtime, which "
                    "mori_compiler does not have; use the shmem device functions of this module")  # fmt: skip
+
+
+class _NotOfferedModule(types.ModuleType):
+    """A stand-in for a MORI subpackage this project does not offer: importable, and every use of one of its
+    names raises, saying why (``import mori.ir.triton.cco`` itself is refused by the compat finder)."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"{self.__name__}.{name} is not offered by mori_compiler: {CCO_NOT_OFFERED}")
+
+
+cco = _NotOfferedModule("mori.ir.triton.cco", f"Not offered by mori_compiler: {CCO_NOT_OFFERED}")
 get_cco_extern_libs = not_offered("mori.ir.triton.get_cco_extern_libs", CCO_NOT_OFFERED)
 
-__all__ = [*_ops_all, "get_extern_libs", "install_hook", "uninstall_hook", "get_cco_extern_libs", "ops", "runtime"]
-
-
-def __getattr__(name: str):
-    if name == "cco":
-        raise AttributeError(f"mori.ir.triton.cco is not offered by mori_compiler: {CCO_NOT_OFFERED}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = [*_ops_all, "get_extern_libs", "install_hook", "uninstall_hook", "cco", "get_cco_extern_libs", "ops",
+           "runtime"]  # fmt: skip
