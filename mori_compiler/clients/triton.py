@@ -43,6 +43,10 @@ class _NotOfferedModule(types.ModuleType):
         raise AttributeError(f"{self.__name__}.{name} is not offered by mori_compiler: {CCO_NOT_OFFERED}")
 
 
+# mori.ir.triton is a package in MORI (.ops, .runtime): under MORI's names the compat finder serves its submodules
+# (this module's triton_ops and triton_runtime), and Python imports a submodule only of a module with a __path__.
+__path__: list[str] = []
+
 cco = _NotOfferedModule("mori.ir.triton.cco", f"Not offered by mori_compiler: {CCO_NOT_OFFERED}")
 get_cco_extern_libs = not_offered("mori.ir.triton.get_cco_extern_libs", CCO_NOT_OFFERED)
 

@@ -166,7 +166,8 @@ def install_hook() -> None:
     """Give every Triton kernel that calls shmem functions the device state of this process's shmem:
     Triton's load hook notes such a kernel, its launch hook fills the module's state before the first
     launch (after shmem init) and again after a shmem re-init, and refuses a launch without shmem. Call
-    once, before or after shmem init; calling again changes nothing; other hooks in the chains are kept.
+    once, before or after shmem init but before the first launch of a shmem kernel (a kernel loaded earlier
+    goes unnoticed); calling again changes nothing; other hooks in the chains are kept.
     Cost per launch of any kernel: one dictionary lookup (plus a state check for shmem kernels)."""
     from triton import knobs
 

@@ -32,6 +32,14 @@ from mori_compiler.lib_bitcode.library import library_ir  # noqa: E402
 from mori_compiler.lib_bitcode.state import STATE_SIZE, STATE_SYMBOL, unpack_state  # noqa: E402
 from mori_compiler.targets import get_target  # noqa: E402
 
+@pytest.fixture(scope="module", autouse=True)
+def _fresh_triton_cache(tmp_path_factory):
+    """Triton's cache keys a kernel by its source, not by the Python of the externs it calls: compile afresh."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton_cache")))
+        yield
+
+
 SM90 = GPUTarget("cuda", 90, 32)
 GFX942 = GPUTarget("hip", "gfx942", 64)
 PTX_STATE = f".visible .global .align 8 .b8 {STATE_SYMBOL}[{STATE_SIZE}];"
