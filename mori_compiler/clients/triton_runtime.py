@@ -30,8 +30,7 @@ from mori_compiler.errors import MoriCompilerError
 LIB_KEY = "mori_shmem"
 LIBRARY_TEXT_NAME = "libmori_shmem_device.ll"
 
-# Triton's target (backend, arch) -> the project's target name.
-_TRITON_BACKENDS = {"cuda": "nvvm", "hip": "rocdl"}
+_TRITON_BACKENDS = ("cuda", "hip")  # a Triton GPUTarget's backend: arch 90 -> "sm_90", arch "gfx942..." -> "gfx942"
 
 
 def _target_name(target) -> str:
