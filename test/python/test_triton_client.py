@@ -1,7 +1,7 @@
 """The Triton client (mori_compiler.clients.triton, MORI's mori.ir.triton) without a GPU.
 
 Triton kernels calling the shmem device functions are compiled for sm_90 (PTX and, through the ptxas Triton
-ships, a cubin) and gfx942 (an hsaco) with ``triton.compile`` and an explicit target: no call stays
+ships, a cubin) and gfx942, gfx950 and gfx1250 (hsaco files) with ``triton.compile`` and an explicit target: no call stays
 unresolved, the state global ``mori_compiler_shmem_state`` survives Triton's linking as an exported symbol
 (where ``shmem_module_init`` looks it up), and every row of the ABI table compiles. The load hook is driven
 with the fake CUDA bindings. Skipped, with the reason, where Triton is not installed (``pip install
@@ -87,11 +87,13 @@ def test_sm90_kernel_links_the_library_and_keeps_the_state_global():
     assert len(k.asm["cubin"]) > 0  # ptxas assembled it: no call stayed unresolved
 
 
-def test_gfx942_kernel_links_the_library_and_exports_the_state_global():
-    k = triton.compile(ASTSource(ring_put_signal, RING_SIGNATURE, {"BLOCK": 64}), target=GFX942,
-                       options={"extern_libs": tuple(mt.get_extern_libs(GFX942).items()), "num_warps": 1})  # fmt: skip
+@pytest.mark.parametrize("arch, wave", [("gfx942", 64), ("gfx950", 64), ("gfx1250", 32)])
+def test_amdgpu_kernel_links_the_library_and_exports_the_state_global(arch, wave):
+    target = GPUTarget("hip", arch, wave)
+    k = triton.compile(ASTSource(ring_put_signal, RING_SIGNATURE, {"BLOCK": wave}), target=target,
+                       options={"extern_libs": tuple(mt.get_extern_libs(target).items()), "num_warps": 1})  # fmt: skip
     info = read_amdgpu_code_object(k.asm["hsaco"])  # the project's reader
-    assert info.gfx_name == "gfx942" and info.undefined_symbols() == []
+    assert info.gfx_name == arch and info.undefined_symbols() == []
     assert [kd.name for kd in info.kernels] == ["ring_put_signal"]
     state = info.exported_symbols().get(STATE_SYMBOL)
     assert state is not None, f"hipModuleGetGlobal would not find the state global: {sorted(info.exported_symbols())}"
