@@ -1,7 +1,7 @@
 """A Triton kernel calling shmem: each PE puts a row into the next PE's symmetric buffer, with a signal.
 
     python examples/triton_shmem/ring.py --pes 2                    # 2 processes on GPU 0, one PE each
-    python examples/triton_shmem/ring.py --compile-only --target gfx942   # no GPU needed (sm_90 or gfx942)
+    python examples/triton_shmem/ring.py --compile-only --target gfx942   # no GPU needed (sm_90, gfx942...)
 
 The device functions come from ``mori_compiler.clients.triton`` (MORI's ``mori.ir.triton``: the same script
 runs with ``from mori.ir import triton as mt`` under the MORI-compatible names). Two things make a Triton
@@ -36,7 +36,8 @@ def put_row_to_next(dest, src, nbytes, signal):
 
 
 SIGNATURE = {"dest": "*u8", "src": "*u8", "nbytes": "i64", "signal": "*u64"}
-TRITON_TARGETS = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
+TRITON_TARGETS = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": ("hip", "gfx950", 64),
+                  "gfx1250": ("hip", "gfx1250", 32)}  # (Triton's backend, arch, warp size)
 
 
 def compile_only(target: str = "sm_90"):
