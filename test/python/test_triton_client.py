@@ -11,6 +11,7 @@ triton==3.6.0``).
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
@@ -176,6 +177,21 @@ def test_extern_libs_is_the_library_text_per_target(monkeypatch):
         libs = mt.get_extern_libs(target)
         assert list(libs) == ["mori_shmem"]
         assert Path(libs["mori_shmem"]).read_text() == library_ir(get_target(name))
+
+
+def test_library_text_needs_neither_mlir_nor_llvmlite(tmp_path):
+    """As on a GPU machine with only the runtime's dependencies (no MLIR bindings, maybe no llvmlite)."""
+    import subprocess
+
+    code = ("import sys\n"
+            "for name in ('mlir', 'llvmlite', 'llvmlite.binding'):\n"
+            "    sys.modules[name] = None  # an import of them fails\n"
+            "from mori_compiler.clients import triton as mt\n"
+            "print(mt.get_extern_libs('sm_90')['mori_shmem'])\n")  # fmt: skip
+    env = {**os.environ, "MORI_COMPILER_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert Path(proc.stdout.strip()).read_text() == library_ir(get_target("sm_90"))
 
 
 @pytest.mark.parametrize("target, expected", [

@@ -11,7 +11,8 @@ guaranteed to run at the same time, so no kernel waits for another PE: the host 
 (``shmem_barrier_all``) between the phases. Also: a shmem kernel launched before shmem init is refused,
 and works once shmem is initialized.
 
-Precompile (optional: the library text needs neither MLIR nor llvmlite): ``precompile(cache_root)``.
+Nothing to precompile: the library text is written from lib_bitcode's sources on first use, without MLIR or
+llvmlite (test_triton_client.py checks that), into the bundle cache (``MORI_TEST_BUNDLES``).
 """
 
 from __future__ import annotations
@@ -40,19 +41,6 @@ NBYTES = LANES * CHUNK
 POISON = 0xA5
 AMO_SET = tl.constexpr(int(AtomicType.AMO_SET))
 AMO_COMPARE_SWAP = tl.constexpr(int(AtomicType.AMO_COMPARE_SWAP))
-
-
-def precompile(cache_root) -> str:
-    """Write the sm_90 library text into ``cache_root`` (the GPU tests' MORI_COMPILER_CACHE_DIR)."""
-    saved = os.environ.get("MORI_COMPILER_CACHE_DIR")
-    os.environ["MORI_COMPILER_CACHE_DIR"] = str(cache_root)
-    try:
-        return mt.get_extern_libs("sm_90")["mori_shmem"]
-    finally:
-        if saved is None:
-            os.environ.pop("MORI_COMPILER_CACHE_DIR")
-        else:
-            os.environ["MORI_COMPILER_CACHE_DIR"] = saved
 
 
 # ---- the kernels ------------------------------------------------------------------------------------------
