@@ -332,6 +332,18 @@ def test_launch_fills_the_state_once_per_shmem_init(hooks, fake_cuda, tmp_path, 
         shmem.shmem_finalize()
 
 
+def test_launch_under_virtual_pes_is_refused(hooks, fake_cuda, tmp_path, monkeypatch):
+    from mori_compiler.runtime import shmem
+
+    gpu, drv = fake_cuda
+    monkeypatch.setenv("MORI_SHMEM_HEAP_SIZE", str(1 << 20))
+    shmem.shmem_init_virtual(2, driver=drv)
+    hooks(int(drv._call("cuModuleLoadData", b"// PTX\n")), 79, "k", _metadata_group(tmp_path, "k", PTX_STATE), "h")
+    with pytest.raises(shmem.ShmemStateError, match="Triton kernel k calls shmem device functions, but shmem runs "
+                                                    "virtual PEs"):  # fmt: skip
+        _launch(79)
+
+
 def test_a_module_without_state_is_dropped_at_its_first_launch(hooks, fake_cuda, tmp_path, monkeypatch):
     from test_runtime_fakes import OneRank
 
