@@ -20,8 +20,15 @@ from __future__ import annotations
 
 import inspect
 
-import triton.language as tl
-from triton.language import core
+try:
+    import triton  # noqa: F401 (first on its own: a missing Triton is then named "triton")
+except ModuleNotFoundError as exc:
+    if exc.name != "triton":
+        raise
+    raise ModuleNotFoundError("mori.ir.triton (mori_compiler.clients.triton) needs Triton: pip install triton==3.6.0 "
+                              "(the version the project is tested with)", name="triton") from None  # fmt: skip
+import triton.language as tl  # noqa: E402
+from triton.language import core  # noqa: E402
 
 from mori_compiler.lib_bitcode.abi import MORI_DEVICE_FUNCTIONS, SIGNAL_ADD, SIGNAL_SET, abi_function
 

@@ -218,6 +218,17 @@ def test_mori_bitcode_is_refused(monkeypatch, tmp_path):
         mt.get_extern_libs("sm_90")
 
 
+def test_without_triton_the_error_says_how_to_install_it():
+    import subprocess
+
+    code = "import sys; sys.modules['triton'] = None\nimport mori_compiler.clients.triton\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().endswith("ModuleNotFoundError: mori.ir.triton (mori_compiler.clients.triton) needs "
+                                        "Triton: pip install triton==3.6.0 (the version the project is tested with)"), \
+        proc.stderr  # fmt: skip
+
+
 def test_cco_is_refused_with_the_reason():
     from mori_compiler.clients.triton import cco  # importable, as MORI's; every use says why not
 
