@@ -8,7 +8,8 @@ torchrun) and what it needs; the driver runs those this machine can run through 
 run`` with a timeout, and reports ``pass`` / ``fail`` / ``skip`` with the reason per entry. Before that, for
 every file present, ``names`` checks that each ``mori`` name the file uses (its imports and ``mori.x.y``
 attribute chains, read with ``ast``) resolves under our names, so files that need more GPUs than the machine
-has are still held to the API. Exit 0 when nothing failed, 1 otherwise.
+has are still held to the API (and each call of a mori name, ``IOEngine(key=..., config=...)``, binds to our
+signature). Exit 0 when nothing failed, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -96,6 +97,51 @@ def mori_names(source: str) -> set[str]:
     return names
 
 
+def mori_calls(source: str) -> set[tuple[str, int, tuple[str, ...]]]:
+    """(mori name, number of positional arguments, keyword names) of every call of a mori name in
+    ``source`` (``mori.shmem.shmem_init_attr(a, b, c, d)``, ``IOEngine(key=..., config=...)``); calls with
+    ``*args`` / ``**kwargs`` are left out (their arity is not known)."""
+    tree = ast.parse(source)
+    names = mori_names(source)
+    aliases = _aliases(tree)
+    calls = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _dotted(node.func, aliases)
+        if name is None or name not in names:
+            continue
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            continue
+        calls.add((name, len(node.args), tuple(sorted(k.arg for k in node.keywords))))
+    return calls
+
+
+def _aliases(tree) -> dict[str, str]:
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "mori" or alias.name.startswith("mori."):
+                    aliases[alias.asname or "mori"] = alias.name if alias.asname else "mori"
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and (
+                node.module == "mori" or node.module.startswith("mori.")):  # fmt: skip
+            for alias in node.names:
+                if alias.name != "*":
+                    aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return aliases
+
+
+def _dotted(node, aliases) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name) and node.id in aliases:
+        return ".".join([aliases[node.id], *reversed(parts)])
+    return None
+
+
 _RESOLVE = r"""
 import importlib, json, sys
 import mori_compiler.compat as c
@@ -119,24 +165,44 @@ for name in json.loads(sys.argv[1]):
             err = import_err or f"AttributeError: {exc}"
         break
     result[name] = err
-print(json.dumps(result))
+import inspect
+calls = {}
+for name, nargs, kwargs in json.loads(sys.argv[2]):
+    if result.get(name):
+        continue  # the name itself does not resolve: reported above
+    obj = importlib.import_module(name.split(".")[0])
+    try:
+        for part in name.split(".")[1:]:
+            obj = getattr(obj, part) if hasattr(obj, part) else importlib.import_module(f"{obj.__name__}.{part}")
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError, ImportError, AttributeError):
+        continue  # no signature to hold the call to (a builtin, an enum member)
+    try:
+        signature.bind(*[None] * nargs, **{k: None for k in kwargs})
+    except TypeError as exc:
+        calls[f"{name}({nargs} positional{''.join(', ' + k + '=' for k in kwargs)})"] = f"TypeError: {exc}"
+print(json.dumps([result, calls]))
 """
 
 
 def check_names(python: str, path: Path) -> tuple[str, str]:
-    """("pass" or "fail", detail) of resolving every mori name ``path`` uses under our names (in a subprocess
-    with the finder installed); "skip" when this Python cannot parse the file."""
+    """("pass" or "fail", detail) of resolving every mori name ``path`` uses under our names, and binding
+    each call of one (its positional count and keyword names) to our signature, in a subprocess with the
+    finder installed; "skip" when this Python cannot parse the file."""
     try:
         names = sorted(mori_names(path.read_text()))
     except SyntaxError as exc:
         return "skip", f"this Python ({sys.version.split()[0]}) cannot parse it: {exc.msg} at line {exc.lineno}"
-    proc = subprocess.run([python, "-c", _RESOLVE, json.dumps(names)], capture_output=True, text=True, timeout=120)
+    calls = sorted(mori_calls(path.read_text()))
+    proc = subprocess.run([python, "-c", _RESOLVE, json.dumps(names), json.dumps(calls)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
     if proc.returncode != 0:
         return "fail", proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
-    missing = {n: e for n, e in json.loads(proc.stdout).items() if e}
-    if missing:
-        return "fail", "; ".join(f"{n} ({e})" for n, e in missing.items())
-    return "pass", f"{len(names)} names resolve: {', '.join(names)}"
+    resolved, bad_calls = json.loads(proc.stdout)
+    problems = {n: e for n, e in resolved.items() if e} | bad_calls
+    if problems:
+        return "fail", "; ".join(f"{n} ({e})" for n, e in problems.items())
+    return "pass", f"{len(names)} names resolve, {len(calls)} calls bind: {', '.join(names)}"
 
 
 def command(python: str, script: Script) -> list[str]:

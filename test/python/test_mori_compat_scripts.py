@@ -264,6 +264,11 @@ def test_driver_reads_the_mori_names_a_file_uses():
             "mori.ir", "mori.ir.triton", "mori.ir.triton.my_pe", "mori.ops", "mori.ops.EpDispatchCombineOp",
             "mori.shmem.shmem_mype"} <= names  # fmt: skip
     assert not any(n.startswith("os") for n in names)
+    calls = driver.mori_calls(source)
+    assert calls == {("mori.ops.EpDispatchCombineOp", 1, ()), ("mori.shmem.shmem_mype", 0, ()),
+                     ("mori.ir.triton.my_pe", 0, ())}  # fmt: skip
+    assert driver.mori_calls("import mori.io as io\nio.IOEngine(*a)\nio.IOEngine('k', config=c)\n") == {
+        ("mori.io.IOEngine", 1, ("config",))}  # a *args call has no known arity
 
 
 def test_driver_runs_what_this_machine_can_and_says_why_not_the_rest(tmp_path):
@@ -281,7 +286,8 @@ def test_driver_runs_what_this_machine_can_and_says_why_not_the_rest(tmp_path):
             assert e.get_engine_desc().port > 0
         """)
     _write(src / "tests" / "python" / "shmem" / "test_api.py", "import mori\nmori.shmem.shmem_no_such_function()\n")
-    _write(src / "tests" / "python" / "ops" / "test_local_expert_count.py", "import mori.cpp\n")
+    _write(src / "tests" / "python" / "ops" / "test_local_expert_count.py",  # a call our signature cannot take
+           "import mori.cpp\ndef test_x():\n    mori.cpp.launch_local_expert_count(1, indices=2)\n")
     log = tmp_path / "log.txt"
     proc = subprocess.run([sys.executable, str(REPO / "test" / "mori_upstream" / "run.py"), "--mori-src", str(src),
                            "--out", str(log), "--timeout", "100"],
@@ -292,6 +298,8 @@ def test_driver_runs_what_this_machine_can_and_says_why_not_the_rest(tmp_path):
     assert rows["names tests/python/io/test_engine_tcp.py"] == "pass"
     assert rows["names tests/python/shmem/test_api.py"] == "fail"
     assert "shmem_no_such_function" in proc.stdout
+    assert rows["names tests/python/ops/test_local_expert_count.py"] == "fail"
+    assert "mori.cpp.launch_local_expert_count(1 positional, indices=) (TypeError: " in proc.stdout
     assert rows["io/test_engine_tcp"] == "pass"
     assert rows["ops/test_local_expert_count"] == "skip" and "needs a GPU" in proc.stdout
     assert rows["shmem/test_api"] == "skip" and "needs 8 GPUs" in proc.stdout
