@@ -347,6 +347,10 @@ def test_example_shows_its_config_without_a_gpu(tmp_path):
 
 @pytest.mark.gpu
 def test_example_runs_on_the_gpu(tmp_path):
-    proc = _run(str(EXAMPLE), "--rounds", "2", cwd=tmp_path, timeout=300)
+    """Its kernels come from the precompiled bundles (test/python/gpu/conftest.py's MORI_TEST_BUNDLES, built
+    by ``mori-compile --precompile examples/mori_script/precompile.json``) where the compiler is absent."""
+    bundles = os.environ.get("MORI_TEST_BUNDLES", str(REPO / ".bundles"))
+    proc = _run(str(EXAMPLE), "--rounds", "2", cwd=tmp_path, timeout=300,
+                env_extra={"MORI_COMPILER_CACHE_DIR": bundles})  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("PASS") == 2 and "PE 0 of 1" in proc.stdout
