@@ -14,6 +14,7 @@ running this). As ``enable``, it refuses when ``import mori`` would give a real 
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import runpy
 import shutil
@@ -44,8 +45,10 @@ def parse(argv: list[str]) -> tuple[str, str, list[str]]:
     if argv[0].startswith("-"):
         raise RunError(f"unknown option {argv[0]!r} before the script (usage: {USAGE})")
     script = Path(argv[0])
-    if not script.is_file():
+    if not script.exists():
         raise RunError(f"{argv[0]}: no such file (usage: {USAGE})")
+    if not script.is_file():
+        raise RunError(f"{argv[0]}: not a file (run takes a script file, or -m MODULE; usage: {USAGE})")
     return "script", argv[0], argv[1:]
 
 
@@ -87,4 +90,10 @@ def run(argv: list[str]) -> None:
     else:
         sys.argv = [target, *args]  # run_module replaces argv[0] with the module's file
         sys.path[0] = os.getcwd()  # what `python -m MODULE` puts first
+        try:
+            found = importlib.util.find_spec(target) is not None
+        except (ImportError, ValueError):  # a parent package that does not exist, or a bad name
+            found = False
+        if not found:
+            raise RunError(f"no module named {target!r} (from {os.getcwd()}; usage: {USAGE})")
         runpy.run_module(target, run_name="__main__", alter_sys=True)

@@ -147,6 +147,9 @@ def test_run_passes_the_program_exit_status(tmp_path):
     (("-m", "-x"), "-m needs a module name"),
     (("--bogus", "s.py"), "unknown option '--bogus' before the script"),
     (("missing.py",), "missing.py: no such file"),
+    ((".",), ".: not a file"),
+    (("-m", "no_such_module_here"), "no module named 'no_such_module_here'"),
+    (("-m", "no_such_package.sub"), "no module named 'no_such_package.sub'"),
 ])  # fmt: skip
 def test_run_argument_errors_are_one_line_exit_1(tmp_path, args, expected):
     proc = _run(*args, cwd=tmp_path)
