@@ -3,7 +3,9 @@ the names clients import from it directly) for this project.
 
 A MORI script runs unchanged once the finder below is installed: ``python -m mori_compiler.compat enable``
 writes a ``.pth`` file into the environment's site-packages that installs it at every interpreter start
-(``disable`` removes it, ``status`` says what ``import mori`` resolves to). docs/mori-compat.md is the guide.
+(``disable`` removes it, ``status`` says what ``import mori`` resolves to); ``python -m mori_compiler.compat run
+SCRIPT`` runs one program (and the Python processes it starts) with it, writing nothing (run.py).
+docs/mori-compat.md is the guide.
 
 It never shadows a real MORI: the finder sits at the *end* of ``sys.meta_path``, so it is asked for ``mori``
 only after every finder before it (the path finder above all) found none; before it serves ``mori`` it asks

@@ -1,4 +1,6 @@
-"""``python -m mori_compiler.compat enable|disable|status [--site-dir DIR]``: MORI's module names on or off.
+"""``python -m mori_compiler.compat enable|disable|status [--site-dir DIR]``: MORI's module names on or off;
+``python -m mori_compiler.compat run SCRIPT [ARGS...]`` / ``run -m MODULE [ARGS...]``: one program under them
+without the set-up step (run.py).
 
 ``enable`` writes ``mori_compiler_compat.pth`` into the environment's site-packages (``--site-dir``: another
 directory that ``site`` processes); at every start the interpreter then appends mori_compiler.compat's finder
@@ -88,12 +90,23 @@ def status(site_dir: Path) -> str:
 
 
 def _usage_error(message: str):
-    print(f"error: {message} (usage: python -m mori_compiler.compat enable|disable|status [--site-dir DIR])",
+    print(f"error: {message} (usage: python -m mori_compiler.compat enable|disable|status [--site-dir DIR] | "
+          "run SCRIPT [ARGS...] | run -m MODULE [ARGS...])",
           file=sys.stderr)  # fmt: skip
     sys.exit(1)
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "run":  # everything after `run` is the program's: no option of ours is parsed there
+        from .run import RunError, run
+
+        try:
+            run(argv[1:])
+        except RunError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
     parser = argparse.ArgumentParser(prog="python -m mori_compiler.compat",
                                      description="MORI's module names (mori, mori.ops, mori.shmem, mori.ir, mori.io) "
                                                  "for mori_compiler, without shadowing a real MORI.")  # fmt: skip

@@ -6,7 +6,8 @@ project's own adapted to MORI's (``dispatch_send`` and ``combine_send`` take no 
 positionally, the standard-MoE calls take their launch arguments positionally) and MORI's size queries added.
 The standard-MoE converters run as torch device ops, not as a kernel: their ``block_num`` /
 ``warp_per_block`` (a launch geometry in MORI, which does not change the result) are checked and have no
-kernel to shape. What is not offered raises NotImplementedError naming the reason.
+kernel to shape. ``launch_local_expert_count`` is the dispatch's local expert count for raw pointers
+(local_expert_count.py). What is not offered raises NotImplementedError naming the reason.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mori_compiler.ops import EpDispatchCombineConfig, EpDispatchCombineKernelTy
 from mori_compiler.ops import EpDispatchCombineOp as _ProjectOp
 
 from ._refuse import not_offered
+from .local_expert_count import launch_local_expert_count
 
 __all__ = ["EpDispatchCombineConfig", "EpDispatchCombineKernelType", "EpDispatchCombineOp",
            "EpDispatchCombineQuantType", "EpDispatchRoutingHandle", "launch_local_expert_count",
@@ -124,7 +126,3 @@ warmup_jit_kernels = not_offered(
     "warmup_jit_kernels",
     "there is no JIT of MORI's HIP kernels; kernels are compiled per config into the cache: build the op once in "
     "the main process, or precompile with `mori-compile --precompile configs.json`")
-launch_local_expert_count = not_offered(
-    "launch_local_expert_count",
-    "the count is part of the dispatch here: pass call_local_expert_count=True to dispatch() (AsyncLL: "
-    "dispatch_recv()) and read op.local_expert_count")

@@ -55,7 +55,6 @@ PACKAGE_FILES = {
 #: Deliberately not offered (a stand-in that raises NotImplementedError naming it), and why.
 NOT_OFFERED = {
     "mori.ops.dispatch_combine.warmup_jit_kernels": "no JIT of MORI's HIP kernels: kernels compile per config into the cache",
-    "mori.ops.local_expert_count.launch_local_expert_count": "the count is part of dispatch (call_local_expert_count=True)",
     "mori.ops.dispatch_combine.EpDispatchCombineOp.get_launch_config": "each call resolves its own grid (AUTO tables)",
     "mori.ops.dispatch_combine.EpDispatchCombineOp.get_debug_time_buf": "MORI's build-option timers; trace=True instead",
     "mori.ops.dispatch_combine.EpDispatchCombineOp.get_debug_time_offset": "as get_debug_time_buf",
