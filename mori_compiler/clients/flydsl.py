@@ -112,9 +112,15 @@ def shmem_module_init(hip_module: int):
     """Fill the shmem device state of a code object FlyDSL loaded (``hip_module``: its ``hipModule_t``);
     FlyDSL calls it after each load of a kernel that calls a shmem function. 0: filled; -1: the module holds
     no shmem state. Needs the runtime's shmem initialized (on the HIP driver) before the first launch."""
-    from mori_compiler.runtime.shmem import shmem_module_init as fill_state
+    from mori_compiler.runtime import shmem
+    from mori_compiler.runtime.driver import canonical_backend
 
-    return fill_state(hip_module)
+    backend = canonical_backend(shmem.state().driver.backend)  # state(): refuses before shmem init
+    if backend != "rocdl":
+        raise FlyDSLClientError(f"shmem_module_init: FlyDSL loads HIP modules (hipModule_t), but shmem runs on the "
+                                f"{backend} driver; initialize shmem on an AMD GPU (the HIP driver) to launch "
+                                f"FlyDSL kernels")  # fmt: skip
+    return shmem.shmem_module_init(hip_module)
 
 
 def install_hook() -> None:
