@@ -38,8 +38,10 @@ FLYDSL_VERSION = "0.5.0"
 SUPPORTED_CODE_OBJECT_VERSIONS = (5, 6)
 
 _ABI_OPTION = re.compile(r"\babi=(\d+)\b")
-_TORCH_HINT = ("FlyDSL imports torch but does not declare it; a CPU build is enough to compile: pip install torch "
-               "--index-url https://download.pytorch.org/whl/cpu")  # fmt: skip
+#: What FlyDSL 0.5.0 imports without declaring it (its wheel has no dependencies).
+UNDECLARED_DEPENDENCIES = ("numpy", "torch")
+_UNDECLARED_HINT = ("FlyDSL imports numpy and torch but does not declare them; install both (a CPU build of torch is "
+                    "enough to compile: pip install numpy torch --index-url https://download.pytorch.org/whl/cpu)")  # fmt: skip
 
 
 class FlyDSLClientError(MoriCompilerError):
@@ -53,8 +55,8 @@ def import_flydsl(module: str = "flydsl"):
     try:
         return import_extra(module)
     except ModuleNotFoundError as exc:
-        if exc.name == "torch":
-            raise FlyDSLClientError(f"cannot import {module}: {_TORCH_HINT}") from None
+        if exc.name in UNDECLARED_DEPENDENCIES:
+            raise FlyDSLClientError(f"cannot import {module}: no module '{exc.name}'. {_UNDECLARED_HINT}") from None
         raise
 
 

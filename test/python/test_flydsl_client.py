@@ -43,9 +43,10 @@ DRIVER = [sys.executable, "-m", "mori_compiler.clients.flydsl_compile"]
 
 def _flydsl_missing() -> str | None:
     if not is_installed("flydsl"):
-        return f"FlyDSL is not installed; to run these tests: {install_hint('flydsl')} (and torch, which it imports)"
-    if not is_installed("torch"):
-        return "FlyDSL imports torch, which is not installed; a CPU build is enough: pip install torch"
+        return f"FlyDSL is not installed; to run these tests: {install_hint('flydsl')} (and numpy, torch: it imports them)"
+    missing = [m for m in client.UNDECLARED_DEPENDENCIES if not is_installed(m)]
+    if missing:
+        return f"FlyDSL imports {' and '.join(missing)}, not installed; to run these tests: pip install {' '.join(missing)}"
     return None
 
 
@@ -134,6 +135,24 @@ def test_the_driver_refuses_bad_input_with_exit_1(tmp_path, args, message):
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert re.search(message, proc.stderr), proc.stderr
+
+
+def test_a_missing_flydsl_names_the_extra(monkeypatch):
+    from mori_compiler.runtime.extras import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "flydsl", None)  # as if not installed (nothing of it is imported here)
+    with pytest.raises(MissingExtraError, match=re.escape(install_hint("flydsl"))):
+        client.my_pe  # noqa: B018 - the first device function access imports FlyDSL
+
+
+@needs_flydsl
+def test_a_missing_undeclared_dependency_of_flydsl_is_named():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from mori_compiler.clients import flydsl\n"
+            "try:\n    flydsl.device_functions()\nexcept flydsl.FlyDSLClientError as exc:\n    print(exc)")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "no module 'torch'" in proc.stdout and "pip install numpy torch" in proc.stdout
 
 
 def test_emit_outside_the_driver_is_refused():
