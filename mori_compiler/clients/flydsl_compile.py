@@ -100,7 +100,7 @@ def staged_toolkit() -> Path:
 
 def prepare_environment(target: str) -> None:
     """Set what FlyDSL reads, before it is imported: compile-only, the target, an ld.lld."""
-    if "flydsl" in sys.modules:
+    if sys.modules.get("flydsl") is not None:
         raise FlyDSLCompileError("FlyDSL is already imported: the compile-only environment must be set first")
     _amd_target(target)
     os.environ["COMPILE_ONLY"] = "1"
@@ -190,8 +190,10 @@ def main(argv=None) -> int:
         _out_dir = Path(args.out)
         _out_dir.mkdir(parents=True, exist_ok=True)
         from mori_compiler.clients.flydsl import flydsl_code_object_version, flydsl_target, import_flydsl
+        from mori_compiler.runtime.extras import OPTIONAL_PACKAGES, MissingExtraError, is_installed
 
-        flydsl = import_flydsl("flydsl")
+        if not is_installed("flydsl"):  # (found without importing it: the scripts import what they use)
+            raise MissingExtraError("flydsl", OPTIONAL_PACKAGES["flydsl"])
         for script in scripts:
             try:
                 runpy.run_path(script, run_name="__main__")
@@ -202,7 +204,7 @@ def main(argv=None) -> int:
         if not _emitted:
             raise FlyDSLCompileError(f"no kernel emitted by {', '.join(scripts)} (call emit(name, jit_fn, *args))")
         fly_target = flydsl_target()
-        manifest = {"target": args.target, "flydsl_version": flydsl.__version__, "flydsl_arch": fly_target.arch,
+        manifest = {"target": args.target, "flydsl_version": import_flydsl("flydsl").__version__, "flydsl_arch": fly_target.arch,
                     "flydsl_warp_size": fly_target.warp_size, "code_object_version": flydsl_code_object_version(),
                     "kernels": _emitted}  # fmt: skip
         (_out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))

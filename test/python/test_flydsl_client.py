@@ -155,6 +155,18 @@ def test_a_missing_undeclared_dependency_of_flydsl_is_named():
     assert "no module 'torch'" in proc.stdout and "pip install numpy torch" in proc.stdout
 
 
+def test_the_driver_without_flydsl_names_the_extra(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "flydsl", None)  # as if not installed
+    for name in ("COMPILE_ONLY", "FLYDSL_GPU_ARCH", "ROCM_PATH"):  # main() sets them: restored afterwards
+        monkeypatch.setenv(name, "")
+    monkeypatch.setattr(flydsl_compile, "_out_dir", None)
+    script = tmp_path / "k.py"
+    script.write_text("raise AssertionError('not run without FlyDSL')\n")
+    assert flydsl_compile.main(["--target", "gfx942", "--out", str(tmp_path / "out"), str(script)]) == 1
+    err = capsys.readouterr().err
+    assert "no module 'flydsl'" in err and install_hint("flydsl") in err
+
+
 def test_emit_outside_the_driver_is_refused():
     with pytest.raises(flydsl_compile.FlyDSLCompileError, match="inside the compile-only driver"):
         flydsl_compile.emit("k", object())
@@ -163,13 +175,42 @@ def test_emit_outside_the_driver_is_refused():
 # ---- with FlyDSL: compiled in the driver's process, read back here --------------------------------------
 
 
+EVERY_FUNCTION_SCRIPT = """
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+
+from mori_compiler.clients import flydsl as shmem
+from mori_compiler.clients.flydsl_compile import emit
+from mori_compiler.lib_bitcode.abi import MORI_DEVICE_FUNCTIONS
+
+ZERO = {"float32": fx.Float32(0.0), "float64": fx.Float64(0.0)}
+
+
+@flyc.kernel
+def every_function(addr: fx.Int64):
+    for name, meta in MORI_DEVICE_FUNCTIONS.items():  # unrolled while tracing: one call of each
+        getattr(shmem, name)(*[addr if t in ("uint64", "int64") else ZERO.get(t, 0) for t in meta["args"]])
+
+
+@flyc.jit
+def launch(addr: fx.Int64):
+    every_function(addr).launch(grid=(1, 1, 1), block=(64, 1, 1))
+
+
+emit("every_function", launch, 0)
+"""
+
+
 @pytest.fixture(scope="module", params=AMD_TARGETS)
 def compiled(request, tmp_path_factory, session_cache_dir):
+    """The examples and a kernel calling each of the 89 device functions once, compiled for one target."""
     missing = _flydsl_missing()
     if missing:
         pytest.skip(missing)
     out = tmp_path_factory.mktemp(f"flydsl-{request.param}")
-    manifest = flydsl_compile.compile_scripts(SCRIPTS.values(), target=request.param, out_dir=out)
+    every = out / "every_function.py"
+    every.write_text(EVERY_FUNCTION_SCRIPT)
+    manifest = flydsl_compile.compile_scripts([*SCRIPTS.values(), every], target=request.param, out_dir=out)
     return request.param, out, manifest
 
 
@@ -180,7 +221,7 @@ def test_the_kernels_link_our_library_with_no_undefined_symbol(compiled):
 
     assert manifest["target"] == target and manifest["flydsl_arch"] == target
     assert manifest["flydsl_warp_size"] == TARGETS[target].wave_size
-    assert sorted(manifest["kernels"]) == sorted(SCRIPTS)
+    assert sorted(manifest["kernels"]) == sorted([*SCRIPTS, "every_function"])
     for name, kernel in manifest["kernels"].items():
         data = (out / kernel["file"]).read_bytes()
         check_no_undefined_symbols(data, name)
@@ -259,12 +300,12 @@ def test_a_function_outside_the_library_is_reported_undefined(tmp_path):
 @needs_flydsl
 def test_a_failing_script_is_reported_with_its_line(tmp_path):
     script = tmp_path / "broken.py"
-    script.write_text("import flydsl.compiler\n\nraise ValueError('no kernel here')\n")
+    script.write_text("# a user's script with a bug\n\nraise ValueError('no kernel here')\n")
     proc = _run_driver("--target", "gfx950", "--out", tmp_path / "out", script)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert f"{script}:3: ValueError: no kernel here" in proc.stderr
     empty = tmp_path / "empty.py"
-    empty.write_text("import flydsl.compiler\n")
+    empty.write_text("KERNELS = []\n")
     proc = _run_driver("--target", "gfx950", "--out", tmp_path / "out", empty)
     assert proc.returncode == 1 and "no kernel emitted" in proc.stderr
 
