@@ -27,15 +27,14 @@ import re
 
 from mori_compiler.errors import MoriCompilerError
 from mori_compiler.lib_bitcode.abi import MORI_DEVICE_FUNCTIONS, SIGNAL_ADD, SIGNAL_SET
+from mori_compiler.lib_bitcode.library import SUPPORT_CODE_OBJECT_VERSIONS
 
 __all__ = [*MORI_DEVICE_FUNCTIONS, "SIGNAL_ADD", "SIGNAL_SET", "get_bitcode_path", "install_hook",
            "install_jit_hook", "shmem_module_init"]  # fmt: skip
 __path__: list[str] = []  # mori.ir.flydsl is a package in MORI (its .ops and .runtime are this module too)
 
-#: The FlyDSL release this client is written and tested against (pyproject's [flydsl] extra pins it).
-FLYDSL_VERSION = "0.5.0"
 #: Code object versions the project's library fits (its work-item queries read the v5/v6 hidden arguments).
-SUPPORTED_CODE_OBJECT_VERSIONS = (5, 6)
+SUPPORTED_CODE_OBJECT_VERSIONS = SUPPORT_CODE_OBJECT_VERSIONS
 
 _ABI_OPTION = re.compile(r"\babi=(\d+)\b")
 #: What FlyDSL 0.5.0 imports without declaring it (its wheel has no dependencies).

@@ -201,6 +201,12 @@ emit("every_function", launch, 0)
 """
 
 
+def _pinned_flydsl() -> list[str]:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["flydsl"]
+
+
 @pytest.fixture(scope="module", params=AMD_TARGETS)
 def compiled(request, tmp_path_factory, session_cache_dir):
     """The examples and a kernel calling each of the 89 device functions once, compiled for one target."""
@@ -220,6 +226,7 @@ def test_the_kernels_link_our_library_with_no_undefined_symbol(compiled):
     from mori_compiler.lib_bitcode import find_bitcode
 
     assert manifest["target"] == target and manifest["flydsl_arch"] == target
+    assert f"flydsl=={manifest['flydsl_version']}" in _pinned_flydsl()  # tested with the version the extra pins
     assert manifest["flydsl_warp_size"] == TARGETS[target].wave_size
     assert sorted(manifest["kernels"]) == sorted([*SCRIPTS, "every_function"])
     for name, kernel in manifest["kernels"].items():
