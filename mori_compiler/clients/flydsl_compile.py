@@ -10,7 +10,8 @@ project's ld.lld (passes/codegen.py: ``find_ld_lld``; MLIR's ROCDL serializer li
 ``$ROCM_PATH/llvm/bin/ld.lld``). Each SCRIPT runs as ``__main__`` and calls ``emit(name, jit_fn, *args)``
 for each kernel launcher to compile; the driver writes ``DIR/<name>.hsaco`` and ``DIR/manifest.json``
 (target, FlyDSL's arch, wave size and code object version, and per kernel its file, link libraries and
-post-load initializers).
+post-load initializers). The staged toolkit has no ROCm device libraries (``amdgcn/bitcode``: ocml, ockl), so
+a kernel that needs them (FlyDSL's math functions) compiles only where ROCm is installed.
 
 ``compile_scripts(scripts, target=, out_dir=)`` runs that process from any other (the compiler's included)
 and returns the manifest. Importing this module imports only the standard library and the errors.
@@ -137,12 +138,15 @@ def emit(name: str, jit_fn, *args, **kwargs) -> None:
     if _out_dir is None or os.environ.get("COMPILE_ONLY") != "1":
         raise FlyDSLCompileError("emit() runs inside the compile-only driver: python -m "
                                  "mori_compiler.clients.flydsl_compile --target T --out DIR SCRIPT")  # fmt: skip
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or name == MANIFEST.rsplit(".", 1)[0]:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise FlyDSLCompileError(f"emit: kernel name {name!r} must be letters, digits, '_', '.', '-'")
     if name in _emitted:
         raise FlyDSLCompileError(f"emit: kernel name '{name}' is emitted twice")
     if not hasattr(jit_fn, "_last_compiled"):
         raise FlyDSLCompileError(f"emit: {jit_fn!r} is not a FlyDSL @flyc.jit function")
+    # FlyDSL 0.5.0 (the pinned release) has no public accessor for what a compile-only call built: its
+    # JitFunction keeps the last (cache key, CompiledArtifact) in _last_compiled, and the artifact its link
+    # libraries and post-load processors in _link_libs / _post_load_processors.
     jit_fn._last_compiled = None
     jit_fn(*args, **kwargs)  # returns None: COMPILE_ONLY compiles and caches, never launches
     compiled = getattr(jit_fn, "_last_compiled", None)
