@@ -42,6 +42,7 @@ OPTIONAL_PACKAGES = {
     "hip": OptionalPackage("hip-python", "hip", "HIP launches (rocdl bundles)"),
     "matplotlib": OptionalPackage("matplotlib", "bench", "the benchmarks' plots"),
     "flydsl": OptionalPackage("flydsl", "flydsl", "FlyDSL kernels calling our shmem"),
+    "triton": OptionalPackage("triton", "triton", "Triton kernels calling our shmem (mori.ir.triton)"),
     "ml_dtypes": OptionalPackage("ml_dtypes", "test", "the EP reference model's bf16 / fp8 / fp4 casts"),
 }
 

@@ -20,13 +20,9 @@ from __future__ import annotations
 
 import inspect
 
-try:
-    import triton  # noqa: F401 (first on its own: a missing Triton is then named "triton")
-except ModuleNotFoundError as exc:
-    if exc.name != "triton":
-        raise
-    raise ModuleNotFoundError("mori.ir.triton (mori_compiler.clients.triton) needs Triton: pip install triton==3.6.0 "
-                              "(the version the project is tested with)", name="triton") from None  # fmt: skip
+from mori_compiler.runtime.extras import import_extra
+
+import_extra("triton")  # first on its own: a missing Triton is one error naming the extra (triton==3.6.0)
 import triton.language as tl  # noqa: E402
 from triton.language import core  # noqa: E402
 

@@ -48,6 +48,12 @@ MODULE_MAP = {
     "mori.ir": f"{_HERE}.mori_ir",
     "mori.ir.ops": f"{_HERE}.mori_ir",
     "mori.ir.bitcode": f"{_HERE}.mori_ir",
+    "mori.ir.triton": "mori_compiler.clients.triton",  # imports Triton on first use
+    "mori.ir.triton.ops": "mori_compiler.clients.triton_ops",
+    "mori.ir.triton.runtime": "mori_compiler.clients.triton_runtime",
+    "mori.ir.flydsl": "mori_compiler.clients.flydsl",  # imports FlyDSL on first use of a device function
+    "mori.ir.flydsl.ops": "mori_compiler.clients.flydsl",
+    "mori.ir.flydsl.runtime": "mori_compiler.clients.flydsl",
     "mori.io": f"{_HERE}.mori_io",
     "mori.io.engine": f"{_HERE}.mori_io",
     "mori.cpp": f"{_HERE}.mori_cpp",  # only the names clients import from MORI's C++ extension directly
@@ -55,8 +61,8 @@ MODULE_MAP = {
 
 #: MORI modules this project does not offer (yet), with the reason an import of them reports.
 NOT_OFFERED = {
-    "mori.ir.triton": "the Triton integration (get_extern_libs, install_hook) is not offered yet",
-    "mori.ir.flydsl": "the FlyDSL integration is not offered yet",
+    "mori.ir.triton.cco": "MORI's CCO device API (LSA/SDMA/GDA communicators and windows) needs MORI's CCO runtime, "
+                          "which mori_compiler does not have; use mori.ir.triton's shmem device functions",
     "mori.jit": "there is no JIT of MORI's HIP sources: kernels are compiled from MLIR by mori_compiler",
 }
 
@@ -68,7 +74,7 @@ def _refusal(fullname: str) -> str | None:
     return None
 
 
-_PACKAGES = {"mori", "mori.ops", "mori.shmem", "mori.ir", "mori.io"}
+_PACKAGES = {"mori", "mori.ops", "mori.shmem", "mori.ir", "mori.ir.triton", "mori.ir.flydsl", "mori.io"}
 _MODULES = _PACKAGES | {"mori.cpp"}
 
 

@@ -1,4 +1,4 @@
-"""The install extras (cuda, hip, bench, flydsl; ml_dtypes in test): declared with exact pins, and a missing
+"""The install extras (cuda, hip, bench, flydsl, triton; ml_dtypes in test): declared with exact pins, and a missing
 package named with the extra that provides it, in the drivers, the benchmarks, the reference model and the GPU
 tests' skip reason."""
 
@@ -24,7 +24,8 @@ def optional_dependencies(repo_root):
 
 
 @pytest.mark.parametrize("extra, packages", [("cuda", {"torch", "cuda-bindings"}), ("hip", {"hip-python"}),
-                                             ("bench", {"matplotlib"}), ("flydsl", {"flydsl"})])  # fmt: skip
+                                             ("bench", {"matplotlib"}), ("flydsl", {"flydsl", "numpy", "torch"}),
+                                             ("triton", {"triton"})])  # fmt: skip
 def test_extras_are_declared_with_exact_pins(optional_dependencies, extra, packages):
     pins = {}
     for requirement in optional_dependencies[extra]:
@@ -54,7 +55,7 @@ def _block(monkeypatch, *modules):
 @pytest.mark.parametrize("module, package, extra", [("cuda.bindings.driver", "cuda-bindings", "cuda"),
                                                     ("torch", "torch", "cuda"), ("hip", "hip-python", "hip"),
                                                     ("matplotlib", "matplotlib", "bench"),
-                                                    ("flydsl", "flydsl", "flydsl"),
+                                                    ("flydsl", "flydsl", "flydsl"), ("triton", "triton", "triton"),
                                                     ("ml_dtypes", "ml_dtypes", "test")])  # fmt: skip
 def test_a_missing_module_names_its_package_and_extra(monkeypatch, module, package, extra):
     _block(monkeypatch, module)

@@ -65,9 +65,21 @@ def test_mori_names_map_to_the_alias_modules(tmp_path):
     assert proc.stdout.strip() == "ok"
 
 
+def test_ir_submodules_import_by_from_import(tmp_path):
+    """``from mori.ir import ops, bitcode`` (MORI's own scripts' form) and ``mori.ir.triton`` as a package."""
+    code = _WITH_FINDER + ("from mori.ir import ops, bitcode\n"
+                           "import mori.ir, importlib.util\n"
+                           "assert ops is bitcode is mori.ir\n"
+                           "assert importlib.util.find_spec('mori.ir.triton').submodule_search_locations is not None\n"
+                           "print('ok')\n")  # fmt: skip
+    proc = _python(code, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
 @pytest.mark.parametrize("name, expected", [
-    ("mori.ir.triton", "mori.ir.triton: the Triton integration (get_extern_libs, install_hook) is not offered yet"),
-    ("mori.ir.triton.runtime", "mori.ir.triton: the Triton integration"),  # its package is refused first
+    ("mori.ir.triton.cco", "mori.ir.triton.cco: MORI's CCO device API"),
+    ("mori.jit", "mori.jit: there is no JIT of MORI's HIP sources"),
     ("mori.ccl", "mori.ccl is not one of mori_compiler's MORI-compatible modules"),
 ])  # fmt: skip
 def test_modules_not_offered_raise_a_clear_import_error(tmp_path, name, expected):
