@@ -48,6 +48,8 @@ class EmulatedEpOp:
         self.is_async = self.kernel_type == EpDispatchCombineKernelType.AsyncLL
         c, R = config, self.sizes.recv_capacity
         n = self.n_local
+        H, M, K, self.experts_per_pe = c.hidden_dim, c.max_num_inp_token_per_rank, c.num_experts_per_token, \
+            c.num_experts_per_rank  # fmt: skip
         self.out_x = [torch.full((R * H * 4,), 0xA5, dtype=torch.uint8) for _ in range(n)]
         self.out_w = [torch.full((R, K), -7.0) for _ in range(n)]
         self.out_s = [torch.full((R, max(c.scale_dim, 1)), -7.0) for _ in range(n)]
@@ -56,7 +58,7 @@ class EmulatedEpOp:
         self.reg_x = [torch.zeros(R * H * 4, dtype=torch.uint8) for _ in range(n)]
         self.out_c = [torch.full((M * H * 4,), 0xA5, dtype=torch.uint8) for _ in range(n)]
         self.out_cw = [torch.full((M, K), -7.0) for _ in range(n)]
-        self.counts = [torch.zeros(ER, dtype=torch.int32) for _ in range(n)]
+        self.counts = [torch.zeros(self.experts_per_pe, dtype=torch.int32) for _ in range(n)]
         self.routes = None  # per destination PE: [(source PE, token)] of its rows
         self.phase = None  # AsyncLL: the pending send
         self.seen = []
@@ -86,6 +88,7 @@ class EmulatedEpOp:
     def dispatch(self, input, weights, scales, indices, block_num=-1, rdma_block_num=-1, warp_per_block=-1,
                  call_local_expert_count=False):  # fmt: skip
         self.calls.append("dispatch")
+        ER = self.experts_per_pe
         xs, ws, ss, ids = self._l(input), self._l(weights), self._l(scales), self._l(indices)
         self.seen.append(tuple(t.data_ptr() for t in (*xs, *ids) if t is not None))
         pes = range(self.config.world_size)
@@ -112,6 +115,7 @@ class EmulatedEpOp:
     def combine(self, input, weights, indices, block_num=-1, rdma_block_num=-1, warp_per_block=-1,
                 use_external_inp_buf=-1):  # fmt: skip
         self.calls.append("combine")
+        M, K = self.config.max_num_inp_token_per_rank, self.config.num_experts_per_token
         ys, ws = self._l(input), self._l(weights)
         self.seen.append(tuple(t.data_ptr() for t in ys))
         results = []

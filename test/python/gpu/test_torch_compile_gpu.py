@@ -11,9 +11,10 @@ poisoned before every run. Checked, bit for bit:
 * ``mode="reduce-overhead"`` (CUDA graphs), replayed with new inputs each time, against eager, with no
   graph break and no CUDA-graph skip.
 
-Bit-exact is the right bar: every step of the computation is the same in eager and compiled code (cuBLAS
-fp32 matmuls of the same shapes, the same top-k, the same casts, the same kernels, whose combine sums in a
-fixed order), and a row's result does not depend on where the dispatch put it. A mismatch message gives the
+Bit-exact is the right bar: the tokens and weights are small integers (times powers of two), so every
+matmul is exact in fp32 whatever kernel or summation order eager and inductor pick (shape padding, split-K);
+the casts, the top-k (no ties: distinct fractions per expert) and the op's kernels (combine sums a token's
+rows in a fixed order) are the same; and a row's result does not depend on where the dispatch put it. A mismatch message gives the
 largest difference and how many elements differ. ``test_opcheck`` runs ``torch.library.opcheck``'s schema,
 fake-tensor and autograd-registration checks on the real op; ``test_copy_cost`` prints what the copies of
 the functional outputs cost.
@@ -70,13 +71,21 @@ def layer(pes, request):
     tops = EpTorchOps(op)
     g = torch.Generator(device="cuda").manual_seed(5)
     H, E = cfg.hidden_dim, cfg.world_size * cfg.num_experts_per_rank
-    router = torch.randn((H, E), device="cuda", generator=g)
-    experts = [torch.randn((H, H), device="cuda", generator=g) / H**0.5 for _ in range(pes)]
+    router = (_small_ints((H, E), g), torch.arange(E, device="cuda", dtype=torch.float32) / 256)
+    experts = [_small_ints((H, H), g) / 64 for _ in range(pes)]
     try:
         yield op, tops, router, experts
     finally:
         tops.close()
         op.close()
+
+
+def _small_ints(shape, g):
+    """Integers in [-2, 2] as fp32: products and sums of them (and of their power-of-two multiples) are
+    exact in fp32 and bf16 inputs, so every matmul result is the same whatever the summation order."""
+    import torch
+
+    return torch.randint(-2, 3, shape, device="cuda", generator=g).float()
 
 
 def _tokens(op, seed):
@@ -85,15 +94,18 @@ def _tokens(op, seed):
     c = op.config
     counts = [min(n, c.max_num_inp_token_per_rank) for n in COUNTS[c.world_size]]
     g = torch.Generator(device="cuda").manual_seed(seed)
-    return [torch.randn((n, c.hidden_dim), device="cuda", generator=g).to(torch.bfloat16) for n in counts]
+    return [_small_ints((n, c.hidden_dim), g).to(torch.bfloat16) for n in counts]
 
 
 def _route(xs, router, k):
+    """Top-k of the exact logits x @ W + e / 256: the fraction keeps every expert's logit distinct (no tie
+    for top-k to break), exactly (|x @ W| <= 4 H = 2^14, so the sum needs 22 of fp32's 24 bits)."""
     import torch
 
+    weights, bias = router
     idxs, ws = [], []
     for x in xs:
-        vals, idx = torch.topk(x.float() @ router, k, dim=1)
+        vals, idx = torch.topk(x.float() @ weights + bias, k, dim=1)
         idxs.append(idx.to(torch.int32))
         ws.append(vals)
     return idxs, ws
@@ -111,7 +123,7 @@ def moe_step(tops, router, experts, xs):
     idxs, ws = _route(xs, router, tops.config.num_experts_per_token)
     if tops.is_async:
         pending = tops.dispatch_send(xs, ws, None, idxs)
-        busy = [x.float() @ router for x in xs]  # independent work while the tokens travel
+        busy = [x.float() @ router[0] for x in xs]  # independent work while the tokens travel
         outs = tops.dispatch_recv(pending)
         ys = _experts(outs, experts)
         pending_c = tops.combine_send(ys, None, idxs)
