@@ -23,8 +23,9 @@ The ops, in namespace ``mori_compiler`` (``torch.ops.mori_compiler.<name>``): ``
   around a tensor that silently changes). The copies cost device bandwidth: dispatch copies its [R, h] rows
   (R = ``recv_capacity``), [R, K] ids (and weights, scales when given) and the count; combine its [M, h] rows
   (and [M, K] weights); e.g. 8 PEs, M = 128, h = 7168 bf16: R = 1024 rows, 14.7 MB per PE read and written
-  (~6 µs at the H200's ~4.8 TB/s), measured by test/python/gpu/test_torch_compile_gpu.py
-  (``test_copy_cost``). Rows ``[total, R)`` of a dispatch output are unspecified (as the op's).
+  (~6 µs at the H200's ~4.8 TB/s), in one multi-tensor copy per dtype for all PEs (``torch._foreach_copy_``),
+  timed by test/python/gpu/test_torch_compile_gpu.py (``test_copy_cost``). Rows ``[total, R)`` of a
+  dispatch output are unspecified (as the op's).
 * **Hidden state, ordered by data.** The side effects (peers' buffers, counters, the op's bookkeeping) are on
   memory no graph tensor aliases. Calls on one op are ordered by their data: combine's input comes from
   dispatch's output (the expert computation), and each AsyncLL send returns a token its receive takes. The
@@ -115,7 +116,10 @@ class EpTorchOps:
         self.is_async = bool(op.is_async)
         self.recv_capacity = int(op.sizes.recv_capacity)
         self._pe_args = list(range(self.n_local)) if self.virtual else [None]  # the op's pe= per local PE
-        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        device = torch.device("cuda" if device is None else device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         M, K, R = c.max_num_inp_token_per_rank, c.num_experts_per_token, self.recv_capacity
         capacity = {"x": M * c.hidden_dim * c.max_token_type_size, "w": M * K * 4,
                     "s": M * max(c.scale_dim, 1) * max(c.scale_type_size, 1), "idx": M * K * 4, "cw": R * K * 4}
@@ -243,9 +247,9 @@ class EpTorchOps:
         if t.device != self.device:
             raise ValueError(f"{what} is on {t.device}; the op's tensors are on {self.device}")
 
-    def _staged(self, pe: int, slot: str, t, what: str):
-        """``t`` copied (current stream) into the first bytes of this PE's staging buffer ``slot``: a tensor
-        of t's shape and dtype at an address that never changes."""
+    def _staging(self, pe: int, slot: str, t, what: str):
+        """The first bytes of this PE's staging buffer ``slot`` as a tensor of t's shape and dtype (an address
+        that never changes), for ``t`` to be copied into (None for None)."""
         if t is None:
             return None
         self._check_device(what, t)
@@ -254,22 +258,18 @@ class EpTorchOps:
             raise ValueError(f"{what} {tuple(t.shape)} {t.dtype} has {nbytes} bytes, more than the op's limit "
                              f"{self._capacity[slot]} (config: max_num_inp_token_per_rank, hidden_dim, "
                              "max_token_type_size, num_experts_per_token, scale_dim)")  # fmt: skip
-        view = self._stage[pe][slot][:nbytes].view(t.dtype).view(t.shape)
-        view.copy_(t)
-        return view
+        return self._stage[pe][slot][:nbytes].view(t.dtype).view(t.shape)
 
     def _combine_rows(self, pe: int, y, what: str):
-        """The combine input rows copied into the op's registered combine input (a fixed address, and what
-        the zero-copy combine reads; the op then copies nothing)."""
+        """The rows of the op's registered combine input that ``y`` is to be copied into (a fixed address, and
+        what the zero-copy combine reads: the op then copies nothing)."""
         self._check_device(what, y)
         if y.dim() != 2:
             raise ValueError(f"{what} must have 2 dimensions, got shape {tuple(y.shape)}")
         if y.shape[0] > self.recv_capacity:
             raise ValueError(f"{what} has {y.shape[0]} rows, more than the receive capacity {self.recv_capacity}")
         reg = self.op.get_registered_combine_input_buffer(y.dtype, y.shape[1], pe=self._pe_args[pe])
-        view = reg[: y.shape[0]]
-        view.copy_(y)
-        return view
+        return reg[: y.shape[0]]
 
     def _run(self, signature: tuple, call):
         """``call()``, on a side stream the first time ``signature`` is seen (see the module docstring)."""
@@ -295,10 +295,11 @@ class EpTorchOps:
         n = self.n_local
         _check_count(xs, n, "input"), _check_count(ws, n, "weights"), _check_count(ss, n, "scales")
         _check_count(ids, n, "indices")
-        sx = [self._staged(p, "x", xs[p], f"input[{p}]") for p in range(n)]
-        sw = [self._staged(p, "w", ws[p], f"weights[{p}]") for p in range(n)]
-        sc = [self._staged(p, "s", ss[p], f"scales[{p}]") for p in range(n)]
-        si = [self._staged(p, "idx", ids[p], f"indices[{p}]") for p in range(n)]
+        sx = [self._staging(p, "x", xs[p], f"input[{p}]") for p in range(n)]
+        sw = [self._staging(p, "w", ws[p], f"weights[{p}]") for p in range(n)]
+        sc = [self._staging(p, "s", ss[p], f"scales[{p}]") for p in range(n)]
+        si = [self._staging(p, "idx", ids[p], f"indices[{p}]") for p in range(n)]
+        _copy_all(sx + sw + sc + si, xs + ws + ss + ids)
         signature = ("dispatch", tuple(x.dtype for x in xs), tuple(tuple(x.shape) for x in xs),
                      tuple(w is not None for w in ws), tuple(None if s is None else (s.dtype, tuple(s.shape)) for s in ss))
         return signature, (self._unwrap(sx), self._unwrap(sw), self._unwrap(sc), self._unwrap(si))
@@ -307,7 +308,8 @@ class EpTorchOps:
         n = self.n_local
         _check_count(ys, n, "input"), _check_count(ws, n, "weights"), _check_count(ids, n, "indices")
         sy = [self._combine_rows(p, ys[p], f"input[{p}]") for p in range(n)]
-        sw = [self._staged(p, "cw", ws[p], f"weights[{p}]") for p in range(n)]
+        sw = [self._staging(p, "cw", ws[p], f"weights[{p}]") for p in range(n)]
+        _copy_all(sy + sw, ys + ws)
         signature = ("combine", tuple(y.dtype for y in ys), tuple(tuple(y.shape) for y in ys),
                      tuple(None if w is None else tuple(w.shape) for w in ws), tuple(tuple(i.shape) for i in ids))
         return signature, (self._unwrap(sy), self._unwrap(sw), self._unwrap(ids))
@@ -316,21 +318,19 @@ class EpTorchOps:
         results = results if self.virtual else [results]
         counts = self.op.local_expert_count if count else None
         counts = (counts if self.virtual else [counts]) if count else None
-        flat = []
+        views = []
         for p, (out_x, out_w, out_s, out_idx, total) in enumerate(results):
             got = {"x": out_x, "w": out_w, "s": out_s, "idx": out_idx, "total": total,
                    "count": counts[p] if count else None}
-            flat += [got[f].clone() for f in _dispatch_fields(weights_given[p], scales_given[p], count)]
-        return flat
+            views += [got[f] for f in _dispatch_fields(weights_given[p], scales_given[p], count)]
+        return _fresh_copies(views)
 
     def _combine_copies(self, results, weights_given) -> list:
         results = results if self.virtual else [results]
-        flat = []
+        views = []
         for p, (out, out_w) in enumerate(results):
-            flat.append(out.clone())
-            if weights_given[p]:
-                flat.append(out_w.clone())
-        return flat
+            views += [out, out_w] if weights_given[p] else [out]
+        return _fresh_copies(views)
 
     def run_dispatch(self, xs, ws, ss, ids, block_num, rdma_block_num, warp_per_block, count):
         signature, args = self._stage_dispatch(xs, ws, ss, ids)
@@ -415,6 +415,24 @@ class EpTorchOps:
             if has_w:
                 flat.append(like.new_empty((M, K), dtype=torch.float32))
         return flat
+
+
+def _copy_all(destinations: list, sources: list) -> None:
+    """Every source into its destination (None pairs skipped), on the current stream: one multi-tensor copy
+    per dtype (a few launches for all PEs instead of one per tensor)."""
+    groups: dict = {}
+    for d, s in zip(destinations, sources):
+        if d is not None:
+            groups.setdefault(d.dtype, []).append((d, s))
+    for pairs in groups.values():
+        torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])
+
+
+def _fresh_copies(views: list) -> list:
+    """Contiguous copies of ``views`` (the op's buffer views) in new tensors, in one multi-tensor copy."""
+    outs = [torch.empty(v.shape, dtype=v.dtype, device=v.device) for v in views]
+    _copy_all(outs, views)
+    return outs
 
 
 def _check_count(items: list, n: int, what: str) -> None:
