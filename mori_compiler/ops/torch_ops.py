@@ -35,10 +35,11 @@ The ops, in namespace ``mori_compiler`` (``torch.ops.mori_compiler.<name>``): ``
   capture can reuse but not upload (runtime/launcher.py). The inputs are therefore copied into buffers of this
   object (allocated once, here) and the combine rows into the op's registered combine input (which the
   zero-copy combine copies them into anyway): a table then depends only on the token counts, hidden, dtype and
-  which optional inputs are given. A call seen for the first time runs on a side stream, so that its tables
-  (and anything else first use allocates) never come from a CUDA-graph memory pool (torch.compile's CUDA-graph
-  warm-up runs in one and refuses allocations it cannot account for); a first-seen call during a capture is
-  refused with the call named: run the step once (eagerly or compiled) with the same token counts first.
+  which optional inputs are given. A call seen for the first time runs in a thread of its own (on a side
+  stream, waited for), so that its tables (and anything else first use allocates) never come from a CUDA-graph
+  memory pool: torch.compile's CUDA-graph warm-up sends every allocation of its thread to the graph's pool and
+  refuses, at its end, allocations it cannot account for. A first-seen call during a capture is refused with
+  the call named: run the step once (eagerly or compiled) with the same token counts first.
 * **Fake implementations** give the real outputs' shapes, dtypes and (contiguous) strides: dispatch returns
   buffers of the maximum size, [R, h], with the count as an int32 [1] tensor (no data-dependent shape).
 * **Not offered** (refused with the reason): autograd (no backward: run under ``torch.no_grad()``), the
@@ -50,6 +51,7 @@ This module imports torch (the ``cuda`` extra); ``mori_compiler.ops`` loads it o
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import NamedTuple, Optional
 
 from mori_compiler.runtime.extras import import_extra
@@ -272,7 +274,9 @@ class EpTorchOps:
         return reg[: y.shape[0]]
 
     def _run(self, signature: tuple, call):
-        """``call()``, on a side stream the first time ``signature`` is seen (see the module docstring)."""
+        """``call()``; the first time ``signature`` is seen, in a thread of its own on a side stream (see the
+        module docstring: torch.compile's CUDA-graph warm-up sends every allocation of its thread to the graph's
+        memory pool, and the first call uploads argument tables that must outlive it)."""
         if signature in self._seen or self._side is None:
             return call()
         if torch.cuda.is_current_stream_capturing():
@@ -282,8 +286,12 @@ class EpTorchOps:
                                "with the same token counts first")  # fmt: skip
         main = torch.cuda.current_stream(self.device)
         self._side.wait_stream(main)
-        with torch.cuda.stream(self._side):
-            result = call()
+
+        def on_side_stream():
+            with torch.cuda.device(self.device), torch.cuda.stream(self._side):
+                return call()
+
+        result = run_in_own_thread(on_side_stream)
         main.wait_stream(self._side)
         self._seen.add(signature)
         return result
@@ -415,6 +423,24 @@ class EpTorchOps:
             if has_w:
                 flat.append(like.new_empty((M, K), dtype=torch.float32))
         return flat
+
+
+def run_in_own_thread(call):
+    """``call()`` run in a new thread, waited for; its result returned, its exception raised here."""
+    box: dict = {}
+
+    def body():
+        try:
+            box["result"] = call()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=body, name=f"{NAMESPACE}-first-call")
+    worker.start()
+    worker.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _copy_all(destinations: list, sources: list) -> None:

@@ -397,3 +397,17 @@ def test_inductor_compiles_the_step(tops):
         for a, b in zip(eager[0] + eager[1] + eager[2], got[0] + got[1] + got[2]):
             assert torch.equal(a, b)
     assert _graph_breaks() == {}
+
+
+def test_first_calls_run_in_a_thread_of_their_own():
+    """(What keeps a first call's allocations out of a CUDA-graph warm-up's pool, which is per thread.)"""
+    import threading
+
+    caller = threading.get_ident()
+    assert torch_ops.run_in_own_thread(lambda: threading.get_ident()) != caller
+
+    def fails():
+        raise KeyError("from the worker")
+
+    with pytest.raises(KeyError, match="from the worker"):
+        torch_ops.run_in_own_thread(fails)
