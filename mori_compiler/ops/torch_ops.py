@@ -132,6 +132,7 @@ class EpTorchOps:
         self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._seen: set = set()
         self._pending: dict = {}  # AsyncLL: the send's result views, for its receive
+        self.calls = 0  # op calls the implementations made (a CUDA-graph replay makes none)
         self.handle = next(_HANDLES)
         _REGISTRY[self.handle] = self
 
@@ -343,6 +344,7 @@ class EpTorchOps:
     def run_dispatch(self, xs, ws, ss, ids, block_num, rdma_block_num, warp_per_block, count):
         signature, args = self._stage_dispatch(xs, ws, ss, ids)
         signature += (block_num, rdma_block_num, warp_per_block, count)
+        self.calls += 1
         results = self._run(signature, lambda: self.op.dispatch(*args, block_num, rdma_block_num, warp_per_block,
                                                                 count))  # fmt: skip
         return self._dispatch_copies(results, [w is not None for w in ws], [s is not None for s in ss], count)
@@ -350,6 +352,7 @@ class EpTorchOps:
     def run_combine(self, ys, ws, ids, block_num, rdma_block_num, warp_per_block, external):
         signature, args = self._stage_combine(ys, ws, ids)
         signature += (block_num, rdma_block_num, warp_per_block, external)
+        self.calls += 1
         results = self._run(signature, lambda: self.op.combine(*args, block_num, rdma_block_num, warp_per_block,
                                                                external))  # fmt: skip
         return self._combine_copies(results, [w is not None for w in ws])
@@ -357,6 +360,7 @@ class EpTorchOps:
     def run_dispatch_send(self, xs, ws, ss, ids, block_num, rdma_block_num, warp_per_block):
         signature, args = self._stage_dispatch(xs, ws, ss, ids)
         signature = ("dispatch_send",) + signature[1:] + (block_num, rdma_block_num, warp_per_block)
+        self.calls += 1
         results = self._run(signature, lambda: self.op.dispatch_send(*args, block_num, rdma_block_num,
                                                                      warp_per_block))  # fmt: skip
         self._pending["dispatch"] = (results, signature, [w is not None for w in ws], [s is not None for s in ss],
@@ -375,12 +379,14 @@ class EpTorchOps:
                              f"{sent_hidden}, {sent_dtype}, weights {sent_w}, scales {sent_s}): pass the "
                              "PendingDispatch that dispatch_send returned")  # fmt: skip
         signature = ("dispatch_recv", send_signature, block_num, warp_per_block, count)
+        self.calls += 1
         self._run(signature, lambda: self.op.dispatch_recv(block_num, warp_per_block, count))
         return self._dispatch_copies(results, sent_w, sent_s, count)
 
     def run_combine_send(self, ys, ws, ids, block_num, rdma_block_num, warp_per_block, external):
         signature, args = self._stage_combine(ys, ws, ids)
         signature = ("combine_send",) + signature[1:] + (block_num, rdma_block_num, warp_per_block, external)
+        self.calls += 1
         results = self._run(signature, lambda: self.op.combine_send(*args, block_num, rdma_block_num, warp_per_block,
                                                                     external))  # fmt: skip
         self._pending["combine"] = (results, signature, [w is not None for w in ws], ys[0].shape[1], ys[0].dtype)
@@ -397,6 +403,7 @@ class EpTorchOps:
                              f"{list(weights_given)}) is not the pending send's (hidden {sent_hidden}, {sent_dtype}, "
                              f"weights {sent_w}): pass the PendingCombine that combine_send returned")  # fmt: skip
         signature = ("combine_recv", send_signature, block_num, warp_per_block)
+        self.calls += 1
         self._run(signature, lambda: self.op.combine_recv(block_num, warp_per_block))
         return self._combine_copies(results, sent_w)
 

@@ -317,6 +317,7 @@ def test_compiled_moe_step_has_no_graph_break_and_matches_eager(tops, virtual):
             assert torch.equal(a, want)
     assert _graph_breaks() == {}
     assert recorder.graphs == [["mori_compiler.dispatch.default", "mori_compiler.combine.default"]]
+    assert t.calls == 8  # 2 inputs x (eager, compiled) x (dispatch, combine): the compiled graph ran the ops
 
 
 class _Single:

@@ -251,9 +251,11 @@ def test_reduce_overhead_replays_match_eager(layer):
         xs = _tokens(op, seed)
         want = _eager_reference(op, tops, router, experts, xs)
         poison(op)
+        calls = tops.calls
         got = [tuple(t.clone() for t in r) for r in compiled(xs)]  # (a replay's outputs are the next one's)
         torch.cuda.synchronize()
         check_same(f"reduce-overhead, seed {seed}", got, want)
+    assert tops.calls == calls, f"the last run called the op {tops.calls - calls} times: it was not a graph replay"
     _check_no_graph_break()
     skips = dict(torch._dynamo.utils.counters["inductor"]).get("cudagraph_skips", 0)
     assert skips == 0, f"CUDA graphs were skipped {skips} time(s) (run with TORCH_LOGS=perf_hints to see why)"
