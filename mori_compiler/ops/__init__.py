@@ -4,7 +4,9 @@ Importing this package imports neither MLIR nor torch; building an op needs torc
 shmem (mori_compiler.runtime.shmem), and the compiler only when its kernels are not precompiled.
 ``EpDispatchCombineOp`` is loaded on first access: a warm start (``ep_bundle`` finding its bundle in the
 cache) imports only the config, ``bundle`` and the cache. ``reference`` holds the NumPy reference model
-and correctness oracle (docs/ep-protocols.md; its bf16/fp8/fp4 casts are ml_dtypes').
+and correctness oracle (docs/ep-protocols.md; its bf16/fp8/fp4 casts are ml_dtypes'). ``EpTorchOps``
+(torch_ops.py, loaded on first access: it imports torch) registers an op for the ``torch.ops.mori_compiler``
+custom ops that torch.compile keeps in its graphs (docs/torch-compile.md).
 """
 
 from .bundle import ep_bundle, kernel_module_source
@@ -15,6 +17,7 @@ __all__ = [
     "EpDispatchCombineKernelType",
     "EpDispatchCombineOp",
     "EpDispatchRoutingHandle",
+    "EpTorchOps",
     "ep_bundle",
     "kernel_module_source",
     "validate_config",
@@ -30,4 +33,8 @@ def __getattr__(name: str):
         from .routing_handle import EpDispatchRoutingHandle
 
         return EpDispatchRoutingHandle
+    if name == "EpTorchOps":
+        from .torch_ops import EpTorchOps
+
+        return EpTorchOps
     raise AttributeError(f"module 'mori_compiler.ops' has no attribute '{name}'")
