@@ -268,6 +268,7 @@ def precompile_all(cache_root) -> list:
     import test_ep_multigpu
     import test_ep_quant_gpu
     import test_examples_gpu
+    import test_torch_compile_gpu
 
     bundles = [bundle(cache_root), bundle(cache_root, virtual_pes=False), ring_bundle(cache_root)]
     multi = [test_ep_multigpu.multi_gpu_config(w, 0, kind) for w in (2, 4, 8) for kind in test_ep_multigpu.KINDS]
@@ -277,6 +278,7 @@ def precompile_all(cache_root) -> list:
             + ep_bundles(cache_root, list(test_ep_hidden_gpu.all_configs()))
             + ep_bundles(cache_root, list(test_ep_dispatch_features_gpu.all_configs()))
             + ep_bundles(cache_root, list(test_ep_auto_gpu.all_configs()))
+            + ep_bundles(cache_root, list(test_torch_compile_gpu.all_configs()))
             + ep_bundles(cache_root, multi, virtual_pes=False)
             + test_ep_quant_gpu.precompile(cache_root, TARGET)
             + test_examples_gpu.precompile(cache_root, TARGET))  # fmt: skip
