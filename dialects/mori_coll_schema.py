@@ -40,6 +40,7 @@ MAX_BLOCKS = 32  # blocks per PE (device-barrier slots per block); W x 32 blocks
 MAX_BYTES = 1 << 34  # per input or output: offsets stay far from i64 limits
 BLOCK_THREADS = 256
 BYTES_PER_BLOCK = 64 << 10  # the launch takes one block per 64 KiB a PE moves, up to max_blocks
+VIRTUAL_GRID_BLOCKS = 128  # and at most this many over all PEs: W virtual PEs' grids are co-resident on one GPU
 VECTOR = 16
 HEADER_ALIGN = 256
 KERNEL_PARAMS = ("input", "output", "workspace")  # all pointers: the PE's own tensors, its workspace address
@@ -178,9 +179,10 @@ class CollSpec:
 
     @property
     def blocks(self) -> int:
-        """Blocks per PE of a launch: one per BYTES_PER_BLOCK the PE moves, at most max_blocks."""
+        """Blocks per PE of a launch: one per BYTES_PER_BLOCK the PE moves, at most max_blocks and
+        VIRTUAL_GRID_BLOCKS // W (every call of a collective uses this grid: its slices depend on it)."""
         moved = max(self.input_elems, self.output_elems) * self.elem_bytes
-        return max(1, min(self.max_blocks, -(-moved // BYTES_PER_BLOCK)))
+        return max(1, min(self.max_blocks, VIRTUAL_GRID_BLOCKS // self.world_size, -(-moved // BYTES_PER_BLOCK)))
 
     def op_attributes(self) -> list[tuple[str, object]]:
         """The op's attributes in the order the text writes them (ints are i64)."""

@@ -1,0 +1,188 @@
+"""The collectives of mori_compiler.ops.collectives on virtual PEs (2, 3, 4, 8 on one GPU), against torch
+on the host (bit-exact: the kernels sum in fp32 in PE order, as ``expected`` does).
+
+Each case: random inputs from a fixed seed, outputs poisoned (NaN / 0xA5 bytes) before each call, three
+calls back to back with new inputs (the workspace reused without a host sync), then CUDA-graph replay of
+one call with new input contents. Sizes from 1 element (4 B) to a few MiB, odd counts, and output views
+at an odd byte offset (unaligned). Bounded device waits: a protocol that never completes raises
+WaitTimeoutError naming the PE and the word, instead of hanging.
+
+Bundles: ``all_bundles(cache_root)`` lists every bundle these tests load (test/python/gpu/kernels.py's
+``precompile_all`` should add it), compiled where the compiler is installed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from virtual_pes import virtual_pes_fixture
+
+from mori_compiler.dialects.mori_coll_schema import CollSpec
+
+pytestmark = pytest.mark.gpu
+
+TARGET = "sm_90"
+VIRTUAL_PES = (2, 3, 4, 8)
+WAIT_LIMIT = 1 << 26  # polls per wait before it gives up (a hang becomes an error)
+
+# (op, dtype, counts, algorithm); broadcast's root is the last PE. Counts: 1 element, odd sizes, and one of
+# a few MiB per collective.
+CASES = [
+    ("all_reduce", "f32", (1, 1027, 786433), "one_shot"),
+    ("all_reduce", "bf16", (3, 65541), "one_shot"),
+    ("all_reduce", "f32", (1, 1027, 786433), "two_shot"),
+    ("all_reduce", "bf16", (5, 65541), "two_shot"),
+    ("reduce_scatter", "f32", (1, 777, 262147), ""),
+    ("reduce_scatter", "bf16", (9,), ""),
+    ("all_gather", "u8", (4, 1001), ""),
+    ("all_gather", "bf16", (131075,), ""),
+    ("broadcast", "u8", (5,), ""),
+    ("broadcast", "f32", (300001,), ""),
+    ("all_to_all", "u8", (3,), ""),
+    ("all_to_all", "i32", (10007,), ""),
+]
+
+
+def specs_for(world: int) -> list[CollSpec]:
+    return [CollSpec(op, dtype, n, world, alg, world - 1 if op == "broadcast" else 0)
+            for op, dtype, counts, alg in CASES for n in counts]  # fmt: skip
+
+
+def all_bundles(cache_root, target: str = TARGET) -> list:
+    """Every bundle these tests load (one per collective and PE count, compiled with virtual PEs)."""
+    from mori_compiler.ops.collectives import coll_bundle
+
+    return [coll_bundle([s], target, virtual_pes=True, cache_root=cache_root) for w in VIRTUAL_PES for s in specs_for(w)]
+
+
+pes = virtual_pes_fixture(VIRTUAL_PES)
+
+
+def _random(spec: CollSpec, gen, pe: int):
+    import torch
+
+    from mori_compiler.ops.collectives import torch_dtype
+
+    dtype = torch_dtype(spec.dtype)
+    n = spec.input_elems
+    if dtype.is_floating_point:
+        return torch.randn(n, generator=gen).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max, (n,), generator=gen, dtype=torch.int64).to(dtype)
+
+
+def _poison(t):
+    import torch
+
+    if t.dtype.is_floating_point:
+        t.fill_(float("nan"))
+    else:
+        t.view(torch.uint8).fill_(0xA5)
+
+
+def _compare(spec: CollSpec, outs, inputs, what: str) -> None:
+    import torch
+
+    from mori_compiler.ops.collectives import expected
+
+    want = expected(spec, [None if x is None else x.cpu() for x in inputs])
+    for pe, (got, exp) in enumerate(zip(outs, want)):
+        got = got.cpu().reshape(-1)
+        same = got.view(torch.uint8) == exp.contiguous().view(torch.uint8)
+        if not bool(same.all()):
+            bad = (~same).nonzero()[0].item() // spec.elem_bytes
+            raise AssertionError(f"{spec.kernel_name} ({what}): PE {pe} output differs from torch's at element "
+                                 f"{bad} of {got.numel()}: got {got[bad].item()}, expected {exp[bad].item()} "
+                                 f"({int((~same).sum()) // spec.elem_bytes} elements differ)")  # fmt: skip
+
+
+def _outputs(spec: CollSpec, world: int, unaligned: bool):
+    """Per PE an output tensor; ``unaligned``: starting one element past a 256-byte boundary (an odd byte
+    offset for 1-byte dtypes): the kernels' copies must not assume alignment."""
+    import torch
+
+    from mori_compiler.ops.collectives import torch_dtype
+
+    dtype, n = torch_dtype(spec.dtype), spec.output_elems
+    return [torch.empty(n + 1, dtype=dtype, device="cuda")[1:] if unaligned else
+            torch.empty(n, dtype=dtype, device="cuda") for _ in range(world)]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=lambda i: f"{CASES[i][0]}-{CASES[i][3] or 'x'}-{CASES[i][1]}")
+def test_collective_matches_torch(pes, case, bundle_root):
+    import torch
+
+    from mori_compiler.ops.collectives import Collective
+
+    op, dtype, counts, alg = CASES[case]
+    for count in counts:
+        spec = CollSpec(op, dtype, count, pes, alg, pes - 1 if op == "broadcast" else 0)
+        coll = Collective(op, dtype, count, algorithm=alg, root=spec.root, cache_root=bundle_root,
+                          wait_limit=WAIT_LIMIT)  # fmt: skip
+        try:
+            assert coll.spec == spec, (coll.spec, spec)
+            gen = torch.Generator().manual_seed(1000 * case + count)
+            outputs = _outputs(spec, pes, unaligned=bool(count % 2))
+            for call in range(3):  # back to back: the workspace is reused without a host sync
+                inputs = [_random(spec, gen, pe).cuda() for pe in range(pes)]
+                if op == "broadcast":
+                    inputs = [x if pe == spec.root else None for pe, x in enumerate(inputs)]
+                for t in outputs:
+                    _poison(t)
+                got = coll(inputs, outputs)
+                assert all(g is o for g, o in zip(got, outputs))
+                coll.kernels.synchronize()
+                _compare(spec, got, inputs, f"call {call + 1}")
+            fresh = coll(inputs)  # outputs made by the call
+            coll.kernels.synchronize()
+            assert [tuple(t.shape) for t in fresh] == [coll.output_shape] * pes
+            _compare(spec, fresh, inputs, "call with outputs made by the op")
+            _graph_replay(coll, spec, gen, outputs)
+        finally:
+            coll.close()
+
+
+def _graph_replay(coll, spec: CollSpec, gen, outputs) -> None:
+    """Capture one call (after an eager call with the same tensors), then replay it twice with new input
+    contents: each replay's outputs match."""
+    import torch
+
+    inputs = [torch.empty(spec.input_elems, dtype=outputs[0].dtype, device="cuda") for _ in outputs]
+    coll(inputs, outputs)  # eager: uploads the argument table the captured launch reads
+    coll.kernels.synchronize()
+    graph = torch.cuda.Graph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            coll(inputs, outputs)
+    for replay in range(2):
+        fresh = [_random(spec, gen, pe) for pe in range(len(inputs))]
+        for dst, src in zip(inputs, fresh):
+            dst.copy_(src)
+        for t in outputs:
+            _poison(t)
+        torch.cuda.synchronize()
+        graph.replay()
+        torch.cuda.synchronize()
+        coll.kernels.check_waits()
+        _compare(spec, outputs, inputs, f"graph replay {replay + 1}")
+
+
+def test_collective_refuses_bad_arguments(pes, bundle_root):
+    import torch
+
+    from mori_compiler.ops.collectives import Collective
+
+    coll = Collective("all_gather", torch.uint8, 4, cache_root=bundle_root)
+    try:
+        x = [torch.zeros(4, dtype=torch.uint8, device="cuda") for _ in range(pes)]
+        with pytest.raises(ValueError, match=f"list of {pes} tensors"):
+            coll(x[0])
+        with pytest.raises(ValueError, match="must hold 4 elements"):
+            coll([torch.zeros(5, dtype=torch.uint8, device="cuda")] * pes)
+        with pytest.raises(ValueError, match="must be torch.uint8"):
+            coll([t.float() for t in x])
+        with pytest.raises(ValueError, match="must be on the GPU"):
+            coll([t.cpu() for t in x])
+    finally:
+        coll.close()
