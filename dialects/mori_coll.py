@@ -72,8 +72,8 @@ def extra_verify(op: ir.Operation) -> list[str]:
     ints = int_attributes(op)
     if rules.non_integer(op, ints, ("dtype", "algorithm")):
         return rules.errors
-    for problem in spec_of(op).problems():
-        rules.need(False, "attribute " + problem.partition(": ")[2] if ": " in problem else problem)
+    for problem in spec_of(op).problems():  # "<op>: 'field' must ..." -> "'mori_coll.<op>' attribute 'field' must ..."
+        rules.need(False, "attribute " + problem.partition(": ")[2])
     return rules.errors
 
 

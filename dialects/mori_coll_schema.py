@@ -71,31 +71,31 @@ class CollSpec:
             return [f"op must be one of {', '.join(COLLECTIVES)}, got {self.op!r}"]
         allowed = REDUCE_DTYPES if self.op in REDUCING else tuple(ELEMENT_BYTES)
         if self.dtype not in allowed:
-            what = "summed dtype" if self.op in REDUCING else "dtype"
-            out.append(f"{self.op}: {what} must be one of {', '.join(allowed)}, got {self.dtype!r}")
+            what = "summed in fp32" if self.op in REDUCING else "moved as bytes"
+            out.append(f"{self.op}: 'dtype' ({what}) must be one of {', '.join(allowed)}, got {self.dtype!r}")
         for name in ("count", "world_size", "root", "max_blocks"):
             if type(getattr(self, name)) is not int:
-                out.append(f"{self.op}: {name} must be an int, got {getattr(self, name)!r}")
+                out.append(f"{self.op}: '{name}' must be an int, got {getattr(self, name)!r}")
         if out:
             return out
         if not 1 <= self.world_size <= MAX_WORLD_SIZE:
-            out.append(f"{self.op}: world_size must be in [1, {MAX_WORLD_SIZE}], got {self.world_size}")
+            out.append(f"{self.op}: 'world_size' must be in [1, {MAX_WORLD_SIZE}], got {self.world_size}")
         if not 1 <= self.max_blocks <= MAX_BLOCKS:
-            out.append(f"{self.op}: max_blocks must be in [1, {MAX_BLOCKS}], got {self.max_blocks}")
+            out.append(f"{self.op}: 'max_blocks' must be in [1, {MAX_BLOCKS}], got {self.max_blocks}")
         if self.count < 1:
-            out.append(f"{self.op}: count must be >= 1, got {self.count}")
+            out.append(f"{self.op}: 'count' must be >= 1, got {self.count}")
         elif max(self.input_elems, self.output_elems) * ELEMENT_BYTES.get(self.dtype, 1) > MAX_BYTES:
-            out.append(f"{self.op}: input and output must be at most {MAX_BYTES} bytes, got count {self.count}")
+            out.append(f"{self.op}: 'count' ({self.count}) makes the input or output larger than {MAX_BYTES} bytes")
         if self.op == "all_reduce":
             if self.algorithm not in ALGORITHMS:
-                out.append(f"all_reduce: algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+                out.append(f"all_reduce: 'algorithm' must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         elif self.algorithm:
-            out.append(f"{self.op}: algorithm is for all_reduce only, got {self.algorithm!r}")
+            out.append(f"{self.op}: 'algorithm' is for all_reduce only, got {self.algorithm!r}")
         if self.op == "broadcast":
             if not 0 <= self.root < self.world_size:
-                out.append(f"broadcast: root must be in [0, world_size = {self.world_size}), got {self.root}")
+                out.append(f"broadcast: 'root' must be in [0, world_size = {self.world_size}), got {self.root}")
         elif self.root:
-            out.append(f"{self.op}: root is for broadcast only, got {self.root}")
+            out.append(f"{self.op}: 'root' is for broadcast only, got {self.root}")
         return out
 
     def check(self) -> "CollSpec":
