@@ -192,7 +192,7 @@ class Collective:
         s = self.spec
         inputs = self._per_pe(input, "input")
         outputs = [None] * len(self.pes) if output is None else self._per_pe(output, "output")
-        device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), None)
+        device = next((t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "cuda"), None)
         for i, pe in enumerate(self.pes):
             if inputs[i] is not None or s.op != "broadcast" or pe == s.root:
                 self._check(inputs[i], f"input of PE {pe}", s.input_elems, device)
