@@ -110,4 +110,28 @@ irdl.dialect @mori_coll {
     %max_blocks = irdl.any
     irdl.attributes { "dtype" = %dtype, "count" = %count, "world_size" = %world_size, "max_blocks" = %max_blocks }
   }
+
+  // Variable sizes: in_p holds W chunks packed, chunk q of splits_p[q] <= count elements (for PE q); out holds
+  // the chunks for me packed in PE order; recv_counts[p] = splits_p[me] (splits, recv_counts: i32 [W], local).
+  irdl.operation @all_to_all_v {
+    %ptr = irdl.is !llvm.ptr
+    irdl.operands(input: %ptr, output: %ptr, workspace: %ptr, splits: %ptr, recv_counts: %ptr)
+    %u8_t = irdl.is "u8"
+    %i8_t = irdl.is "i8"
+    %bool_t = irdl.is "bool"
+    %fp8_e4m3fn_t = irdl.is "fp8_e4m3fn"
+    %fp8_e4m3fnuz_t = irdl.is "fp8_e4m3fnuz"
+    %i16_t = irdl.is "i16"
+    %f16_t = irdl.is "f16"
+    %bf16_t = irdl.is "bf16"
+    %i32_t = irdl.is "i32"
+    %f32_t = irdl.is "f32"
+    %i64_t = irdl.is "i64"
+    %f64_t = irdl.is "f64"
+    %dtype = irdl.any_of(%u8_t, %i8_t, %bool_t, %fp8_e4m3fn_t, %fp8_e4m3fnuz_t, %i16_t, %f16_t, %bf16_t, %i32_t, %f32_t, %i64_t, %f64_t)
+    %count = irdl.any
+    %world_size = irdl.any
+    %max_blocks = irdl.any
+    irdl.attributes { "dtype" = %dtype, "count" = %count, "world_size" = %world_size, "max_blocks" = %max_blocks }
+  }
 }

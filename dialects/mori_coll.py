@@ -28,6 +28,8 @@ all_reduce      out[i] = sum_p in_p[i]                                    algori
 reduce_scatter  out[i] = sum_p in_p[me * count + i]                       (dtype f32 or bf16)
 broadcast       out[i] = in_root[i]                                       root in [0, W)
 all_to_all      out[p * count + i] = in_p[me * count + i]                 (any dtype)
+all_to_all_v    out = concat_p (chunk ``me`` of in_p: splits_p[me] elements,   operands ``splits``,
+                chunks packed in PE order on both sides)                  ``recv_counts`` (i32 [W])
 =============== ========================================================= ============================
 """
 
@@ -50,19 +52,22 @@ def spec_of(op: ir.Operation) -> CollSpec:
                     text("algorithm"), ints.get("root", 0), ints.get("max_blocks", 0))  # fmt: skip
 
 
-def _create(name: str, input_, output, workspace, spec: CollSpec, *, loc=None, ip=None) -> ir.Operation:
+def _create(name: str, operands, spec: CollSpec, *, loc=None, ip=None) -> ir.Operation:
     i64 = ir.IntegerType.get_signless(64)
     attrs = {k: ir.StringAttr.get(v) if isinstance(v, str) else ir.IntegerAttr.get(i64, v)
              for k, v in spec.op_attributes()}  # fmt: skip
-    return ir.Operation.create(f"{DIALECT_NAME}.{name}", operands=[input_, output, workspace], attributes=attrs,
-                               loc=loc, ip=ip)  # fmt: skip
+    return ir.Operation.create(f"{DIALECT_NAME}.{name}", operands=list(operands), attributes=attrs, loc=loc, ip=ip)
 
 
-def collective(input_, output, workspace, spec: CollSpec, *, loc=None, ip=None) -> ir.Operation:
-    """``mori_coll.<spec.op>(input, output, workspace) {spec's attributes}`` (checked: a ValueError names
-    the field and the allowed values). The semantics of each op: the module docstring."""
+def collective(input_, output, workspace, spec: CollSpec, *splits, loc=None, ip=None) -> ir.Operation:
+    """``mori_coll.<spec.op>(input, output, workspace[, splits, recv_counts]) {spec's attributes}`` (checked:
+    a ValueError names the field and the allowed values; all_to_all_v takes ``splits`` and ``recv_counts``).
+    The semantics of each op: the module docstring."""
     spec.check()
-    return _create(spec.op, input_, output, workspace, spec, loc=loc, ip=ip)
+    if len(splits) != len(spec.params) - 3:
+        raise ValueError(f"mori_coll.{spec.op} takes {len(spec.params)} operands ({', '.join(spec.params)}), got "
+                         f"{3 + len(splits)}")  # fmt: skip
+    return _create(spec.op, [input_, output, workspace, *splits], spec, loc=loc, ip=ip)
 
 
 def extra_verify(op: ir.Operation) -> list[str]:

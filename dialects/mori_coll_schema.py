@@ -16,7 +16,13 @@ all_reduce      count             count              out[i] = sum_p in_p[i] (fp3
 reduce_scatter  W * count         count              out[i] = sum_p in_p[me * count + i]
 broadcast       count (root's)    count              out[i] = in_root[i]
 all_to_all      W * count         W * count          out[p * count + i] = in_p[me * count + i]
+all_to_all_v    W * count (cap.)  W * count (cap.)   in_p holds W chunks packed (chunk q: splits_p[q] <= count
+                                                     elements, for PE q); out = the chunks for me, packed in PE
+                                                     order; recv_counts[p] = splits_p[me]
 =============== ================= ================== ======================================================
+
+all_to_all_v's ``splits`` (this PE's i32 [W], device memory) and ``recv_counts`` (i32 [W], written) are two
+more kernel parameters; a split above ``count`` is clamped to it on the device (no host sync to refuse it).
 
 Workspace (one symmetric allocation per collective, 256-byte aligned; only the header is zeroed, once):
 ``[device-barrier slots: max_blocks x W u64 | epochs: max_blocks u64]`` (the header), then the staging area
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "broadcast", "all_to_all")
+COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "broadcast", "all_to_all", "all_to_all_v")
 REDUCING = ("all_reduce", "reduce_scatter")
 ALGORITHMS = ("one_shot", "two_shot")  # all_reduce only
 REDUCE_DTYPES = ("f32", "bf16")  # summed in fp32
@@ -44,6 +50,7 @@ VIRTUAL_GRID_BLOCKS = 128  # and at most this many over all PEs: W virtual PEs' 
 VECTOR = 16
 HEADER_ALIGN = 256
 KERNEL_PARAMS = ("input", "output", "workspace")  # all pointers: the PE's own tensors, its workspace address
+SPLIT_PARAMS = ("splits", "recv_counts")  # all_to_all_v's: this PE's i32 [W] split sizes, and the received ones
 
 
 def _round_up(value: int, to: int) -> int:
@@ -111,11 +118,11 @@ class CollSpec:
 
     @property
     def input_elems(self) -> int:
-        return self.count * (self.world_size if self.op in ("reduce_scatter", "all_to_all") else 1)
+        return self.count * (self.world_size if self.op in ("reduce_scatter", "all_to_all", "all_to_all_v") else 1)
 
     @property
     def output_elems(self) -> int:
-        return self.count * (self.world_size if self.op in ("all_gather", "all_to_all") else 1)
+        return self.count * (self.world_size if self.op in ("all_gather", "all_to_all", "all_to_all_v") else 1)
 
     @property
     def two_shot(self) -> bool:
@@ -133,7 +140,7 @@ class CollSpec:
         n, cb = self.count * self.elem_bytes, self.chunk_elems * self.elem_bytes
         if self.two_shot:
             return [(c * cb, max(0, min(cb, n - c * cb))) for c in range(self.world_size)]
-        if self.op in ("reduce_scatter", "all_to_all"):
+        if self.op in ("reduce_scatter", "all_to_all", "all_to_all_v"):  # (all_to_all_v: capacities; packed)
             return [(c * n, n) for c in range(self.world_size)]
         return [(0, n)]
 
@@ -160,8 +167,18 @@ class CollSpec:
         return self.header_bytes
 
     @property
-    def reduced_offset(self) -> int:
+    def sizes_offset(self) -> int:
+        """all_to_all_v: the splits each block publishes, ``[max_blocks][W]`` u64 (block b's copy is read by
+        block b of the peers: the per-block barrier orders it)."""
         return self.stage_offset + _round_up(len(self.chunks()) * self.stage_stride, HEADER_ALIGN)
+
+    @property
+    def sizes_bytes(self) -> int:
+        return 8 * self.max_blocks * self.world_size if self.op == "all_to_all_v" else 0
+
+    @property
+    def reduced_offset(self) -> int:
+        return self.sizes_offset + _round_up(self.sizes_bytes, HEADER_ALIGN)
 
     @property
     def reduced_bytes(self) -> int:
@@ -194,10 +211,16 @@ class CollSpec:
             attrs.append(("root", self.root))
         return attrs
 
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The kernel's parameters (all pointers), in order."""
+        return KERNEL_PARAMS + (SPLIT_PARAMS if self.op == "all_to_all_v" else ())
+
     def op_source(self) -> str:
         attrs = ", ".join(f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {v} : i64" for k, v in self.op_attributes())
-        ptrs = ", ".join(["!llvm.ptr"] * 3)
-        return f'"mori_coll.{self.op}"(%input, %output, %workspace) {{{attrs}}} : ({ptrs}) -> ()'
+        ptrs = ", ".join(["!llvm.ptr"] * len(self.params))
+        operands = ", ".join(f"%{p}" for p in self.params)
+        return f'"mori_coll.{self.op}"({operands}) {{{attrs}}} : ({ptrs}) -> ()'
 
 
 def kernel_source(specs: list[CollSpec] | tuple[CollSpec, ...]) -> str:
@@ -206,7 +229,7 @@ def kernel_source(specs: list[CollSpec] | tuple[CollSpec, ...]) -> str:
     funcs = []
     for s in specs:
         s.check()
-        params = ", ".join(f"%{p}: !llvm.ptr" for p in KERNEL_PARAMS)
+        params = ", ".join(f"%{p}: !llvm.ptr" for p in s.params)
         funcs.append(f"    gpu.func @{s.kernel_name}({params}) kernel attributes "
                      f"{{known_block_size = array<i32: {BLOCK_THREADS}, 1, 1>}} {{\n"
                      f"      {s.op_source()}\n      gpu.return\n    }}")  # fmt: skip

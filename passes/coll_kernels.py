@@ -42,7 +42,7 @@ class Collective:
     """The values and steps a collective's expansion shares, built before its op with ``b``."""
 
     def __init__(self, b: Builder, spec: CollSpec, input_: ir.Value, output: ir.Value, workspace: ir.Value,
-                 wave: int):  # fmt: skip
+                 *splits: ir.Value, wave: int):  # fmt: skip
         self.b, self.spec = b, spec
         wave_c = b.const_index(wave)
         warps = b.divui(b.block_dim(), wave_c)
@@ -55,6 +55,7 @@ class Collective:
         self.epochs = self.at(workspace, spec.epochs_offset)
         self.stage = self.at(workspace, spec.stage_offset)
         self.reduced = self.at(workspace, spec.reduced_offset)
+        self.splits = splits  # all_to_all_v: (splits, recv_counts)
 
     def i64(self, value: int) -> ir.Value:
         return self.b.const_i64(value)
@@ -210,11 +211,52 @@ def all_reduce_two_shot(c: Collective) -> None:
     c.meet()
 
 
+def all_to_all_v(c: Collective) -> None:
+    """Variable sizes. Block b publishes this PE's splits (clamped to count) in its ``sizes[b]`` while each
+    unit stages chunk q (``splits[q]`` elements, packed in the input) at ``q * stride``; meet (block b's
+    release covers both); each unit walks p = 0 .. W-1, reads PE p's ``sizes[b][me]`` (acquired by the meet)
+    and pulls that many elements of chunk ``me`` of PE p's stage to the running output offset; unit 0
+    stores the received counts; meet. Stager and puller cut chunk q from the same count: the same slices."""
+    s, b = c.spec, c.b
+    es, w, cap = c.i64(s.elem_bytes), s.world_size, c.i64(s.count)
+    splits, recv = c.splits
+    sizes = c.at(c.slots, s.sizes_offset)
+    row = b.muli(b.index_cast(b.i64, b.block_id()), c.i64(w))  # this block's sizes[b]
+    tid = b.index_cast(b.i32, b.thread_id())
+    with b.if_(b.cmpi("ult", tid, b.const_i32(w))):
+        mine = b.minui(b.extui(b.i64, b.load(b.i32, b.gep(splits, tid, b.i32))), cap)
+        b.store(mine, b.gep(sizes, b.addi(row, b.extui(b.i64, tid)), b.i64))
+
+    def stage(q, at):
+        n = b.minui(b.extui(b.i64, b.load(b.i32, b.gep(splits, q, b.i32))), cap)
+        c.copy(c.at(c.stage, b.muli(b.extui(b.i64, q), c.i64(s.stage_stride))), c.at(c.input, b.muli(at, es)),
+               b.muli(n, es))  # fmt: skip
+        return b.addi(at, n)
+
+    def pull(p, at):
+        n = b.load(b.i64, b.gep(c.peer(sizes, p), b.addi(row, b.extui(b.i64, c.me)), b.i64))
+        source = c.at(c.peer(c.stage, p), b.muli(b.extui(b.i64, c.me), c.i64(s.stage_stride)))
+        c.copy(c.at(c.output, b.muli(at, es)), source, b.muli(n, es))
+        with b.if_(b.cmpi("eq", b.addi(c.unit, b.index_cast(b.i64, b.lane_id())), c.i64(0))):
+            b.store(b.trunci(b.i32, n), b.gep(recv, p, b.i32))
+        return b.addi(at, n)
+
+    def each_pe(body):
+        lo, hi, one = b.const_i32(0), b.const_i32(w), b.const_i32(1)
+        b.for_iter(lo, hi, one, [c.i64(0)], lambda q, at: [body(q, at)])
+
+    each_pe(stage)
+    c.meet()
+    each_pe(pull)
+    c.meet()
+
+
 # (op, algorithm) -> its expansion.
 EXPANSIONS: dict[tuple[str, str], Callable[[Collective], None]] = {
     ("all_gather", ""): all_gather,
     ("broadcast", ""): broadcast,
     ("all_to_all", ""): all_to_all,
+    ("all_to_all_v", ""): all_to_all_v,
     ("reduce_scatter", ""): reduce_scatter,
     ("all_reduce", "one_shot"): all_reduce_one_shot,
     ("all_reduce", "two_shot"): all_reduce_two_shot,

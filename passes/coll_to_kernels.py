@@ -80,7 +80,7 @@ class MoriCollToKernels:
         expand = EXPANSIONS[(spec.op, spec.algorithm)]
         try:
             b = Builder(op.block, before=op, loc=op.location)
-            expand(Collective(b, spec, *op.operands, self.wave_size))
+            expand(Collective(b, spec, *op.operands, wave=self.wave_size))
         except (GeneratorError, MoriCompilerError):
             raise
         except Exception as exc:  # a generator bug (a wrong builder call): internal, named

@@ -85,15 +85,21 @@ def coll_bundle(specs, target: str, *, virtual_pes: bool, cache_root=None):
                       kernels=[s.kernel_name for s in specs], module=lambda: lowered_module(source, wave))  # fmt: skip
 
 
-def expected(spec: CollSpec, inputs: list):
+def expected(spec: CollSpec, inputs: list, splits: list | None = None):
     """What every PE's output holds after the collective (torch on the host, from each PE's input as a
-    CPU tensor): the sums in fp32, PE 0 first, rounded once (the kernels' order: bit-exact)."""
+    CPU tensor): the sums in fp32, PE 0 first, rounded once (the kernels' order: bit-exact). all_to_all_v:
+    ``splits[p]`` is PE p's split sizes (W ints, each clamped to count as the kernel does); the outputs are
+    the received elements (packed, PE order; the rest of the kernel's output is not written)."""
     import torch
 
     W, n = spec.world_size, spec.count
     if len(inputs) != W:
         raise ValueError(f"expected: {len(inputs)} inputs for world_size {W}")
     flat = [None if x is None else x.reshape(-1) for x in inputs]
+    if spec.op == "all_to_all_v":
+        sizes = [[min(int(k), n) for k in row] for row in splits]
+        starts = [[sum(row[:q]) for q in range(W)] for row in sizes]
+        return [torch.cat([flat[p][starts[p][q]:starts[p][q] + sizes[p][q]] for p in range(W)]) for q in range(W)]
 
     def total(parts):
         acc = parts[0].float()
@@ -181,15 +187,23 @@ class Collective:
             return list(value)
         return [value]
 
-    def __call__(self, input, output=None, *, stream=None):
+    def __call__(self, input, output=None, *, splits=None, recv_counts=None, stream=None):
         """Run the collective: ``input`` (a list per PE with virtual PEs; for broadcast only the root's is
         read, the others may be None) into ``output`` (same form; default: new tensors of
-        ``output_shape``). Returns the outputs. Nothing is synchronized: the result is ready in stream order."""
+        ``output_shape``). Returns the outputs. Nothing is synchronized: the result is ready in stream order.
+
+        all_to_all_v: ``splits`` (int32 CUDA tensors of W elements, per PE: the elements for each PE, packed in
+        ``input`` in PE order; each at most ``count``, larger ones are clamped) and optionally
+        ``recv_counts`` (int32 [W] per PE, written: the elements received from each PE, packed in ``output``
+        in PE order); returns ``(outputs, recv_counts)``."""
         import torch
 
         if self.kernels is None:
             raise RuntimeError(f"{self.spec.op}: the collective was closed")
         s = self.spec
+        variable = s.op == "all_to_all_v"
+        if (splits is not None or recv_counts is not None) and not variable:
+            raise ValueError(f"{s.op}: splits and recv_counts are for all_to_all_v only")
         inputs = self._per_pe(input, "input")
         outputs = [None] * len(self.pes) if output is None else self._per_pe(output, "output")
         device = next((t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "cuda"), None)
@@ -202,13 +216,41 @@ class Collective:
             if inputs[i] is None:  # a broadcast's non-root input is never read: any valid address
                 inputs[i] = outputs[i]
         args = [(inputs[i].data_ptr(), outputs[i].data_ptr(), self._workspace[i]) for i in range(len(self.pes))]
+        if variable:
+            counts = self._split_tensors(splits, recv_counts, device)
+            args = [a + (sp.data_ptr(), rc.data_ptr()) for a, (sp, rc) in zip(args, counts)]
         block = (BLOCK_THREADS, 1, 1)
         if self.virtual:
             self.kernels.launch_virtual(s.kernel_name, args, grid=(s.blocks, 1), block=block, stream=stream)
         else:
             self.kernels.launch(s.kernel_name, list(args[0]), grid=(s.blocks, 1, 1), block=block, stream=stream,
                                 cooperative=True)  # fmt: skip
+        if variable:
+            received = [rc for _, rc in counts]
+            return (outputs, received) if self.virtual else (outputs[0], received[0])
         return outputs if self.virtual else outputs[0]
+
+    def _split_tensors(self, splits, recv_counts, device) -> list[tuple]:
+        import torch
+
+        if splits is None:
+            raise ValueError("all_to_all_v: pass splits (int32 tensors of world_size elements: the elements for "
+                             "each PE, packed in the input in PE order)")  # fmt: skip
+        sends = self._per_pe(splits, "splits")
+        recvs = [None] * len(self.pes) if recv_counts is None else self._per_pe(recv_counts, "recv_counts")
+        W = self.spec.world_size
+        for i, pe in enumerate(self.pes):
+            for what, t in (("splits", sends[i]), ("recv_counts", recvs[i])):
+                if t is None:
+                    recvs[i] = torch.empty(W, dtype=torch.int32, device=device or "cuda")
+                    continue
+                if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.numel() != W or not t.is_contiguous():
+                    raise ValueError(f"all_to_all_v: {what} of PE {pe} must be a contiguous int32 tensor of {W} "
+                                     f"elements, got {t!r:.80}")  # fmt: skip
+                if t.device.type != "cuda" or (device is not None and t.device != device):
+                    raise ValueError(f"all_to_all_v: {what} of PE {pe} must be on {device or 'cuda'} (the kernel "
+                                     f"reads it: no host sync), got {t.device}")  # fmt: skip
+        return list(zip(sends, recvs))
 
     def close(self) -> None:
         """Free the workspace (after the device finished with it); collective in multi-process mode."""

@@ -28,7 +28,7 @@ def all_specs(world_sizes=(1, 2, 3, 8), counts=(1, 7, 100, 4099)) -> list[CollSp
 
 
 @pytest.mark.parametrize("op, ins, outs", [("all_gather", 1, 3), ("all_reduce", 1, 1), ("reduce_scatter", 3, 1),
-                                           ("broadcast", 1, 1), ("all_to_all", 3, 3)])  # fmt: skip
+                                           ("broadcast", 1, 1), ("all_to_all", 3, 3), ("all_to_all_v", 3, 3)])  # fmt: skip
 def test_sizes_per_op(op, ins, outs):
     spec = CollSpec(op, "f32", 10, 3, "one_shot" if op == "all_reduce" else "")
     assert (spec.input_elems, spec.output_elems) == (10 * ins, 10 * outs)
@@ -155,6 +155,8 @@ def _op_sequence(fn) -> list[str]:
      + ["accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
     (CollSpec("all_reduce", "f32", 5, 3, "one_shot"), ["copy_bytes", "device_barrier"] + ["ptr"] * 3
      + ["accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
+    (CollSpec("all_to_all_v", "bf16", 5, 3), ["copy_bytes", "device_barrier", "ptr", "ptr", "copy_bytes",
+                                              "device_barrier"]),
     (CollSpec("all_reduce", "bf16", 40, 3, "two_shot"), ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 3
      + ["accumulate_rows", "device_barrier", "ptr", "copy_bytes", "device_barrier"]),
 ])  # fmt: skip
@@ -191,8 +193,8 @@ def test_each_collective_generator_is_under_100_lines():
     from mori_compiler.passes import coll_kernels
 
     sizes = {f.__name__: len(inspect.getsource(f).splitlines()) for f in set(coll_kernels.EXPANSIONS.values())}
-    assert set(sizes) == {"all_gather", "broadcast", "all_to_all", "reduce_scatter", "all_reduce_one_shot",
-                          "all_reduce_two_shot"}  # fmt: skip
+    assert set(sizes) == {"all_gather", "broadcast", "all_to_all", "all_to_all_v", "reduce_scatter",
+                          "all_reduce_one_shot", "all_reduce_two_shot"}  # fmt: skip
     assert all(n < 100 for n in sizes.values()), sizes
 
 
@@ -262,6 +264,24 @@ def test_expected_moves_rows_as_each_op_says():
     assert all(t.tolist() == torch.cat(ins).tolist() for t in ag)
     bc = expected(CollSpec("broadcast", "i32", W * n, W, root=2), [None, None, ins[2]])
     assert all(t.tolist() == ins[2].tolist() for t in bc)
+
+
+def test_expected_all_to_all_v_packs_the_received_chunks():
+    torch = _torch()
+    from mori_compiler.ops.collectives import expected
+
+    spec = CollSpec("all_to_all_v", "i32", 3, 2)
+    # PE 0 sends 1 element to PE 0 and 3 to PE 1; PE 1 sends 2 to PE 0 and 9 (clamped to 3) to PE 1
+    ins = [torch.arange(6, dtype=torch.int32), torch.arange(6, dtype=torch.int32) + 10]
+    out = expected(spec, ins, [[1, 3], [2, 9]])
+    assert [t.tolist() for t in out] == [[0, 10, 11], [1, 2, 3, 12, 13, 14]]
+
+
+def test_all_to_all_v_kernel_takes_the_split_tensors():
+    spec = CollSpec("all_to_all_v", "u8", 4, 2)
+    assert spec.params == ("input", "output", "workspace", "splits", "recv_counts")
+    assert spec.sizes_offset + spec.sizes_bytes <= spec.reduced_offset and spec.sizes_bytes == 8 * 32 * 2
+    assert "%splits: !llvm.ptr, %recv_counts: !llvm.ptr" in kernel_source([spec])
 
 
 def test_expected_sums_in_fp32_and_rounds_once():

@@ -59,6 +59,35 @@ module attributes {gpu.container_module} {
       "mori_coll.all_to_all"(%input, %output, %workspace) {dtype = "i32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
+    // Variable sizes: threads p < 4 publish min(splits[p], 100) into this block's sizes[b] (the workspace at
+    // 2304); the units stage chunk q (splits[q] elements, packed) at 1280 + q * 208; meet; walking p = 0..3,
+    // read PE p's sizes[b][me] and pull that many elements of its chunk `me`; unit 0 lane 0 stores the count
+    // into recv_counts[p]; meet.
+    // CHECK-LABEL: gpu.func @coll_all_to_all_v_bf16_w4_n100(
+    // CHECK-SAME:    %[[WSV:[a-z0-9]+]]: !llvm.ptr, %[[SPLITS:[a-z0-9]+]]: !llvm.ptr, %[[RECV:[a-z0-9]+]]: !llvm.ptr)
+    // CHECK:         %[[SIZES:.+]] = llvm.getelementptr %[[WSV]][%c2304_i64]
+    // CHECK:         scf.if
+    // CHECK:           llvm.load %{{.+}} : !llvm.ptr -> i32
+    // CHECK:           arith.minui
+    // CHECK:           llvm.store %{{.+}} : i64, !llvm.ptr
+    // CHECK:         scf.for %{{.+}} = %c0_i32 to %c4_i32{{.*}} iter_args
+    // CHECK:           "mori_comm.copy_bytes"
+    // CHECK:         "mori_comm.device_barrier"
+    // CHECK-NEXT:    arith.constant 0 : i32
+    // CHECK:         scf.for %[[P:.+]] = %{{.+}} iter_args
+    // CHECK-NEXT:      "mori_shmem.ptr"(%[[SIZES]], %[[P]])
+    // CHECK:           %[[N:.+]] = llvm.load %{{.+}} : !llvm.ptr -> i64
+    // CHECK:           "mori_comm.copy_bytes"
+    // CHECK:           scf.if
+    // CHECK:             %[[N32:.+]] = arith.trunci %[[N]] : i64 to i32
+    // CHECK-NEXT:        %[[AT:.+]] = llvm.getelementptr %[[RECV]][%[[P]]]
+    // CHECK-NEXT:        llvm.store %[[N32]], %[[AT]]
+    // CHECK:         "mori_comm.device_barrier"
+    // CHECK-NEXT:    gpu.return
+    gpu.func @coll_all_to_all_v_bf16_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr, %splits: !llvm.ptr, %recv_counts: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.all_to_all_v"(%input, %output, %workspace, %splits, %recv_counts) {dtype = "bf16", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
     // Stage four chunks; meet; sum chunk `me` of PEs 0..3 (in that order: the rounding is torch's) into
     // `reduced`; the block meets (lanes hand the sums over); copy to the output; meet.
     // CHECK-LABEL: gpu.func @coll_reduce_scatter_bf16_w4_n100(

@@ -287,6 +287,54 @@
 // ISA-NOT:  s_barrier
 // ISA:      s_endpgm
 
+// all_to_all_v: the published split (its store into the workspace's sizes[b] at 2304) and the staged chunks come
+// before the barrier's release; the peers' sizes (generic 64-bit loads) and chunks are read after its acquire.
+// PTX-LABEL: .visible .entry coll_all_to_all_v_bf16_w4_n100(
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      st.global.b32 [%rd{{[0-9]+}}+2304]
+// PTX:      st.global.v4.b32
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX:      ld.b64
+// PTX:      ld.v4.b32
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX-NOT:  bar.sync
+// PTX:      ret;
+// ISA-LABEL: coll_all_to_all_v_bf16_w4_n100:
+// ISA:      global_store_dwordx2 {{.*}} offset:2304
+// ISA:      global_store_dwordx4
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA:      flat_load_dwordx2
+// ISA:      global_load_dwordx4
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA-NOT:  s_barrier
+// ISA:      s_endpgm
+
 module attributes {gpu.container_module} {
   gpu.module @mori_coll {
     gpu.func @coll_all_gather_u8_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
@@ -311,6 +359,10 @@ module attributes {gpu.container_module} {
     }
     gpu.func @coll_all_reduce_two_shot_bf16_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
       "mori_coll.all_reduce"(%input, %output, %workspace) {dtype = "bf16", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64, algorithm = "two_shot"} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+    gpu.func @coll_all_to_all_v_bf16_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr, %splits: !llvm.ptr, %recv_counts: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.all_to_all_v"(%input, %output, %workspace, %splits, %recv_counts) {dtype = "bf16", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
   }

@@ -43,9 +43,14 @@ CASES = [
 ]
 
 
+# all_to_all_v: (dtype, capacity per pair); each call draws new splits in [0, capacity] (one above: clamped).
+VARIABLE = [("u8", 37), ("bf16", 40001)]
+
+
 def specs_for(world: int) -> list[CollSpec]:
-    return [CollSpec(op, dtype, n, world, alg, world - 1 if op == "broadcast" else 0)
-            for op, dtype, counts, alg in CASES for n in counts]  # fmt: skip
+    return ([CollSpec(op, dtype, n, world, alg, world - 1 if op == "broadcast" else 0)
+             for op, dtype, counts, alg in CASES for n in counts]
+            + [CollSpec("all_to_all_v", dtype, cap, world) for dtype, cap in VARIABLE])  # fmt: skip
 
 
 def all_bundles(cache_root, target: str = TARGET) -> list:
@@ -80,12 +85,13 @@ def _poison(t):
         t.view(torch.uint8).fill_(0xA5)
 
 
-def _compare(spec: CollSpec, outs, inputs, what: str) -> None:
+def _compare(spec: CollSpec, outs, inputs, what: str, want=None) -> None:
     import torch
 
     from mori_compiler.ops.collectives import expected
 
-    want = expected(spec, [None if x is None else x.cpu() for x in inputs])
+    if want is None:
+        want = expected(spec, [None if x is None else x.cpu() for x in inputs])
     for pe, (got, exp) in enumerate(zip(outs, want)):
         got = got.cpu().reshape(-1)
         same = got.view(torch.uint8) == exp.contiguous().view(torch.uint8)
@@ -166,6 +172,62 @@ def _graph_replay(coll, spec: CollSpec, gen, outputs) -> None:
         torch.cuda.synchronize()
         coll.kernels.check_waits()
         _compare(spec, outputs, inputs, f"graph replay {replay + 1}")
+
+
+@pytest.mark.parametrize("dtype, cap", VARIABLE)
+def test_all_to_all_v_matches_torch(pes, dtype, cap, bundle_root):
+    """Random splits per PE and call (one of them above the capacity: clamped), poisoned outputs, three calls,
+    then a graph replay with new splits in the same tensors; the received elements and counts match."""
+    import torch
+
+    from mori_compiler.ops.collectives import Collective, expected
+
+    spec = CollSpec("all_to_all_v", dtype, cap, pes)
+    coll = Collective("all_to_all_v", dtype, cap, cache_root=bundle_root, wait_limit=WAIT_LIMIT)
+    try:
+        gen = torch.Generator().manual_seed(cap + pes)
+        outputs = _outputs(spec, pes, unaligned=True)
+        inputs = [torch.empty(spec.input_elems, dtype=outputs[0].dtype, device="cuda") for _ in range(pes)]
+        splits = [torch.empty(pes, dtype=torch.int32, device="cuda") for _ in range(pes)]
+        recv = [torch.empty(pes, dtype=torch.int32, device="cuda") for _ in range(pes)]
+
+        def draw():
+            rows = [torch.randint(0, cap + 1, (pes,), generator=gen, dtype=torch.int32) for _ in range(pes)]
+            rows[0][-1] = cap + 5  # clamped to cap by the kernel (and by expected)
+            for dst, row in zip(splits, rows):
+                dst.copy_(row)
+            for pe, x in enumerate(inputs):
+                x.copy_(_random(spec, gen, pe))
+            for t in outputs + recv:
+                _poison(t)
+            return [r.tolist() for r in rows]
+
+        def check(rows, what):
+            want = expected(spec, [x.cpu() for x in inputs], rows)
+            got_counts = [r.cpu().tolist() for r in recv]
+            assert got_counts == [[min(rows[p][q], cap) for p in range(pes)] for q in range(pes)], (what, got_counts)
+            _compare(spec, [o[: w.numel()] for o, w in zip(outputs, want)], None, what, want=want)
+
+        for call in range(3):
+            rows = draw()
+            got, counts = coll(inputs, outputs, splits=splits, recv_counts=recv)
+            assert all(g is o for g, o in zip(got, outputs)) and all(c is r for c, r in zip(counts, recv))
+            coll.kernels.synchronize()
+            check(rows, f"call {call + 1}")
+        graph = torch.cuda.Graph()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            with torch.cuda.graph(graph, stream=stream):
+                coll(inputs, outputs, splits=splits, recv_counts=recv)
+        for replay in range(2):
+            rows = draw()
+            torch.cuda.synchronize()
+            graph.replay()
+            torch.cuda.synchronize()
+            coll.kernels.check_waits()
+            check(rows, f"graph replay {replay + 1}")
+    finally:
+        coll.close()
 
 
 def test_collective_refuses_bad_arguments(pes, bundle_root):
