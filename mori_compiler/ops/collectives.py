@@ -240,10 +240,9 @@ class Collective:
         recvs = [None] * len(self.pes) if recv_counts is None else self._per_pe(recv_counts, "recv_counts")
         W = self.spec.world_size
         for i, pe in enumerate(self.pes):
+            if recvs[i] is None:
+                recvs[i] = torch.empty(W, dtype=torch.int32, device=device or "cuda")
             for what, t in (("splits", sends[i]), ("recv_counts", recvs[i])):
-                if t is None:
-                    recvs[i] = torch.empty(W, dtype=torch.int32, device=device or "cuda")
-                    continue
                 if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.numel() != W or not t.is_contiguous():
                     raise ValueError(f"all_to_all_v: {what} of PE {pe} must be a contiguous int32 tensor of {W} "
                                      f"elements, got {t!r:.80}")  # fmt: skip

@@ -53,11 +53,25 @@ def specs_for(world: int) -> list[CollSpec]:
             + [CollSpec("all_to_all_v", dtype, cap, world) for dtype, cap in VARIABLE])  # fmt: skip
 
 
+MULTI_GPU = (2, 4, 8)  # one PE per process and GPU (run when the host has that many GPUs)
+
+
+def multi_gpu_specs(world: int) -> list[CollSpec]:
+    """A small matrix per world size: every collective once, odd sizes."""
+    return [CollSpec("all_reduce", "bf16", 70001, world, "one_shot"), CollSpec("all_reduce", "f32", 70001, world, "two_shot"),
+            CollSpec("reduce_scatter", "f32", 4099, world), CollSpec("all_gather", "u8", 100003, world),
+            CollSpec("broadcast", "i32", 999, world, root=world - 1), CollSpec("all_to_all", "bf16", 5001, world),
+            CollSpec("all_to_all_v", "f32", 3001, world)]  # fmt: skip
+
+
 def all_bundles(cache_root, target: str = TARGET) -> list:
-    """Every bundle these tests load (one per collective and PE count, compiled with virtual PEs)."""
+    """Every bundle these tests load: one per collective and PE count, compiled with virtual PEs, and the
+    multi-GPU test's (compiled without)."""
     from mori_compiler.ops.collectives import coll_bundle
 
-    return [coll_bundle([s], target, virtual_pes=True, cache_root=cache_root) for w in VIRTUAL_PES for s in specs_for(w)]
+    virtual = [coll_bundle([s], target, virtual_pes=True, cache_root=cache_root) for w in VIRTUAL_PES for s in specs_for(w)]
+    return virtual + [coll_bundle([s], target, virtual_pes=False, cache_root=cache_root)
+                      for w in MULTI_GPU for s in multi_gpu_specs(w)]  # fmt: skip
 
 
 pes = virtual_pes_fixture(VIRTUAL_PES)
@@ -248,3 +262,65 @@ def test_collective_refuses_bad_arguments(pes, bundle_root):
             coll([t.cpu() for t in x])
     finally:
         coll.close()
+
+
+def _multi_gpu_worker(rank: int, world: int, init_file: str, bundle_root: str):
+    """One PE per process: every process draws every PE's inputs from the shared seeds, runs each collective
+    three times and checks its own output (bit-exact)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from mori_compiler.ops.collectives import Collective, expected
+    from mori_compiler.runtime import shmem
+
+    os.environ["MORI_COMPILER_CACHE_DIR"] = bundle_root
+    torch.cuda.set_device(rank)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
+    shmem.shmem_torch_process_group_init("default")
+    try:
+        for k, spec in enumerate(multi_gpu_specs(world)):
+            coll = Collective(spec.op, spec.dtype, spec.count, algorithm=spec.algorithm, root=spec.root,
+                              cache_root=bundle_root, wait_limit=WAIT_LIMIT)  # fmt: skip
+            try:
+                for call in range(3):
+                    gen = torch.Generator().manual_seed(7919 * k + call)
+                    ins = [_random(spec, gen, pe) for pe in range(world)]
+                    out = _outputs(spec, 1, unaligned=bool(call % 2))[0]
+                    _poison(out)
+                    if spec.op == "all_to_all_v":
+                        rows = [torch.randint(0, spec.count + 1, (world,), generator=gen, dtype=torch.int32)
+                                for _ in range(world)]  # fmt: skip
+                        got, recv = coll(ins[rank].cuda(), out, splits=rows[rank].cuda())
+                        torch.cuda.synchronize()
+                        want = expected(spec, ins, [r.tolist() for r in rows])[rank]
+                        assert recv.cpu().tolist() == [int(rows[p][rank]) for p in range(world)], (rank, spec)
+                        _compare(spec, [got[: want.numel()]], None, f"PE {rank} call {call + 1}", want=[want])
+                        continue
+                    got = coll(ins[rank].cuda(), out)
+                    torch.cuda.synchronize()
+                    _compare(spec, [got], None, f"PE {rank} call {call + 1}", want=[expected(spec, ins)[rank]])
+            finally:
+                coll.close()
+                shmem.shmem_barrier_all()
+    finally:
+        shmem.shmem_finalize()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", MULTI_GPU)
+def test_collectives_across_gpus(world, bundle_root):
+    import os
+    import tempfile
+
+    import torch
+    import torch.multiprocessing as mp
+
+    found = torch.cuda.device_count()
+    if found < world:
+        pytest.skip(f"needs {world} GPUs of one host, found {found}")
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_multi_gpu_worker, args=(world, os.path.join(tmp, "rendezvous"), str(bundle_root)), nprocs=world,
+                 join=True)  # fmt: skip
