@@ -39,7 +39,7 @@ from mori_compiler._mlir import ir
 
 from .dialect_base import Dialect, OpRules
 from .irdl_spec import int_attributes
-from .mori_coll_schema import COLLECTIVES, CollSpec
+from .mori_coll_schema import CollSpec
 
 
 def spec_of(op: ir.Operation) -> CollSpec:
@@ -84,4 +84,3 @@ def extra_verify(op: ir.Operation) -> list[str]:
 
 DIALECT = Dialect("mori_coll", "mori_coll.irdl.mlir", extra_verify)
 DIALECT_NAME = DIALECT.name
-OPS = COLLECTIVES
