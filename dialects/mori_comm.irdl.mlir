@@ -172,6 +172,15 @@ irdl.dialect @mori_comm {
     irdl.results(count: %i32)
   }
 
+  // Warp-cooperative copy of `bytes` bytes between two addresses this PE can access directly (local
+  // memory, or a peer's from mori_shmem.ptr), any alignment: 16-byte vectors when both are 16-byte aligned,
+  // bytes for the rest. Plain loads and stores; ordered by the caller's fences / barriers.
+  irdl.operation @copy_bytes {
+    %ptr = irdl.is !llvm.ptr
+    %i64 = irdl.is i64
+    irdl.operands(dest: %ptr, source: %ptr, bytes: %i64)
+  }
+
   // A trace point (warp): the lanes of each warp that reach it store the GPU's global timer into their
   // kernel's trace buffer, slot (event, phase); compiled out unless tracing is on (mori-trace-to-timer).
   // `event` is a string matching [A-Za-z0-9_.]+ (checked in dialects/mori_comm.py).

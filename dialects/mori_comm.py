@@ -13,6 +13,8 @@ row_copy          a warp copies a row to a peer                         ``__mori
                                                                         ``__mori_comm_row_copy``
 row_copy_to_peers a warp copies one row to up to K peers, loading it    ``__mori_comm_row_copy_to_peers_k{K}``
                   once
+copy_bytes        a warp copies bytes between two directly addressable  ``__mori_comm_copy_bytes``
+                  addresses (local or a peer's), any alignment
 reserve_slot      fetch-add of 1 on a peer's counter (one thread)       ``__mori_comm_reserve_slot``
 count_signal      a warp exchanges counts with every PE, with flow      ``__mori_comm_count_signal_w{W}``
                   control
@@ -109,6 +111,23 @@ def row_copy_to_peers(dest, source, nbytes, pe, send, *, max_peers: int, loc=Non
     the addresses and flags broadcast from lane k; a lane that does not send resolves its own PE).
     """
     return _create("row_copy_to_peers", [dest, source, nbytes, pe, send], {"max_peers": _i64(max_peers)}, loc=loc, ip=ip)
+
+
+def copy_bytes(dest, source, nbytes, *, loc=None, ip=None) -> ir.Operation:
+    """``mori_comm.copy_bytes(dest, source, bytes: i64)``: copy ``bytes`` bytes from ``source`` to ``dest``,
+    two addresses this PE loads and stores directly: its own memory, or a peer's through ``mori_shmem.ptr``
+    (a pull: ``source`` on a peer; or a push: ``dest`` on a peer). Any alignment and any size: the pull
+    of a collective into a user's tensor at an odd offset.
+
+    Who: a warp (every lane, identical operands), the lanes striding over the bytes. Order: none of its
+    own: plain loads and stores. The caller acquires the source first (e.g. a device_barrier after the
+    peer wrote it) and publishes the destination itself (a release fence or barrier before its signal).
+
+    Helper: ``__mori_comm_copy_bytes`` (no ABI call): when both addresses are 16-byte aligned, the
+    16-byte-vector rounds of row_copy_vec16 for the whole vectors, then one byte per lane for the rest;
+    otherwise bytes only.
+    """
+    return _create("copy_bytes", [dest, source, nbytes], loc=loc, ip=ip)
 
 
 def reserve_slot(counter, pe, *, loc=None, ip=None) -> ir.Value:

@@ -11,12 +11,12 @@ import functools
 from mori_compiler._mlir import ir, new_context
 from mori_compiler.errors import MoriCompilerError, location_text, one_line
 
-from . import input_checks, irdl_spec, mori_comm, mori_ep, mori_shmem
+from . import input_checks, irdl_spec, mori_coll, mori_comm, mori_ep, mori_shmem
 from .dialect_base import Dialect
 
 # Every project dialect (a new one: its IRDL file, a module declaring it with dialect_base.Dialect, and a
-# line here). Lower dialects first: mori_ep expands into mori_comm, which lowers to mori_shmem.
-DIALECTS: tuple[Dialect, ...] = (mori_shmem.DIALECT, mori_comm.DIALECT, mori_ep.DIALECT)
+# line here). Lower dialects first: mori_ep and mori_coll expand into mori_comm, which lowers to mori_shmem.
+DIALECTS: tuple[Dialect, ...] = (mori_shmem.DIALECT, mori_comm.DIALECT, mori_ep.DIALECT, mori_coll.DIALECT)
 
 
 def project_prefixes() -> tuple[str, ...]:

@@ -21,6 +21,7 @@ ALL_PASSES: dict[str, Callable[[], type]] = {
     "mori-comm-to-calls": _lazy("comm_to_calls", "MoriCommToCalls"),
     "mori-ep-to-kernels": _lazy("ep_to_kernels", "MoriEpToKernels"),
     "mori-trace-to-timer": _lazy("trace_to_timer", "TraceToTimer"),
+    "mori-coll-to-kernels": _lazy("coll_to_kernels", "MoriCollToKernels"),
 }
 
 

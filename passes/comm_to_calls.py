@@ -210,6 +210,30 @@ def row_copy_vec16(symbol: str, wave: int, global_space: bool) -> Helper:
     return helper
 
 
+def copy_bytes(symbol: str, wave: int, global_space: bool) -> Helper:
+    # Any two directly addressable addresses, any alignment: when both are 16-byte aligned the whole
+    # vectors go through the rounds of the row copies (_vector_rounds: 8 loads in flight per lane before
+    # the stores), the remaining bytes (and everything when either address is unaligned) one byte per
+    # lane and iteration. Plain loads and stores: the caller acquires the source and publishes the
+    # destination (no ordering of its own). ``global_space``: both as global memory.
+    @_function(symbol, "ptr ptr i64")
+    def helper(b, dst, src, nbytes):
+        dst, src = _global(b, dst, global_space), _global(b, src, global_space)
+        fifteen = b.const_i64(15)
+        misaligned = b.andi(b.ori(b.ptrtoint(b.i64, dst), b.ptrtoint(b.i64, src)), fifteen)
+        aligned = b.cmpi("eq", misaligned, b.const_i64(0))
+        whole = b.select(aligned, b.andi(nbytes, b.const_i64(-16)), b.const_i64(0))
+        with b.if_(b.cmpi("ugt", whole, b.const_i64(0))):
+            _vector_rounds(b, wave, whole, src, [(None, dst)])
+        start = b.addi(b.index_cast(b.index, whole), b.lane_id())
+        with b.for_(start, b.index_cast(b.index, nbytes), b.const_index(wave)) as i:
+            i64 = b.index_cast(b.i64, i)
+            b.store(b.load(b.i8, b.gep(src, i64, b.i8)), b.gep(dst, i64, b.i8))
+        b.return_()
+
+    return helper
+
+
 def row_copy_to_peers(symbol: str, wave: int, max_peers: int, global_space: bool, loop: bool) -> Helper:
     # One row to up to K = max_peers destinations (lane k < K names destination k: its symmetric row
     # address and PE, and whether to send). Each lane resolves its own destination's peer address once
@@ -724,6 +748,7 @@ def _lower_accumulate_quantized_rows(op: ir.Operation, p: "MoriCommToCalls") -> 
 LOWERINGS: dict[str, Callable[[ir.Operation, "MoriCommToCalls"], Helper]] = {
     "mori_comm.row_copy": _lower_row_copy,
     "mori_comm.row_copy_to_peers": _lower_row_copy_to_peers,
+    "mori_comm.copy_bytes": lambda op, p: copy_bytes(f"{PREFIX}copy_bytes", p.wave_size, p.global_address_space),
     "mori_comm.reserve_slot": lambda op, p: reserve_slot(f"{PREFIX}reserve_slot"),
     "mori_comm.count_signal": _lower_count_signal,
     "mori_comm.grid_barrier": lambda op, p: grid_barrier(f"{PREFIX}grid_barrier", p.global_address_space),

@@ -1,0 +1,152 @@
+// RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=64}' | FileCheck %s --implicit-check-not=mori_coll.
+// RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=32},mori-comm-to-calls{wave-size=32}' | FileCheck %s --check-prefix=CALLS
+
+// The expansion of each collective (passes/coll_kernels.py; protocols: docs/collectives.md), world 4:
+// stage (copy_bytes into this PE's workspace) -> device_barrier -> pull / reduce from the peers' workspaces
+// (mori_shmem.ptr) -> device_barrier (the workspace is free for the next call). No mori_coll op is left
+// (implicit-check-not); the slots are the workspace's start, the epochs at 8 x max_blocks x W = 1024.
+
+module attributes {gpu.container_module} {
+  gpu.module @mori_coll {
+    // CHECK-LABEL: gpu.func @coll_all_gather_u8_w4_n100(
+    // CHECK-SAME:    %[[IN:[a-z0-9]+]]: !llvm.ptr, %[[OUT:[a-z0-9]+]]: !llvm.ptr, %[[WS:[a-z0-9]+]]: !llvm.ptr)
+    // CHECK:         %[[EPOCHS:.+]] = llvm.getelementptr %[[WS]][%c1024_i64]
+    // CHECK:         %[[STAGE:.+]] = llvm.getelementptr %[[WS]][%c1280_i64]
+    // Stage: this unit's slice of the input into this PE's stage.
+    // CHECK:         %[[SRC:.+]] = llvm.getelementptr %[[IN]][
+    // CHECK-NEXT:    "mori_comm.copy_bytes"(%{{.+}}, %[[SRC]], %{{.+}})
+    // CHECK-NEXT:    "mori_comm.device_barrier"(%[[WS]], %[[EPOCHS]]) {max_blocks = 32 : i64, world_size = 4 : i64}
+    // Pull: PE (me + i) % 4 for i = 1 .. 4, its stage through mori_shmem.ptr, into out[p * 100].
+    // CHECK:         scf.for %{{.+}} = %c1 to %c5 step
+    // CHECK:           arith.remui
+    // CHECK:           %[[PEER:.+]] = "mori_shmem.ptr"(%[[STAGE]], %{{.+}})
+    // CHECK:           %[[FROM:.+]] = llvm.getelementptr %[[PEER]][
+    // CHECK-NEXT:      "mori_comm.copy_bytes"(%{{.+}}, %[[FROM]], %{{.+}})
+    // CHECK:         }
+    // CHECK-NEXT:    "mori_comm.device_barrier"(%[[WS]], %[[EPOCHS]])
+    // CHECK-NEXT:    gpu.return
+    gpu.func @coll_all_gather_u8_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.all_gather"(%input, %output, %workspace) {dtype = "u8", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+    // Only the root (PE 3) stages; every PE pulls the root's stage.
+    // CHECK-LABEL: gpu.func @coll_broadcast_root3_f32_w4_n100(
+    // CHECK:         %[[ME:.+]] = "mori_shmem.my_pe"()
+    // CHECK:         %[[ROOT:.+]] = arith.constant 3 : i32
+    // CHECK:         %[[IS_ROOT:.+]] = arith.cmpi eq, %[[ME]], %[[ROOT]]
+    // CHECK-NEXT:    scf.if %[[IS_ROOT]] {
+    // CHECK:           "mori_comm.copy_bytes"
+    // CHECK:         }
+    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK-NEXT:    "mori_shmem.ptr"(%{{.+}}, %[[ROOT]])
+    // CHECK:         "mori_comm.copy_bytes"
+    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK-NEXT:    gpu.return
+    gpu.func @coll_broadcast_root3_f32_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.broadcast"(%input, %output, %workspace) {dtype = "f32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64, root = 3 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+    // Four chunks staged (one per destination PE), then chunk `me` of every peer pulled.
+    // CHECK-LABEL: gpu.func @coll_all_to_all_i32_w4_n100(
+    // CHECK-COUNT-4: "mori_comm.copy_bytes"
+    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK:         scf.for
+    // CHECK:           "mori_shmem.ptr"
+    // CHECK:           "mori_comm.copy_bytes"
+    // CHECK:         }
+    // CHECK-NEXT:    "mori_comm.device_barrier"
+    gpu.func @coll_all_to_all_i32_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.all_to_all"(%input, %output, %workspace) {dtype = "i32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+    // Variable sizes: threads p < 4 publish min(splits[p], 100) into this block's sizes[b] (the workspace at
+    // 2304); the units stage chunk q (splits[q] elements, packed) at 1280 + q * 208; meet; walking p = 0..3,
+    // read PE p's sizes[b][me] and pull that many elements of its chunk `me`; unit 0 lane 0 stores the count
+    // into recv_counts[p]; meet.
+    // CHECK-LABEL: gpu.func @coll_all_to_all_v_bf16_w4_n100(
+    // CHECK-SAME:    %[[WSV:[a-z0-9]+]]: !llvm.ptr, %[[SPLITS:[a-z0-9]+]]: !llvm.ptr, %[[RECV:[a-z0-9]+]]: !llvm.ptr)
+    // CHECK:         %[[SIZES:.+]] = llvm.getelementptr %[[WSV]][%c2304_i64]
+    // CHECK:         scf.if
+    // CHECK:           llvm.load %{{.+}} : !llvm.ptr -> i32
+    // CHECK:           arith.minui
+    // CHECK:           llvm.store %{{.+}} : i64, !llvm.ptr
+    // CHECK:         scf.for %{{.+}} = %c0_i32 to %c4_i32{{.*}} iter_args
+    // CHECK:           "mori_comm.copy_bytes"
+    // CHECK:         "mori_comm.device_barrier"
+    // CHECK-NEXT:    arith.constant 0 : i32
+    // CHECK:         scf.for %[[P:.+]] = %{{.+}} iter_args
+    // CHECK-NEXT:      "mori_shmem.ptr"(%[[SIZES]], %[[P]])
+    // CHECK:           %[[N:.+]] = llvm.load %{{.+}} : !llvm.ptr -> i64
+    // CHECK:           "mori_comm.copy_bytes"
+    // CHECK:           scf.if
+    // CHECK:             %[[N32:.+]] = arith.trunci %[[N]] : i64 to i32
+    // CHECK-NEXT:        %[[AT:.+]] = llvm.getelementptr %[[RECV]][%[[P]]]
+    // CHECK-NEXT:        llvm.store %[[N32]], %[[AT]]
+    // CHECK:         "mori_comm.device_barrier"
+    // CHECK-NEXT:    gpu.return
+    gpu.func @coll_all_to_all_v_bf16_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr, %splits: !llvm.ptr, %recv_counts: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.all_to_all_v"(%input, %output, %workspace, %splits, %recv_counts) {dtype = "bf16", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+    // Stage four chunks; meet; sum chunk `me` of PEs 0..3 (in that order: the rounding is torch's) into
+    // `reduced`; the block meets (lanes hand the sums over); copy to the output; meet.
+    // CHECK-LABEL: gpu.func @coll_reduce_scatter_bf16_w4_n100(
+    // CHECK:         %[[RED:.+]] = llvm.getelementptr %{{.+}}[%c2304_i64]
+    // CHECK-COUNT-4: "mori_comm.copy_bytes"
+    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK:         %[[P0:.+]] = "mori_shmem.ptr"(%{{.+}}, %c0_i32)
+    // CHECK:         %[[P1:.+]] = "mori_shmem.ptr"(%{{.+}}, %c1_i32)
+    // CHECK:         %[[P2:.+]] = "mori_shmem.ptr"(%{{.+}}, %c2_i32)
+    // CHECK:         %[[P3:.+]] = "mori_shmem.ptr"(%{{.+}}, %c3_i32)
+    // CHECK:         scf.if
+    // CHECK:           "mori_comm.accumulate_rows"({{.+}}) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+    // CHECK:         }
+    // CHECK-NEXT:    gpu.barrier
+    // CHECK:         "mori_comm.copy_bytes"
+    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK-NEXT:    gpu.return
+    gpu.func @coll_reduce_scatter_bf16_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.reduce_scatter"(%input, %output, %workspace) {dtype = "bf16", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+    // CHECK-LABEL: gpu.func @coll_all_reduce_one_shot_f32_w4_n100(
+    // CHECK:         "mori_comm.copy_bytes"
+    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK-COUNT-4: "mori_shmem.ptr"
+    // CHECK:         "mori_comm.accumulate_rows"({{.+}}) {dtype = "f32"}
+    // CHECK:         gpu.barrier
+    // CHECK:         "mori_comm.copy_bytes"
+    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK-NEXT:    gpu.return
+    gpu.func @coll_all_reduce_one_shot_f32_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.all_reduce"(%input, %output, %workspace) {dtype = "f32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64, algorithm = "one_shot"} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+    // Two shots: four shares of 32 elements (64 bytes; the last one 8 bytes) staged; meet; sum share `me`
+    // into `reduced`; meet (publishes the sums); pull share p from PE p's `reduced`; meet. Three barriers.
+    // CHECK-LABEL: gpu.func @coll_all_reduce_two_shot_bf16_w4_n100(
+    // CHECK:         %[[RED2:.+]] = llvm.getelementptr %{{.+}}[%c1536_i64]
+    // CHECK:         %c64_i64 = arith.constant 64 : i64
+    // CHECK-COUNT-4: "mori_comm.copy_bytes"
+    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK:         "mori_comm.accumulate_rows"(%{{.+}}) {dtype = "bf16"}
+    // CHECK:         }
+    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK:         scf.for
+    // CHECK:           "mori_shmem.ptr"(%[[RED2]], %{{.+}})
+    // CHECK:           "mori_comm.copy_bytes"
+    // CHECK:         }
+    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK-NEXT:    gpu.return
+    gpu.func @coll_all_reduce_two_shot_bf16_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.all_reduce"(%input, %output, %workspace) {dtype = "bf16", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64, algorithm = "two_shot"} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+  }
+}
+
+// The blocks lower to their helpers (one copy_bytes helper, one device barrier for world 4).
+// CALLS-DAG: func.func @__mori_comm_copy_bytes(%{{.+}}: !llvm.ptr, %{{.+}}: !llvm.ptr, %{{.+}}: i64)
+// CALLS-DAG: func.func @__mori_comm_device_barrier_w4(
+// CALLS-DAG: func.func @__mori_comm_accumulate_rows_bf16_k4(
+// CALLS-DAG: func.func @__mori_comm_accumulate_rows_f32_k4(

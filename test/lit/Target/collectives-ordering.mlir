@@ -1,0 +1,369 @@
+// REQUIRES: nvptx-target, amdgpu-target
+// RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=32}' | mori-compile - --target=sm_90 --emit=ptx -o - | FileCheck %s --check-prefix=PTX
+// RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=64}' | mori-compile - --target=gfx942 --emit=isa -o - | FileCheck %s --check-prefix=ISA
+
+// The collectives' protocols in machine code (passes/coll_kernels.py, docs/collectives.md), world 4: each
+// kernel's stage stores come before its first device barrier, whose thread p fences (release, system scope:
+// sm_90 fence.acq_rel.sys, gfx942 buffer_wbl2 sc0 sc1 + s_waitcnt vmcnt(0)), stores the epoch into PE p's
+// slot (relaxed, system scope: st.relaxed.sys / flat_store sc0 sc1), polls its own slot (ld.relaxed.sys /
+// flat_load sc0 sc1), fences (acquire: fence.acq_rel.sys / buffer_inv sc0 sc1) and meets the block
+// (bar.sync / s_barrier). No load from a peer (on sm_90 a generic ld: the peers' addresses come from
+// mori_shmem.ptr) comes before that acquire and block barrier; the pulls come after it, and a closing barrier of the same
+// shape (the workspace is free for the next call) ends every kernel.
+
+// all_gather: the stage's byte stores, the barrier (release, slot store, polls, acquire, block barrier), only then the loads from the peers' stages (generic ld: peer addresses), then the closing barrier.
+// PTX-LABEL: .visible .entry coll_all_gather_u8_w4_n100(
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      st.global.b8 [%rd{{[0-9]+}}+1280]
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX:      ld.v4.b32
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX-NOT:  bar.sync
+// PTX:      ret;
+// ISA-LABEL: coll_all_gather_u8_w4_n100:
+// ISA:      global_store_byte {{.*}} offset:1280
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA-NOT:  s_barrier
+// ISA:      s_endpgm
+
+// broadcast: the root's stage stores, the barrier, the pull of the root's stage, the closing barrier.
+// PTX-LABEL: .visible .entry coll_broadcast_root3_f32_w4_n100(
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      st.global.v4.b32 [%rd{{[0-9]+}}+1280]
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX:      ld.v4.b32
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX-NOT:  bar.sync
+// PTX:      ret;
+// ISA-LABEL: coll_broadcast_root3_f32_w4_n100:
+// ISA:      global_store_dwordx4 {{.*}} offset:1280
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA-NOT:  s_barrier
+// ISA:      s_endpgm
+
+// all_to_all: the four chunks staged (the last at 1280 + 3 x 400), the barrier, the pulls, the closing barrier.
+// PTX-LABEL: .visible .entry coll_all_to_all_i32_w4_n100(
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      st.global.b8 [%rd{{[0-9]+}}+1680]
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX:      ld.v4.b32
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX-NOT:  bar.sync
+// PTX:      ret;
+// ISA-LABEL: coll_all_to_all_i32_w4_n100:
+// ISA:      global_store_byte {{.*}} offset:1280
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA-NOT:  s_barrier
+// ISA:      s_endpgm
+
+// reduce_scatter: the four chunks staged (stride 208), the barrier, the four peers' loads, the block barrier before the copy of the sums, the closing barrier.
+// PTX-LABEL: .visible .entry coll_reduce_scatter_bf16_w4_n100(
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      st.global.b8 [%rd{{[0-9]+}}+1904]
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX:      ld.v4.b32
+// PTX:      bar.sync 0;
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX-NOT:  bar.sync
+// PTX:      ret;
+// ISA-LABEL: coll_reduce_scatter_bf16_w4_n100:
+// ISA:      global_store_byte {{.*}} offset:1280
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA:      s_barrier
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA-NOT:  s_barrier
+// ISA:      s_endpgm
+
+// one-shot all_reduce: stage, barrier, the four peers' vectors, the sum stored to `reduced` (1792), the block barrier, the copy out of `reduced`, the closing barrier.
+// PTX-LABEL: .visible .entry coll_all_reduce_one_shot_f32_w4_n100(
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      st.global.v4.b32 [%rd{{[0-9]+}}+1280]
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX:      ld.v4.b32
+// PTX:      st.global.v4.b32 [%rd{{[0-9]+}}+1792]
+// PTX:      bar.sync 0;
+// PTX:      ld.global.v4.b32 {{.*}}+1792]
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX-NOT:  bar.sync
+// PTX:      ret;
+// ISA-LABEL: coll_all_reduce_one_shot_f32_w4_n100:
+// ISA:      global_store_dwordx4 {{.*}} offset:1280
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA:      global_store_dwordx4 {{.*}} offset:1792
+// ISA:      s_barrier
+// ISA:      global_load_dwordx4 {{.*}} offset:1792
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA-NOT:  s_barrier
+// ISA:      s_endpgm
+
+// two-shot all_reduce: stage (the last share at 1280 + 3 x 64), barrier, the peers' share loads, the barrier that publishes the sums, the loads of the peers' sums, the closing barrier.
+// PTX-LABEL: .visible .entry coll_all_reduce_two_shot_bf16_w4_n100(
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      st.global.b8 [%rd{{[0-9]+}}+1472]
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX:      ld.v4.b32
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX:      ld.v4.b32
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX-NOT:  bar.sync
+// PTX:      ret;
+// ISA-LABEL: coll_all_reduce_two_shot_bf16_w4_n100:
+// ISA:      global_store_byte {{.*}} offset:1280
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA-NOT:  s_barrier
+// ISA:      s_endpgm
+
+// all_to_all_v: the published split (its store into the workspace's sizes[b] at 2304) and the staged chunks come
+// before the barrier's release; the peers' sizes (generic 64-bit loads) and chunks are read after its acquire.
+// PTX-LABEL: .visible .entry coll_all_to_all_v_bf16_w4_n100(
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      st.global.b32 [%rd{{[0-9]+}}+2304]
+// PTX:      st.global.v4.b32
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX:      ld.b64
+// PTX:      ld.v4.b32
+// PTX:      bar.sync 0;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      fence.acq_rel.sys;
+// PTX:      st.relaxed.sys.b64
+// PTX:      ld.relaxed.sys.global.b64
+// PTX:      fence.acq_rel.sys;
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      bar.sync 0;
+// PTX-NOT:  bar.sync
+// PTX:      ret;
+// ISA-LABEL: coll_all_to_all_v_bf16_w4_n100:
+// ISA:      global_store_dwordx2 {{.*}} offset:2304
+// ISA:      global_store_dwordx4
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA:      flat_load_dwordx2
+// ISA:      global_load_dwordx4
+// ISA:      s_barrier
+// ISA:      buffer_wbl2 sc0 sc1
+// ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA:      buffer_inv sc0 sc1
+// ISA:      s_barrier
+// ISA-NOT:  s_barrier
+// ISA:      s_endpgm
+
+module attributes {gpu.container_module} {
+  gpu.module @mori_coll {
+    gpu.func @coll_all_gather_u8_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.all_gather"(%input, %output, %workspace) {dtype = "u8", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+    gpu.func @coll_broadcast_root3_f32_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.broadcast"(%input, %output, %workspace) {dtype = "f32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64, root = 3 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+    gpu.func @coll_all_to_all_i32_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.all_to_all"(%input, %output, %workspace) {dtype = "i32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+    gpu.func @coll_reduce_scatter_bf16_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.reduce_scatter"(%input, %output, %workspace) {dtype = "bf16", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+    gpu.func @coll_all_reduce_one_shot_f32_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.all_reduce"(%input, %output, %workspace) {dtype = "f32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64, algorithm = "one_shot"} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+    gpu.func @coll_all_reduce_two_shot_bf16_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.all_reduce"(%input, %output, %workspace) {dtype = "bf16", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64, algorithm = "two_shot"} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+    gpu.func @coll_all_to_all_v_bf16_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr, %splits: !llvm.ptr, %recv_counts: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      "mori_coll.all_to_all_v"(%input, %output, %workspace, %splits, %recv_counts) {dtype = "bf16", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      gpu.return
+    }
+  }
+}
