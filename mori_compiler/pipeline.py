@@ -43,7 +43,8 @@ def mlir_stage_pipelines(options: CompileOptions) -> list[tuple[str, str]]:
     blocks += f" chip={t.name}"  # the wire quantization's conversion instructions
     trace = f"mori-trace-to-timer{{enabled={'true' if options.trace else 'false'} wave-size={wave}}}"
     stages = [
-        ("ep", f"mori-ep-to-kernels{{{kernels}}},mori-comm-to-calls{{{blocks}}},{trace}"),
+        ("ep", f"mori-coll-to-kernels{{wave-size={wave}}},mori-ep-to-kernels{{{kernels}}},"
+               f"mori-comm-to-calls{{{blocks}}},{trace}"),
         ("abi", "mori-virtual-pe-args,mori-shmem-to-abi" if options.virtual_pes else "mori-shmem-to-abi"),
     ]
     if t.is_amdgpu:

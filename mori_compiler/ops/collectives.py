@@ -47,20 +47,6 @@ def torch_dtype(name: str):
     return getattr(torch, _TORCH_DTYPES[name])
 
 
-def lowered_module(source: str, wave_size: int):
-    """``source`` (a mori_coll module) parsed and expanded by mori-coll-to-kernels: what the compile
-    pipeline gets (its ``ep`` stage then lowers the mori_comm blocks)."""
-    from mori_compiler._mlir import new_context
-    from mori_compiler.dialects import registry
-    from mori_compiler.passes.coll_to_kernels import MoriCollToKernels
-
-    ctx = new_context()
-    module = registry.parse_source(source, ctx, "<mori_coll>")
-    with ctx:
-        MoriCollToKernels(wave_size=wave_size)(module.operation)
-    return module
-
-
 def coll_bundle(specs, target: str, *, virtual_pes: bool, cache_root=None):
     """The bundle holding the kernels of ``specs`` (CollSpecs) for ``target``: from the cache, or compiled
     now where the compiler is installed. The one path from specs to a bundle (the op and precompiling
@@ -68,7 +54,7 @@ def coll_bundle(specs, target: str, *, virtual_pes: bool, cache_root=None):
     from mori_compiler.cache import get_bundle
     from mori_compiler.errors import MoriCompilerError
     from mori_compiler.options import CompileOptions
-    from mori_compiler.targets import TARGETS, get_target
+    from mori_compiler.targets import TARGETS
 
     if not isinstance(target, str) or target not in TARGETS:
         raise MoriCompilerError(f"coll_bundle: target must be one of {', '.join(TARGETS)}, got {target!r}")
@@ -78,11 +64,10 @@ def coll_bundle(specs, target: str, *, virtual_pes: bool, cache_root=None):
     if not specs or not all(isinstance(s, CollSpec) for s in specs):
         raise MoriCompilerError(f"coll_bundle: specs must be a non-empty list of CollSpec, got {specs!r}")
     source = kernel_source(specs)  # (checks every spec: a ValueError names the field)
-    wave = get_target(target).wave_size
     options = CompileOptions(target=target, virtual_pes=virtual_pes)
-    # Keyed by the mori_coll text (found without MLIR); compiled from its expansion by mori-coll-to-kernels.
+    # Keyed by the mori_coll text (found without MLIR); the pipeline's first pass, mori-coll-to-kernels, expands it.
     return get_bundle(source, options, cache_root=cache_root, what=f"collectives ({target})",
-                      kernels=[s.kernel_name for s in specs], module=lambda: lowered_module(source, wave))  # fmt: skip
+                      kernels=[s.kernel_name for s in specs])  # fmt: skip
 
 
 def expected(spec: CollSpec, inputs: list, splits: list | None = None):
@@ -263,4 +248,4 @@ class Collective:
             shmem.shmem_free(self._handle)
 
 
-__all__ = ["Collective", "coll_bundle", "expected", "dtype_name", "lowered_module", "COLLECTIVES", "REDUCING"]
+__all__ = ["Collective", "coll_bundle", "expected", "dtype_name", "COLLECTIVES", "REDUCING"]

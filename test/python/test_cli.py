@@ -475,7 +475,7 @@ def test_opt_list_passes_and_dialects(in_tmp, capsys):
     out = capsys.readouterr().out
     assert "mori-shmem-to-abi" in out and "Input:" in out
     assert mori_opt.entry(["--show-dialects"]) == 0
-    assert capsys.readouterr().out.split() == ["mori_shmem", "mori_comm", "mori_ep"]
+    assert capsys.readouterr().out.split() == ["mori_shmem", "mori_comm", "mori_ep", "mori_coll"]
 
 
 def test_precompile_ep_configs_are_found_by_the_op(tmp_path, monkeypatch):

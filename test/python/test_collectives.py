@@ -199,13 +199,11 @@ def test_each_collective_generator_is_under_100_lines():
 
 
 def test_a_collective_compiles_to_ptx_with_its_blocks_lowered():
-    from mori_compiler.ops.collectives import lowered_module
     from mori_compiler.options import CompileOptions
     from mori_compiler.pipeline import compile_source
 
     spec = CollSpec("all_reduce", "bf16", 1000, 8, "two_shot")
-    result = compile_source(lowered_module(kernel_source([spec]), 32), CompileOptions(target="sm_90"),
-                            stop_after="ptx")  # fmt: skip
+    result = compile_source(kernel_source([spec]), CompileOptions(target="sm_90"), stop_after="ptx")
     assert result.kernels == (spec.kernel_name,)
     assert [p.type for p in result.signatures[spec.kernel_name].params] == ["ptr"] * 3
     ptx = result.assembly or result.binary.decode()

@@ -68,7 +68,7 @@ def test_load_into_two_contexts():
 def test_every_dialect_is_its_irdl_file(repo_root):
     """A dialect is declared once (name, IRDL file of the package): the file defines that dialect, loading
     registers its ops, and a second load is a no-op for each."""
-    assert [d.name for d in registry.DIALECTS] == ["mori_shmem", "mori_comm", "mori_ep"]
+    assert [d.name for d in registry.DIALECTS] == ["mori_shmem", "mori_comm", "mori_ep", "mori_coll"]
     context = ir.Context()
     for d in registry.DIALECTS:
         assert d.irdl_source() == (repo_root / "dialects" / d.irdl_file).read_text()
@@ -542,6 +542,7 @@ def test_target_symbol_names(name, kernel, nvptx, ok):
 _COMM_SIGNATURES = {
     "mori_comm.row_copy": (["dest", "source", "bytes", "pe"], [], []),
     "mori_comm.row_copy_to_peers": (["dest", "source", "bytes", "pe", "send"], [], ["max_peers"]),
+    "mori_comm.copy_bytes": (["dest", "source", "bytes"], [], []),
     "mori_comm.reserve_slot": (["counter", "pe"], ["slot"], []),
     "mori_comm.count_signal": (["signals", "counts", "total"], [], ["world_size"]),
     "mori_comm.grid_barrier": (["counter"], [], []),
@@ -583,6 +584,7 @@ def test_comm_builders_verify_and_print(all_ctx):
             on = arith.constant(ir.IntegerType.get_signless(1), 1)
         mori_comm.row_copy(ptr, ptr, n, pe)
         mori_comm.row_copy_to_peers(ptr, ptr, n, pe, on, max_peers=8)
+        mori_comm.copy_bytes(ptr, ptr, n)
         slot = mori_comm.reserve_slot(ptr, pe)
         assert str(slot.type) == "i32"
         mori_comm.count_signal(ptr, ptr, ptr, world_size=8)

@@ -129,7 +129,7 @@ def test_input_errors():
 def test_describe_pipeline_and_replay(example_source, target):
     options = CompileOptions(target=target)
     mlir_pipeline = pipeline.mlir_pipeline_string(options)
-    assert mlir_pipeline.startswith("builtin.module(mori-ep-to-kernels{wave-size=")
+    assert mlir_pipeline.startswith("builtin.module(mori-coll-to-kernels{wave-size=")
     description = pipeline.describe_pipeline(options, ["lib.bc"])
     assert f"mlir pipeline: {mlir_pipeline}" in description
     assert "lib.bc" in description

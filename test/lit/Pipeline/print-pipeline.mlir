@@ -13,7 +13,7 @@
 // sets the EP passes' AMDGPU forms (global address space, destination loop, uniform addressing); sm_90
 // keeps the defaults.
 // CHECK: mori: verify the input against the project dialects (IRDL constraints)
-// CHECK-NEXT: ep: mori-ep-to-kernels{wave-size=64 uniform-addressing=true global-address-space=true},mori-comm-to-calls{wave-size=64 vectors-per-lane=1 global-address-space=true loop-destinations=true chip=gfx942}
+// CHECK-NEXT: ep: mori-coll-to-kernels{wave-size=64},mori-ep-to-kernels{wave-size=64 uniform-addressing=true global-address-space=true},mori-comm-to-calls{wave-size=64 vectors-per-lane=1 global-address-space=true loop-destinations=true chip=gfx942}
 // CHECK-NEXT: abi: mori-shmem-to-abi
 // CHECK-NEXT: rocdl: gpu.module(convert-scf-to-cf,convert-gpu-to-rocdl{chipset=gfx942 index-bitwidth=64}),rocdl-attach-target{chip=gfx942 abi=600 wave64=true},reconcile-unrealized-casts
 // CHECK-NEXT: llvm-ir: translate the gpu.module to LLVM IR (amdgcn-amd-amdhsa)
@@ -22,12 +22,12 @@
 // CHECK-NEXT: isa: AMDGPU assembly for gfx942 (code object v6)
 // CHECK-NEXT: object: ELF relocatable object
 // CHECK-NEXT: hsaco: ld.lld -shared; reject undefined symbols; read AMDHSA metadata
-// CHECK-NEXT: mlir pipeline: builtin.module(mori-ep-to-kernels{wave-size=64 uniform-addressing=true global-address-space=true},mori-comm-to-calls{wave-size=64 vectors-per-lane=1 global-address-space=true loop-destinations=true chip=gfx942},mori-trace-to-timer{enabled=false wave-size=64},mori-shmem-to-abi,gpu.module(convert-scf-to-cf,convert-gpu-to-rocdl{chipset=gfx942 index-bitwidth=64}),rocdl-attach-target{chip=gfx942 abi=600 wave64=true},reconcile-unrealized-casts){{$}}
+// CHECK-NEXT: mlir pipeline: builtin.module(mori-coll-to-kernels{wave-size=64},mori-ep-to-kernels{wave-size=64 uniform-addressing=true global-address-space=true},mori-comm-to-calls{wave-size=64 vectors-per-lane=1 global-address-space=true loop-destinations=true chip=gfx942},mori-trace-to-timer{enabled=false wave-size=64},mori-shmem-to-abi,gpu.module(convert-scf-to-cf,convert-gpu-to-rocdl{chipset=gfx942 index-bitwidth=64}),rocdl-attach-target{chip=gfx942 abi=600 wave64=true},reconcile-unrealized-casts){{$}}
 
 // SM90: nvvm: gpu.module(convert-scf-to-cf,convert-gpu-to-nvvm{index-bitwidth=64}),nvvm-attach-target{chip=sm_90 features=+ptx78},reconcile-unrealized-casts
 // SM90: opt: LLVM O3 for sm_90{{$}}
 // SM90: ptx: PTX for sm_90 (ptx78)
-// SM90-NEXT: mlir pipeline: builtin.module(mori-ep-to-kernels{wave-size=32},mori-comm-to-calls{wave-size=32 vectors-per-lane=2 chip=sm_90},mori-trace-to-timer{enabled=false wave-size=32},mori-shmem-to-abi,gpu.module(convert-scf-to-cf,convert-gpu-to-nvvm{index-bitwidth=64}),nvvm-attach-target{chip=sm_90 features=+ptx78},reconcile-unrealized-casts){{$}}
+// SM90-NEXT: mlir pipeline: builtin.module(mori-coll-to-kernels{wave-size=32},mori-ep-to-kernels{wave-size=32},mori-comm-to-calls{wave-size=32 vectors-per-lane=2 chip=sm_90},mori-trace-to-timer{enabled=false wave-size=32},mori-shmem-to-abi,gpu.module(convert-scf-to-cf,convert-gpu-to-nvvm{index-bitwidth=64}),nvvm-attach-target{chip=sm_90 features=+ptx78},reconcile-unrealized-casts){{$}}
 
 module attributes {gpu.container_module} {
   gpu.module @replay {

@@ -1,6 +1,6 @@
 // REQUIRES: nvptx-target, amdgpu-target
-// RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=32}' | mori-compile - --target=sm_90 --emit=ptx -o - | FileCheck %s --check-prefix=PTX
-// RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=64}' | mori-compile - --target=gfx942 --emit=isa -o - | FileCheck %s --check-prefix=ISA
+// RUN: mori-compile %s --target=sm_90 --emit=ptx -o - | FileCheck %s --check-prefix=PTX
+// RUN: mori-compile %s --target=gfx942 --emit=isa -o - | FileCheck %s --check-prefix=ISA
 
 // The collectives' protocols in machine code (passes/coll_kernels.py, docs/collectives.md), world 4: each
 // kernel's stage stores come before its first device barrier, whose thread p fences (release, system scope:

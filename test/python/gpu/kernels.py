@@ -259,6 +259,7 @@ def ep_bundles(cache_root, configs, *, virtual_pes: bool = True) -> list:
 
 def precompile_all(cache_root) -> list:
     """Every bundle the GPU tests load."""
+    import test_collectives_gpu
     import test_ep_auto_gpu
     import test_ep_dispatch_features_gpu
     import test_ep_gpu
@@ -281,7 +282,8 @@ def precompile_all(cache_root) -> list:
             + ep_bundles(cache_root, list(test_torch_compile_gpu.all_configs()))
             + ep_bundles(cache_root, multi, virtual_pes=False)
             + test_ep_quant_gpu.precompile(cache_root, TARGET)
-            + test_examples_gpu.precompile(cache_root, TARGET))  # fmt: skip
+            + test_examples_gpu.precompile(cache_root, TARGET)
+            + test_collectives_gpu.all_bundles(cache_root))  # fmt: skip
 
 
 if __name__ == "__main__":

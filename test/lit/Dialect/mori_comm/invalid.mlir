@@ -205,7 +205,7 @@ func.func @device_barrier_operand(%d: !llvm.ptr, %n: i64) {
 // -----
 // An op the dialect does not have: the message lists the ops it has.
 func.func @unknown(%d: !llvm.ptr) {
-  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: unknown op 'mori_comm.broadcast'; the mori_comm dialect has: accumulate_quantized_rows, accumulate_rows, chunk_send, chunk_wait, count_signal, device_barrier, grid_barrier, grid_last_arrival, node_count_signal, node_device_barrier, node_pe, quantize_row, reserve_slot, row_copy, row_copy_to_peers, trace{{$}}
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: unknown op 'mori_comm.broadcast'; the mori_comm dialect has: accumulate_quantized_rows, accumulate_rows, chunk_send, chunk_wait, copy_bytes, count_signal, device_barrier, grid_barrier, grid_last_arrival, node_count_signal, node_device_barrier, node_pe, quantize_row, reserve_slot, row_copy, row_copy_to_peers, trace{{$}}
   "mori_comm.broadcast"(%d) : (!llvm.ptr) -> ()
   return
 }
