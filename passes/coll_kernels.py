@@ -212,7 +212,7 @@ def all_reduce_two_shot(c: Collective) -> None:
 
 
 def all_to_all_v(c: Collective) -> None:
-    """Variable sizes. Block b publishes this PE's splits (clamped to count) in its ``sizes[b]`` while each
+    """Variable sizes. Block b publishes this PE's splits (clamped to [0, count]) in its ``sizes[b]`` while each
     unit stages chunk q (``splits[q]`` elements, packed in the input) at ``q * stride``; meet (block b's
     release covers both); each unit walks p = 0 .. W-1, reads PE p's ``sizes[b][me]`` (acquired by the meet)
     and pulls that many elements of chunk ``me`` of PE p's stage to the running output offset; unit 0
@@ -223,12 +223,15 @@ def all_to_all_v(c: Collective) -> None:
     sizes = c.at(c.slots, s.sizes_offset)
     row = b.muli(b.index_cast(b.i64, b.block_id()), c.i64(w))  # this block's sizes[b]
     tid = b.index_cast(b.i32, b.thread_id())
+    def split(q):  # splits[q] clamped to [0, count] (signed: a negative split sends nothing)
+        n = b.load(b.i32, b.gep(splits, q, b.i32))
+        return b.minui(b.extui(b.i64, b.select(b.cmpi("slt", n, b.const_i32(0)), b.const_i32(0), n)), cap)
+
     with b.if_(b.cmpi("ult", tid, b.const_i32(w))):
-        mine = b.minui(b.extui(b.i64, b.load(b.i32, b.gep(splits, tid, b.i32))), cap)
-        b.store(mine, b.gep(sizes, b.addi(row, b.extui(b.i64, tid)), b.i64))
+        b.store(split(tid), b.gep(sizes, b.addi(row, b.extui(b.i64, tid)), b.i64))
 
     def stage(q, at):
-        n = b.minui(b.extui(b.i64, b.load(b.i32, b.gep(splits, q, b.i32))), cap)
+        n = split(q)
         c.copy(c.at(c.stage, b.muli(b.extui(b.i64, q), c.i64(s.stage_stride))), c.at(c.input, b.muli(at, es)),
                b.muli(n, es))  # fmt: skip
         return b.addi(at, n)

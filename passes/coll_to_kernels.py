@@ -74,6 +74,10 @@ class MoriCollToKernels:
         if kernel is None:
             raise MoriCompilerError(f"'{op.name}' must be inside a gpu.func kernel (every thread of the grid runs "
                                     f"the collective)", op.location)  # fmt: skip
+        if op.parent != kernel or len(kernel.regions[0].blocks) != 1:
+            raise MoriCompilerError(f"'{op.name}' must be in its kernel's body itself, not inside scf.if, scf.for, "
+                                    f"scf.while or another region or block: every thread of the grid must reach "
+                                    f"it (its barriers would hang in divergent code)", op.location)  # fmt: skip
         problem = _block_problem(kernel, self.wave_size, spec.world_size)
         if problem:
             raise MoriCompilerError(f"'{op.name}' {problem}", op.location)

@@ -230,6 +230,9 @@ class KernelSet:
             self._note_traced_launch(info.name, grid3, block3)
         if stream is None:
             stream = self.driver.current_stream()
+        if cooperative and self._capturing():  # recorded as an ordinary kernel node: check co-residency here
+            self._check_coresident(info.name, fn, grid3[0] * grid3[1] * grid3[2], block3, int(shared_mem))
+            cooperative = False
         self.driver.launch(fn, grid3, block3, params, shared_mem=int(shared_mem), stream=stream,
                            cooperative=cooperative)  # fmt: skip
 
@@ -312,7 +315,7 @@ class KernelSet:
             self._sm_count = self.driver.multiprocessor_count()  # fixed per device: one driver call
         sms = self._sm_count
         if blocks > per_sm * sms:
-            raise ValueError(f"virtual-PE launch of {name} needs {blocks} co-resident blocks; the GPU fits "
+            raise ValueError(f"cooperative launch of {name} needs {blocks} co-resident blocks; the GPU fits "
                              f"{per_sm * sms} (occupancy {per_sm} blocks of {threads} threads"
                              f"{f' with {shared_mem} bytes of shared memory' if shared_mem else ''} per SM x {sms} "
                              f"SMs); use a smaller grid or fewer PEs")  # fmt: skip

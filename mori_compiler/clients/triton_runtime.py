@@ -167,7 +167,10 @@ def install_hook() -> None:
     launch (after shmem init) and again after a shmem re-init, and refuses a launch without shmem. Call
     once, before or after shmem init but before the first launch of a shmem kernel (a kernel loaded earlier
     goes unnoticed); calling again changes nothing; other hooks in the chains are kept.
-    Cost per launch of any kernel: one dictionary lookup (plus a state check for shmem kernels)."""
+    Cost per launch of any kernel: the hook's own is one dictionary lookup (plus a state check for shmem
+    kernels), but any launch hook makes Triton build each launch's metadata, and Inductor's static launcher
+    steps aside while one is installed (its kernels take Triton's slower launch path): install it in the
+    processes that run shmem kernels, and ``uninstall_hook()`` when done."""
     from triton import knobs
 
     knobs.runtime.kernel_load_end_hook.add(on_kernel_load)

@@ -82,7 +82,7 @@ def expected(spec: CollSpec, inputs: list, splits: list | None = None):
         raise ValueError(f"expected: {len(inputs)} inputs for world_size {W}")
     flat = [None if x is None else x.reshape(-1) for x in inputs]
     if spec.op == "all_to_all_v":
-        sizes = [[min(int(k), n) for k in row] for row in splits]
+        sizes = [[max(0, min(int(k), n)) for k in row] for row in splits]
         starts = [[sum(row[:q]) for q in range(W)] for row in sizes]
         return [torch.cat([flat[p][starts[p][q]:starts[p][q] + sizes[p][q]] for p in range(W)]) for q in range(W)]
 
@@ -101,6 +101,12 @@ def expected(spec: CollSpec, inputs: list, splits: list | None = None):
     if spec.op == "reduce_scatter":
         return [total([flat[p][q * n:(q + 1) * n] for p in range(W)]) for q in range(W)]
     return [total(flat) for _ in range(W)]  # all_reduce (either algorithm: the same order of the sums)
+
+
+def _overlap(a, b) -> bool:
+    """Whether the bytes of tensors ``a`` and ``b`` (contiguous) overlap."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 class Collective:
@@ -176,9 +182,12 @@ class Collective:
         """Run the collective: ``input`` (a list per PE with virtual PEs; for broadcast only the root's is
         read, the others may be None) into ``output`` (same form; default: new tensors of
         ``output_shape``). Returns the outputs. Nothing is synchronized: the result is ready in stream order.
+        The calls of one Collective share its workspace and epochs: keep them in one stream order (concurrent
+        collectives on two streams: one Collective per stream, each has its own workspace).
 
         all_to_all_v: ``splits`` (int32 CUDA tensors of W elements, per PE: the elements for each PE, packed in
-        ``input`` in PE order; each at most ``count``, larger ones are clamped) and optionally
+        ``input`` in PE order; each at most ``count``, larger ones are clamped, negative ones count as 0; the
+        output must not overlap the input) and optionally
         ``recv_counts`` (int32 [W] per PE, written: the elements received from each PE, packed in ``output``
         in PE order); returns ``(outputs, recv_counts)``."""
         import torch
@@ -191,15 +200,20 @@ class Collective:
             raise ValueError(f"{s.op}: splits and recv_counts are for all_to_all_v only")
         inputs = self._per_pe(input, "input")
         outputs = [None] * len(self.pes) if output is None else self._per_pe(output, "output")
-        device = next((t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "cuda"), None)
+        device = torch.device("cuda", torch.cuda.current_device())  # the shmem heap's GPU (as EpDispatchCombineOp)
         for i, pe in enumerate(self.pes):
             if inputs[i] is not None or s.op != "broadcast" or pe == s.root:
                 self._check(inputs[i], f"input of PE {pe}", s.input_elems, device)
             if outputs[i] is None:
-                outputs[i] = torch.empty(self.output_shape, dtype=self.dtype, device=device or "cuda")
+                outputs[i] = torch.empty(self.output_shape, dtype=self.dtype, device=device)
             self._check(outputs[i], f"output of PE {pe}", s.output_elems, device)
             if inputs[i] is None:  # a broadcast's non-root input is never read: any valid address
                 inputs[i] = outputs[i]
+            if variable and _overlap(inputs[i], outputs[i]):
+                # Its pulls write at packed output offsets that another block of this PE may not have staged
+                # from yet (the blocks of one PE never wait for each other): in place would read overwritten bytes.
+                raise ValueError(f"all_to_all_v: the output of PE {pe} overlaps its input (in place is not offered: "
+                                 f"the packed output offsets differ from the input's)")  # fmt: skip
         args = [(inputs[i].data_ptr(), outputs[i].data_ptr(), self._workspace[i]) for i in range(len(self.pes))]
         if variable:
             counts = self._split_tensors(splits, recv_counts, device)

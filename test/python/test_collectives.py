@@ -273,6 +273,9 @@ def test_expected_all_to_all_v_packs_the_received_chunks():
     ins = [torch.arange(6, dtype=torch.int32), torch.arange(6, dtype=torch.int32) + 10]
     out = expected(spec, ins, [[1, 3], [2, 9]])
     assert [t.tolist() for t in out] == [[0, 10, 11], [1, 2, 3, 12, 13, 14]]
+    # a negative split sends nothing (the kernel clamps signed, to [0, count])
+    out = expected(spec, ins, [[-1, 3], [2, 2]])
+    assert [t.tolist() for t in out] == [[10, 11], [0, 1, 2, 12, 13]]
 
 
 def test_all_to_all_v_kernel_takes_the_split_tensors():

@@ -1045,7 +1045,7 @@ def test_virtual_launch_refuses_more_blocks_than_fit(fake_cuda, gpu, tmp_path):
     ks.launch_virtual("vk", [[0, 0, 0]] * 8, grid=(1, 1))  # 8 blocks: fits
     with pytest.raises(ValueError) as info:
         ks.launch_virtual("vk", [[0, 0, 0]] * 8, grid=(2, 1), block=(256, 1, 1))
-    assert str(info.value).startswith("virtual-PE launch of vk needs 16 co-resident blocks; the GPU fits 8 "
+    assert str(info.value).startswith("cooperative launch of vk needs 16 co-resident blocks; the GPU fits 8 "
                                       "(occupancy 2 blocks of 256 threads per SM x 4 SMs)")  # fmt: skip
     assert len(gpu.launches) == 1
     assert ("cuOccupancyMaxActiveBlocksPerMultiprocessor", "vk", 256, 0) in gpu.calls

@@ -146,5 +146,23 @@ module attributes {gpu.container_module} {
   }
 }
 
+// -----
+
+// A collective in divergent code (one thread's branch): its barriers would hang (pass error).
+// CHECK: error: {{.*}}mori-coll-to-kernels-invalid.mlir:[[# @LINE + 8]]:9: 'mori_coll.all_gather' must be in its kernel's body itself, not inside scf.if, scf.for, scf.while or another region or block: every thread of the grid must reach it (its barriers would hang in divergent code)
+module attributes {gpu.container_module} {
+  gpu.module @m {
+    gpu.func @k(%i: !llvm.ptr, %o: !llvm.ptr, %w: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
+      %t = gpu.thread_id x
+      %c0 = arith.constant 0 : index
+      %first = arith.cmpi eq, %t, %c0 : index
+      scf.if %first {
+        "mori_coll.all_gather"(%i, %o, %w) {dtype = "u8", count = 8 : i64, world_size = 4 : i64, max_blocks = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+      }
+      gpu.return
+    }
+  }
+}
+
 // EXIT: exit status: 1
 // OPTION: error: pass 'mori-coll-to-kernels' option wave-size must be 32 or 64, got 48

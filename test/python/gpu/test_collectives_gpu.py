@@ -162,6 +162,43 @@ def test_collective_matches_torch(pes, case, bundle_root):
             coll.close()
 
 
+def test_two_collectives_on_two_streams(pes, bundle_root):
+    """An all_reduce on one stream and an all_gather on another (each Collective its own workspace), three
+    rounds launched with no host sync between them, each round into outputs of its own; all match."""
+    import torch
+
+    from mori_compiler.ops.collectives import Collective
+
+    specs = [CollSpec("all_reduce", "f32", 1027, pes, "one_shot"), CollSpec("all_gather", "u8", 1001, pes)]
+    colls = [Collective(s.op, s.dtype, s.count, algorithm=s.algorithm, cache_root=bundle_root, wait_limit=WAIT_LIMIT)
+             for s in specs]  # fmt: skip
+    try:
+        gen = torch.Generator().manual_seed(77 + pes)
+        rounds = []
+        for _ in range(3):
+            inputs = [[_random(s, gen, pe).cuda() for pe in range(pes)] for s in specs]
+            outputs = [_outputs(s, pes, unaligned=False) for s in specs]
+            for t in outputs[0] + outputs[1]:
+                _poison(t)
+            rounds.append((inputs, outputs))
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        for stream in streams:  # the inputs and the poison are written on the default stream
+            stream.wait_stream(torch.cuda.current_stream())
+        for inputs, outputs in rounds:
+            for coll, stream, x, out in zip(colls, streams, inputs, outputs):
+                with torch.cuda.stream(stream):
+                    coll(x, out)
+        torch.cuda.synchronize()
+        for coll in colls:
+            coll.kernels.check_waits()
+        for r, (inputs, outputs) in enumerate(rounds):
+            for s, x, out in zip(specs, inputs, outputs):
+                _compare(s, out, x, f"{s.op} round {r + 1} on its own stream")
+    finally:
+        for coll in colls:
+            coll.close()
+
+
 def _graph_replay(coll, spec: CollSpec, gen, outputs) -> None:
     """Capture one call (after an eager call with the same tensors), then replay it twice with new input
     contents: each replay's outputs match."""
@@ -190,7 +227,7 @@ def _graph_replay(coll, spec: CollSpec, gen, outputs) -> None:
 
 @pytest.mark.parametrize("dtype, cap", VARIABLE)
 def test_all_to_all_v_matches_torch(pes, dtype, cap, bundle_root):
-    """Random splits per PE and call (one of them above the capacity: clamped), poisoned outputs, three calls,
+    """Random splits per PE and call (one of them above the capacity: clamped; one negative: 0), poisoned outputs, three calls,
     then a graph replay with new splits in the same tensors; the received elements and counts match."""
     import torch
 
@@ -208,6 +245,7 @@ def test_all_to_all_v_matches_torch(pes, dtype, cap, bundle_root):
         def draw():
             rows = [torch.randint(0, cap + 1, (pes,), generator=gen, dtype=torch.int32) for _ in range(pes)]
             rows[0][-1] = cap + 5  # clamped to cap by the kernel (and by expected)
+            rows[-1][0] = -3  # a negative split sends nothing (kernel and expected)
             for dst, row in zip(splits, rows):
                 dst.copy_(row)
             for pe, x in enumerate(inputs):
