@@ -56,6 +56,8 @@ LABELS = tuple(v[0] for v in VARIANTS)
 DTYPE, ELEM_BYTES = "bf16", 2
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB"
 TARGET = "sm_90"
+WAIT_LIMIT = 1 << 26  # polls per device wait before it gives up: a protocol that never completes is an error
+MEASURE_DEFAULTS = {"calls": 20, "rounds": 5, "budget_s": 90.0}  # the measuring run's options
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
 
 
@@ -128,10 +130,13 @@ def parser() -> argparse.ArgumentParser:
                     help=f"bytes per PE (nccl-tests' size), comma-separated (default {DEFAULT_SIZES})")
     ap.add_argument("--collectives", type=collectives_list, default=list(LABELS),
                     help=f"which of {', '.join(LABELS)} (default all)")
-    ap.add_argument("--calls", type=_bounded_int(1, 10000), default=20, help="calls per graph (default 20)")
-    ap.add_argument("--rounds", type=_bounded_int(1, 1000), default=5, help="timed replays, median (default 5)")
-    ap.add_argument("--budget-s", type=_positive_float, default=100.0,
-                    help="stop starting new points after this many seconds; the rest is reported as skipped")
+    ap.add_argument("--calls", type=_bounded_int(1, 10000),
+                    help=f"calls per graph (default {MEASURE_DEFAULTS['calls']})")
+    ap.add_argument("--rounds", type=_bounded_int(1, 1000),
+                    help=f"timed replays, their median (default {MEASURE_DEFAULTS['rounds']})")
+    ap.add_argument("--budget-s", type=_positive_float,
+                    help=f"start no new point after this many seconds (default {MEASURE_DEFAULTS['budget_s']:g}); "
+                         f"the rest is reported as skipped")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the rows and the config as JSON")
     ap.add_argument("--png", type=Path, help="plot vs copy per size (needs matplotlib: the [bench] extra)")
     ap.add_argument("--precompile", metavar="DIR", type=Path,
@@ -149,8 +154,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     if bad:
         ap.error(f"--sizes {','.join(map(str, bad))}: every size must be a multiple of {step} bytes (bf16 chunks "
                  f"of {args.pes} PEs)")  # fmt: skip
-    if args.precompile and (args.json or args.png):
-        ap.error("--precompile builds bundles only: --json and --png are for the measuring run")
+    if args.precompile:
+        given = [f"--{k.replace('_', '-')}" for k in ("json", "png", *MEASURE_DEFAULTS) if getattr(args, k) is not None]
+        if given:
+            ap.error(f"--precompile builds bundles only: {', '.join(given)} are for the measuring run")
+    for key, value in MEASURE_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.png and not args.precompile:
         from mori_compiler.runtime.extras import is_installed, missing_text
 
@@ -269,7 +279,8 @@ def measure(point: Point, calls: int, rounds: int) -> dict:
 
     from mori_compiler.ops.collectives import Collective
 
-    coll = Collective(point.op, torch.bfloat16, point.count, algorithm=point.algorithm, root=0)
+    coll = Collective(point.op, torch.bfloat16, point.count, algorithm=point.algorithm, root=0,
+                      wait_limit=WAIT_LIMIT)  # fmt: skip
     try:
         s = coll.spec
         gen = torch.Generator(device="cuda").manual_seed(point.size + 7 * LABELS.index(point.label))
@@ -381,8 +392,9 @@ def main(argv=None) -> int:
     finally:
         shmem.shmem_finalize()
     props = torch.cuda.get_device_properties(0)
-    config = {"device": props.name, "sms": props.multi_processor_count, "pes": args.pes, "dtype": DTYPE, "calls_per_graph": args.calls,
-              "rounds": args.rounds, "torch": torch.__version__, "wall_s": round(time.monotonic() - start, 1)}  # fmt: skip
+    config = {"device": props.name, "sms": props.multi_processor_count, "pes": args.pes, "dtype": DTYPE,
+              "calls_per_graph": args.calls, "rounds": args.rounds, "torch": torch.__version__,
+              "wall_s": round(time.monotonic() - start, 1)}  # fmt: skip
     title = f"{config['device']} ({config['sms']} SMs): {args.pes} virtual PEs, {DTYPE}"
     print(f"{title}; graph of {args.calls} calls, median of {args.rounds} replays; roofline: a torch D2D copy of "
           f"the moved bytes (all PEs'), same run; {config['wall_s']} s")  # fmt: skip

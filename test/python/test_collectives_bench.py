@@ -25,7 +25,8 @@ def _run(*argv):
 
 def test_defaults_are_the_issue_sweep():
     args = cb.parse_args([])
-    assert args.pes == 8 and args.collectives == list(cb.LABELS)
+    assert args.pes == 8 and args.collectives == list(cb.LABELS) and args.precompile is None
+    assert (args.calls, args.rounds, args.budget_s) == (20, 5, 90.0)
     assert args.sizes == [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
     assert len(cb.points(args.collectives, args.sizes, args.pes)) == 30
 
@@ -47,7 +48,7 @@ def test_sizes_parse_units_dedupe_and_sort():
     (["--collectives", "all_reduce"], "all_reduce: not a collective of the sweep (allowed: all_gather"),
     (["--calls", "0"], "--calls: 0 is not in [1, 10000]"),
     (["--budget-s", "0"], "'0' must be > 0"),
-    (["--precompile", "d", "--json", "x.json"], "--precompile builds bundles only"),
+    (["--precompile", "d", "--json", "x.json", "--calls", "3"], "--precompile builds bundles only: --json, --calls are"),
 ])  # fmt: skip
 def test_bad_arguments_are_refused_with_the_reason(argv, message):
     res = _run(*argv)
