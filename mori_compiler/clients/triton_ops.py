@@ -13,7 +13,9 @@ belongs, is refused at compile time naming the function and the parameter (never
 Triton runs scalar code in every thread of the program, so a call with scalar arguments is made by all
 ``num_warps * 32`` threads: the ``*_block`` functions (all threads of the block together) fit that;
 ``*_thread`` functions with side effects (atomics, puts, signals) act once per thread, so give them tensor
-arguments with one element per thread (a block of exactly ``num_warps * 32`` elements) or mean it.
+arguments with one element per thread (a block of exactly ``num_warps * 32`` elements) or mean it. As in
+MORI's P2P transport, ``putmem_nbi_signal_thread`` moves every thread's payload but updates the signal once
+per wave, from its highest active lane (docs/device-abi.md).
 """
 
 from __future__ import annotations
@@ -71,10 +73,33 @@ def _make_extern(name: str, meta: dict):
     positional = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_ONLY) for p in params]
     semantic = inspect.Parameter("_semantic", inspect.Parameter.KEYWORD_ONLY, default=None)
     call.__signature__ = inspect.Signature(positional + [semantic])  # Triton passes _semantic when it is named
+    _CALLS[name] = call
     return core.extern(call)
 
 
+_CALLS: dict = {}  # name -> the unwrapped builder of each device function (for the composed ones below)
 _EXTERNS = {name: _make_extern(name, meta) for name, meta in MORI_DEVICE_FUNCTIONS.items()}
-globals().update(_EXTERNS)
 
-__all__ = [*_EXTERNS, "SIGNAL_ADD", "SIGNAL_SET"]
+
+def _make_blocking_put(scope: str):
+    """``putmem_<scope>(dest, source, bytes, pe, qp)``: MORI's blocking put (later MORI releases have it; its
+    1.2.4 table and the project's ABI do not): ``putmem_nbi_<scope>`` then ``quiet_thread`` in every calling
+    thread (each thread's puts complete before it goes on). Returns the put's status."""
+    put, quiet = _CALLS[f"putmem_nbi_{scope}"], _CALLS["quiet_thread"]
+
+    def call(dest, source, bytes, pe, qp, _semantic=None):
+        status = put(dest, source, bytes, pe, qp, _semantic=_semantic)
+        quiet(_semantic=_semantic)
+        return status
+
+    call.__name__ = call.__qualname__ = f"putmem_{scope}"
+    call.__doc__ = _make_blocking_put.__doc__.replace("<scope>", scope)
+    return core.extern(call)
+
+
+#: Device functions composed of the ABI's (no symbol of their own).
+COMPOSED = {f"putmem_{scope}": _make_blocking_put(scope) for scope in ("thread", "warp", "block")}
+globals().update(_EXTERNS)
+globals().update(COMPOSED)
+
+__all__ = [*_EXTERNS, *COMPOSED, "SIGNAL_ADD", "SIGNAL_SET"]

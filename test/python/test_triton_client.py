@@ -137,12 +137,31 @@ def test_every_abi_function_compiles_for_sm90(every_function):
 
 
 def test_every_extern_is_a_row_of_the_abi_table():
-    names = set(MORI_DEVICE_FUNCTIONS) | {"SIGNAL_SET", "SIGNAL_ADD"}
+    names = set(MORI_DEVICE_FUNCTIONS) | {"SIGNAL_SET", "SIGNAL_ADD"} | set(mt.ops.COMPOSED)
+    assert set(mt.ops.COMPOSED) == {"putmem_thread", "putmem_warp", "putmem_block"}
     assert set(mt.ops.__all__) == names
     for name, meta in MORI_DEVICE_FUNCTIONS.items():
         fn = getattr(mt, name)
         assert fn is getattr(mt.ops, name) and fn.__name__ == name
         assert meta["symbol"] in fn.__doc__
+
+
+@triton.jit
+def blocking_put(dest, src, nbytes, out):
+    tl.store(out, mt.putmem_thread(dest, src, nbytes, (mt.my_pe() + 1) % mt.n_pes(), 0))
+
+
+def test_blocking_put_links_as_the_put_then_quiet():
+    """putmem_thread (later MORI releases' blocking put) compiles to the non-blocking put's copy (16-byte
+    vectors and the byte tails; P2P's quiet adds no instruction: nothing is outstanding after the stores)
+    and stores its status."""
+    k = _compile(blocking_put, {"dest": "*u8", "src": "*u8", "nbytes": "i64", "out": "*i32"}, SM90)
+    ptx = k.asm["ptx"]
+    _assert_linked_ptx(ptx)
+    body = ptx[ptx.index(".entry blocking_put"):]
+    assert re.search(r"ld\.v4\.b32[^\n]*\n(.*\n)*?\s*st\.v4\.b32", body), "the put's vector copy is missing"
+    assert re.search(r"st\.global\.b32 \[ %rd\d+ \+ 0 \]", body), "the put's status is not stored"
+    assert len(k.asm["cubin"]) > 0
 
 
 @triton.jit

@@ -181,7 +181,9 @@ def _check_put_signal(rank, world, prev):
     assert torch.equal(d_block.cpu(), want), f"PE {rank}: putmem_nbi_signal_block data from PE {prev} differs"
     assert torch.equal(d_thread.cpu(), want), f"PE {rank}: putmem_nbi_signal_thread data from PE {prev} differs"
     assert int(sig_add[0]) == 1000 + prev + 1, f"PE {rank}: SIGNAL_ADD word is {int(sig_add[0])}, want {1001 + prev}"
-    want_set = [lane * 7 + prev for lane in range(LANES)]
+    # Thread scope signals once per wave, from its highest active lane (MORI's P2P semantics,
+    # lib_bitcode/sources/shmem_core.ll __mc_put_signal): only that lane's word is set.
+    want_set = [-1] * (LANES - 1) + [(LANES - 1) * 7 + prev]
     assert sig_set.cpu().tolist() == want_set, f"PE {rank}: SIGNAL_SET words {sig_set.cpu().tolist()} != {want_set}"
 
 
