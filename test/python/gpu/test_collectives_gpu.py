@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from multi_gpu import multi_gpu_shmem
 from virtual_pes import virtual_pes_fixture
 
 from mori_compiler.dialects.mori_coll_schema import CollSpec
@@ -305,20 +306,12 @@ def test_collective_refuses_bad_arguments(pes, bundle_root):
 def _multi_gpu_worker(rank: int, world: int, init_file: str, bundle_root: str):
     """One PE per process: every process draws every PE's inputs from the shared seeds, runs each collective
     three times and checks its own output (bit-exact)."""
-    import os
-
     import torch
-    import torch.distributed as dist
 
     from mori_compiler.ops.collectives import Collective, expected
     from mori_compiler.runtime import shmem
 
-    os.environ["MORI_COMPILER_CACHE_DIR"] = bundle_root
-    torch.cuda.set_device(rank)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
-    shmem.shmem_torch_process_group_init("default")
-    try:
+    with multi_gpu_shmem(rank, world, init_file, bundle_root):
         for k, spec in enumerate(multi_gpu_specs(world)):
             coll = Collective(spec.op, spec.dtype, spec.count, algorithm=spec.algorithm, root=spec.root,
                               cache_root=bundle_root, wait_limit=WAIT_LIMIT)  # fmt: skip
@@ -343,9 +336,6 @@ def _multi_gpu_worker(rank: int, world: int, init_file: str, bundle_root: str):
             finally:
                 coll.close()
                 shmem.shmem_barrier_all()
-    finally:
-        shmem.shmem_finalize()
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world", MULTI_GPU)

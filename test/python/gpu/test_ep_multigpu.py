@@ -19,6 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import test_ep_gpu as ep  # noqa: E402
+from multi_gpu import multi_gpu_shmem  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 ROUTINGS = ("random", "sentinel", "all_to_one")
@@ -37,21 +38,8 @@ def multi_gpu_config(world: int, rank: int, kind: str = "IntraNode"):
 
 
 def _worker(rank: int, world: int, init_file: str, bundle_root: str):
-    import torch
-    import torch.distributed as dist
-
-    from mori_compiler.runtime import shmem
-
-    os.environ["MORI_COMPILER_CACHE_DIR"] = bundle_root
-    torch.cuda.set_device(rank)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
-    shmem.shmem_torch_process_group_init("default")
-    try:
+    with multi_gpu_shmem(rank, world, init_file, bundle_root):
         _check_every_kind(rank, world)
-    finally:
-        shmem.shmem_finalize()
-        dist.destroy_process_group()
 
 
 def _check_every_kind(rank: int, world: int) -> None:
