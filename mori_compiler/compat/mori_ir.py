@@ -21,9 +21,9 @@ _SUBMODULES = ("ops", "bitcode", "triton", "flydsl")
 
 
 def __getattr__(name: str):
-    """``from mori.ir import triton`` (or ``flydsl``, ``ops``, ``bitcode``): this module's ``__name__`` is not ``mori.ir``,
-    so Python's from-import would look for ``mori_compiler.compat.mori_ir.<name>``; the submodule is imported
-    here under MORI's name instead."""
+    """``from mori.ir import triton`` (or ``flydsl``, ``ops``, ``bitcode``): this module's ``__name__`` is not
+    ``mori.ir``, so Python's from-import would look for ``mori_compiler.compat.mori_ir.<name>``; the submodule
+    is imported here under MORI's name instead."""
     if name in _SUBMODULES:
         import importlib
 
