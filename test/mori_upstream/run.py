@@ -258,10 +258,16 @@ def main(argv=None) -> int:
         return 1
     if args.gpu and shutil.which("nvidia-smi") is None and shutil.which("rocm-smi") is None:
         print("note: --gpu given, but neither nvidia-smi nor rocm-smi is on PATH", file=sys.stderr)
-    log = open(args.out, "w") if args.out else open(os.devnull, "w")
+    try:
+        log = open(args.out, "w") if args.out else open(os.devnull, "w")
+    except OSError as exc:
+        print(f"error: --out {args.out}: {exc.strerror}", file=sys.stderr)
+        return 1
     rows = []
     with log:
         for path in sorted({s.path for s in SCRIPTS}):
+            if args.only and not any(o in script.name for script in SCRIPTS if script.path == path for o in args.only):
+                continue
             if (src / path).is_file():
                 rows.append((f"names {path}", *check_names(args.python, src / path)))
         for script in SCRIPTS:
@@ -275,6 +281,9 @@ def main(argv=None) -> int:
         print(f"{outcome:4}  {name:{width}}  {detail}")
     counts = {k: sum(1 for r in rows if r[1] == k) for k in ("pass", "fail", "skip")}
     print(f"summary: {counts['pass']} pass, {counts['fail']} fail, {counts['skip']} skip")
+    if not counts["pass"] and not counts["fail"]:
+        print(f"error: nothing ran: none of MORI's files this driver knows is under {src}", file=sys.stderr)
+        return 1
     return 1 if counts["fail"] else 0
 
 

@@ -178,6 +178,22 @@ def test_boot_sitecustomize_is_harmless_without_mori_compiler(tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
+def test_boot_sitecustomize_chains_to_the_environments_own_without_mori_compiler(tmp_path):
+    """The same without mori_compiler: the environment's own sitecustomize (shadowed by ours) still runs."""
+    boot, own = tmp_path / "boot", tmp_path / "own"
+    _write(boot / "sitecustomize.py", SITECUSTOMIZE)
+    _write(own / "sitecustomize.py", "import os\nos.environ['OWN_SITECUSTOMIZE'] = 'ran'\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(boot), str(own)]), "PATH": os.environ.get("PATH", "")}
+    code = ("import importlib.util, os, sys\n"
+            "assert importlib.util.find_spec('mori_compiler') is None, 'mori_compiler is importable here'\n"
+            "print(os.environ.get('OWN_SITECUSTOMIZE'))\n")  # fmt: skip
+    proc = subprocess.run([sys._base_executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)  # fmt: skip
+    if "mori_compiler is importable here" in proc.stderr:
+        pytest.skip(f"the base interpreter {sys._base_executable} has mori_compiler installed")
+    assert proc.returncode == 0 and proc.stdout.strip() == "ran", proc.stderr
+
+
 def test_child_environment_puts_the_boot_directory_first():
     env = compat_run.child_environment({"PYTHONPATH": os.pathsep.join(["a", "", "b"])}, "BOOT")
     assert env["PYTHONPATH"] == os.pathsep.join(["BOOT", "a", "b"])
@@ -309,6 +325,18 @@ def test_driver_runs_what_this_machine_can_and_says_why_not_the_rest(tmp_path):
     assert rows["examples/io/example"] == "skip" and f"not in {src}" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1].startswith("summary: ")
     assert "===== io/test_engine_tcp: exit 0" in log.read_text()
+
+
+def test_driver_fails_when_nothing_ran_and_names_a_bad_out_path(tmp_path):
+    """A source tree holding none of the files the driver knows is a failure (exit 1), not a silent pass; so
+    is an --out it cannot write."""
+    run = [sys.executable, str(REPO / "test" / "mori_upstream" / "run.py"), "--mori-src", str(tmp_path)]
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "error: nothing ran" in proc.stderr, proc.stdout + proc.stderr
+    proc = subprocess.run(run + ["--out", str(tmp_path / "no" / "such" / "log")], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 1 and proc.stderr.startswith("error: --out "), proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_driver_refuses_a_missing_source_directory(tmp_path):

@@ -16,21 +16,21 @@
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      st.global.b8 [%rd{{[0-9]+}}+1280]
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX:      ld.v4.b32
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX-NOT:  bar.sync
 // PTX:      ret;
@@ -39,15 +39,21 @@
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA-NOT:  s_barrier
@@ -58,21 +64,21 @@
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      st.global.v4.b32 [%rd{{[0-9]+}}+1280]
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX:      ld.v4.b32
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX-NOT:  bar.sync
 // PTX:      ret;
@@ -81,15 +87,21 @@
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA-NOT:  s_barrier
@@ -100,21 +112,21 @@
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      st.global.b8 [%rd{{[0-9]+}}+1680]
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX:      ld.v4.b32
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX-NOT:  bar.sync
 // PTX:      ret;
@@ -123,15 +135,21 @@
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA-NOT:  s_barrier
@@ -142,22 +160,22 @@
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      st.global.b8 [%rd{{[0-9]+}}+1904]
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX:      ld.v4.b32
 // PTX:      bar.sync 0;
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX-NOT:  bar.sync
 // PTX:      ret;
@@ -166,16 +184,22 @@
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA:      s_barrier
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA-NOT:  s_barrier
@@ -186,24 +210,24 @@
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      st.global.v4.b32 [%rd{{[0-9]+}}+1280]
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX:      ld.v4.b32
 // PTX:      st.global.v4.b32 [%rd{{[0-9]+}}+1792]
 // PTX:      bar.sync 0;
 // PTX:      ld.global.v4.b32 {{.*}}+1792]
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX-NOT:  bar.sync
 // PTX:      ret;
@@ -212,8 +236,11 @@
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA:      global_store_dwordx4 {{.*}} offset:1792
@@ -222,8 +249,11 @@
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA-NOT:  s_barrier
@@ -234,30 +264,30 @@
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      st.global.b8 [%rd{{[0-9]+}}+1472]
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX:      ld.v4.b32
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX:      ld.v4.b32
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX-NOT:  bar.sync
 // PTX:      ret;
@@ -266,22 +296,31 @@
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA-NOT:  s_barrier
@@ -294,22 +333,22 @@
 // PTX:      st.global.b32 [%rd{{[0-9]+}}+2304]
 // PTX:      st.global.v4.b32
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX:      ld.b64
 // PTX:      ld.v4.b32
 // PTX:      bar.sync 0;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX-NOT:  bar.sync
 // PTX:      ret;
@@ -319,17 +358,24 @@
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA:      flat_load_dwordx2
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      global_load_dwordx4
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
 // ISA-NOT:  s_barrier
