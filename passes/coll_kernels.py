@@ -56,6 +56,8 @@ class Collective:
         self.stage = self.at(workspace, spec.stage_offset)
         self.reduced = self.at(workspace, spec.reduced_offset)
         self.splits = splits  # all_to_all_v: (splits, recv_counts)
+        self.meets = 0  # device barriers so far (meet k is traced as "meet<k>")
+        self.open_step = None  # the trace op that began the work after the last meet ("step<k>")
 
     def i64(self, value: int) -> ir.Value:
         return self.b.const_i64(value)
@@ -79,16 +81,35 @@ class Collective:
         off, length = self.slice(self.i64(nbytes) if isinstance(nbytes, int) else nbytes)
         mori_comm.copy_bytes(self.at(dest, off), self.at(source, off), length, **self.b.at())
 
+    def trace(self, event: str, phase: str) -> ir.Operation:
+        """A trace point (``mori_comm.trace``; compiled out unless the compile option ``trace``)."""
+        return mori_comm.trace(event, phase, **self.b.at())
+
     def stage_chunks(self) -> None:
-        """Stage: each chunk of the input into this PE's ``stage`` (chunk c at c * stride)."""
+        """Stage: each chunk of the input into this PE's ``stage`` (chunk c at c * stride); traced "stage"."""
+        self.trace("stage", "begin")
         for c, (offset, nbytes) in enumerate(self.spec.chunks()):
             if nbytes:
                 self.copy(self.at(self.stage, c * self.spec.stage_stride), self.at(self.input, offset), nbytes)
+        self.trace("stage", "end")
 
     def meet(self) -> None:
-        """Block b meets block b of every PE (release before, acquire after)."""
-        s = self.spec
+        """Block b meets block b of every PE (release before, acquire after). Traced: "meet<k>" around the
+        barrier, "step<k>" from the end of meet k - 1 to the start of meet k (the pulls or sums between)."""
+        s, k = self.spec, self.meets
+        if self.open_step is not None:
+            self.trace(f"step{k}", "end")
+        self.trace(f"meet{k}", "begin")
         mori_comm.device_barrier(self.slots, self.epochs, world_size=s.world_size, max_blocks=s.max_blocks, **self.b.at())
+        self.trace(f"meet{k}", "end")
+        self.meets = k + 1
+        self.open_step = self.trace(f"step{k + 1}", "begin")
+
+    def finish(self) -> None:
+        """After the expansion: the step begun after the closing meet holds nothing; its trace point goes."""
+        if self.open_step is not None:
+            self.open_step.erase()
+            self.open_step = None
 
     def peer(self, base: ir.Value, pe: ir.Value) -> ir.Value:
         """This PE's address of PE ``pe``'s copy of the symmetric ``base``."""

@@ -84,7 +84,9 @@ class MoriCollToKernels:
         expand = EXPANSIONS[(spec.op, spec.algorithm)]
         try:
             b = Builder(op.block, before=op, loc=op.location)
-            expand(Collective(b, spec, *op.operands, wave=self.wave_size))
+            collective = Collective(b, spec, *op.operands, wave=self.wave_size)
+            expand(collective)
+            collective.finish()
         except (GeneratorError, MoriCompilerError):
             raise
         except Exception as exc:  # a generator bug (a wrong builder call): internal, named

@@ -47,7 +47,7 @@ def torch_dtype(name: str):
     return getattr(torch, _TORCH_DTYPES[name])
 
 
-def coll_bundle(specs, target: str, *, virtual_pes: bool, cache_root=None):
+def coll_bundle(specs, target: str, *, virtual_pes: bool, cache_root=None, trace: bool = False):
     """The bundle holding the kernels of ``specs`` (CollSpecs) for ``target``: from the cache, or compiled
     now where the compiler is installed. The one path from specs to a bundle (the op and precompiling
     scripts call it, so they agree on the key)."""
@@ -64,7 +64,9 @@ def coll_bundle(specs, target: str, *, virtual_pes: bool, cache_root=None):
     if not specs or not all(isinstance(s, CollSpec) for s in specs):
         raise MoriCompilerError(f"coll_bundle: specs must be a non-empty list of CollSpec, got {specs!r}")
     source = kernel_source(specs)  # (checks every spec: a ValueError names the field)
-    options = CompileOptions(target=target, virtual_pes=virtual_pes)
+    if not isinstance(trace, bool):
+        raise MoriCompilerError(f"coll_bundle: trace must be a bool, got {trace!r}")
+    options = CompileOptions(target=target, virtual_pes=virtual_pes, trace=trace)  # trace: a bundle of its own
     # Keyed by the mori_coll text (found without MLIR); the pipeline's first pass, mori-coll-to-kernels, expands it.
     return get_bundle(source, options, cache_root=cache_root, what=f"collectives ({target})",
                       kernels=[s.kernel_name for s in specs])  # fmt: skip
@@ -114,11 +116,12 @@ class Collective:
     dialects/mori_coll_schema.py for each op's input and output sizes) on every PE of the initialized
     shmem; ``algorithm`` for all_reduce (one_shot or two_shot), ``root`` for broadcast. ``target``: the
     GPU's (default: sm_90 on CUDA, gfx942 on HIP); ``cache_root``: the kernel cache; ``wait_limit``: polls
-    per device wait before it gives up (KernelSet's: a hang becomes a WaitTimeoutError). Collective in
+    per device wait before it gives up (KernelSet's: a hang becomes a WaitTimeoutError); ``trace``: compile the
+    phase trace points in (``kernel_trace()``; docs/tracing.md). Collective in
     multi-process mode: every PE constructs, calls and closes the same collectives in the same order."""
 
     def __init__(self, op: str, dtype, count: int, *, algorithm: str = "", root: int = 0, target: str | None = None,
-                 cache_root=None, wait_limit: int | None = None):  # fmt: skip
+                 cache_root=None, wait_limit: int | None = None, trace: bool = False):  # fmt: skip
         from mori_compiler.runtime.extras import import_extra
 
         torch = import_extra("torch")
@@ -135,7 +138,10 @@ class Collective:
         self.spec.check()
         self.pes = list(range(state.n_pes)) if self.virtual else [shmem.shmem_mype()]
         self.target = target or ("sm_90" if state.driver.backend in ("nvvm", "cuda") else "gfx942")
-        bundle = coll_bundle([self.spec], self.target, virtual_pes=self.virtual, cache_root=cache_root)
+        if not isinstance(trace, bool):
+            raise ValueError(f"{op}: trace must be a bool, got {trace!r}")
+        self.trace = trace
+        bundle = coll_bundle([self.spec], self.target, virtual_pes=self.virtual, cache_root=cache_root, trace=trace)
         self.kernels = KernelSet(bundle, wait_limit=wait_limit)
         self.dtype = torch_dtype(self.spec.dtype)
         self._handle = shmem.shmem_malloc_align(HEADER_ALIGN, self.spec.workspace_bytes)
@@ -249,6 +255,15 @@ class Collective:
                     raise ValueError(f"all_to_all_v: {what} of PE {pe} must be on {device or 'cuda'} (the kernel "
                                      f"reads it: no host sync), got {t.device}")  # fmt: skip
         return list(zip(sends, recvs))
+
+    def kernel_trace(self):
+        """Start recording this collective's phase trace points ("stage", "meet<k>", "step<k>"; a Collective
+        built with ``trace=True``): the runtime KernelTrace (runtime/trace.py: ``read()``, ``reset()``,
+        ``disable()``; ``export_to_perfetto``) of its kernel, for the launches that follow."""
+        if not self.trace:
+            raise ValueError(f"{self.spec.op}: kernel_trace needs a Collective built with trace=True")
+        grid = (self.spec.blocks, 1) if self.virtual else (self.spec.blocks, 1, 1)
+        return self.kernels.trace(self.spec.kernel_name, grid, n_pes=len(self.pes) if self.virtual else None)
 
     def close(self) -> None:
         """Free the workspace (after the device finished with it); collective in multi-process mode."""

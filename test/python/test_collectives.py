@@ -135,11 +135,12 @@ def _expanded(specs, wave=64):
 
 
 def _op_sequence(fn) -> list[str]:
+    """The protocol's steps of an expanded kernel (its trace points: _trace_points)."""
     names = []
 
     def visit(op):
         name = op.operation.name
-        if name.startswith(("mori_comm.", "mori_shmem.ptr", "gpu.barrier", "mori_coll.")):
+        if name.startswith(("mori_comm.", "mori_shmem.ptr", "gpu.barrier", "mori_coll.")) and name != "mori_comm.trace":
             names.append(name.rpartition(".")[2])
         return __import__("mori_compiler._mlir", fromlist=["ir"]).ir.WalkResult.ADVANCE
 
@@ -164,6 +165,35 @@ def test_each_collective_expands_into_its_protocol_steps(spec, steps):
     module = _expanded([spec])
     fn = module.body.operations[0].regions[0].blocks[0].operations[0]
     assert _op_sequence(fn) == steps
+
+
+def _trace_points(fn) -> list[str]:
+    from mori_compiler._mlir import ir
+
+    points = []
+
+    def visit(op):
+        if op.operation.name == "mori_comm.trace":
+            a = op.operation.attributes
+            points.append(f"{ir.StringAttr(a['event']).value}:{ir.StringAttr(a['phase']).value}")
+        return ir.WalkResult.ADVANCE
+
+    fn.operation.walk(visit)
+    return points
+
+
+@pytest.mark.parametrize("spec, meets", [(CollSpec("all_gather", "u8", 5, 3), 2),
+                                         (CollSpec("all_reduce", "bf16", 40, 3, "two_shot"), 3)])  # fmt: skip
+def test_each_collective_marks_its_phases_with_trace_points(spec, meets):
+    """stage, then per device barrier k "meet<k>" and between two of them "step<k>" (the pulls or sums); none
+    after the closing barrier (docs/collectives.md, compiled out unless the trace option)."""
+    module = _expanded([spec])
+    fn = module.body.operations[0].regions[0].blocks[0].operations[0]
+    want = ["stage:begin", "stage:end"]
+    for k in range(meets):
+        want += ([f"step{k}:end"] if k else []) + [f"meet{k}:begin", f"meet{k}:end"]
+        want += [f"step{k + 1}:begin"] if k + 1 < meets else []
+    assert _trace_points(fn) == want
 
 
 def test_two_shot_stages_only_nonempty_shares():
@@ -309,3 +339,21 @@ def test_collective_needs_shmem():
         Collective("all_gather", "u8", 4)
     with pytest.raises(ValueError, match="op must be one of"):
         Collective("gather", "u8", 4)
+
+
+def test_a_traced_bundle_lists_the_phases_and_an_untraced_one_none(tmp_path):
+    """trace=True compiles the trace points in (a bundle of its own, slots in phase order); the default has
+    none; a non-bool trace is refused."""
+    from mori_compiler.errors import MoriCompilerError
+    from mori_compiler.ops.collectives import coll_bundle
+
+    spec = CollSpec("all_gather", "u8", 5, 3)
+    plain = coll_bundle([spec], "sm_90", virtual_pes=True, cache_root=tmp_path)
+    traced = coll_bundle([spec], "sm_90", virtual_pes=True, cache_root=tmp_path, trace=True)
+    assert plain.key != traced.key
+    assert plain.kernels[spec.kernel_name].trace_events == ()
+    assert traced.kernels[spec.kernel_name].trace_events == (
+        "stage:begin", "stage:end", "meet0:begin", "meet0:end", "step1:begin", "step1:end", "meet1:begin",
+        "meet1:end")  # fmt: skip
+    with pytest.raises(MoriCompilerError, match="coll_bundle: trace must be a bool, got 1"):
+        coll_bundle([spec], "sm_90", virtual_pes=True, cache_root=tmp_path, trace=1)

@@ -1,10 +1,29 @@
-// RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=64}' | FileCheck %s --implicit-check-not=mori_coll.
+// RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=64},mori-trace-to-timer{enabled=false wave-size=64}' | FileCheck %s --implicit-check-not=mori_coll.
+// RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=64}' | FileCheck %s --check-prefix=TRACE
 // RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=32},mori-comm-to-calls{wave-size=32}' | FileCheck %s --check-prefix=CALLS
 
 // The expansion of each collective (passes/coll_kernels.py; protocols: docs/collectives.md), world 4:
 // stage (copy_bytes into this PE's workspace) -> device_barrier -> pull / reduce from the peers' workspaces
 // (mori_shmem.ptr) -> device_barrier (the workspace is free for the next call). No mori_coll op is left
 // (implicit-check-not); the slots are the workspace's start, the epochs at 8 x max_blocks x W = 1024.
+// The phases carry trace points (compiled out here by mori-trace-to-timer{enabled=false}; kept by the TRACE
+// run): "stage", then per barrier k "meet<k>", between barriers "step<k>", nothing after the closing one.
+
+// TRACE-LABEL: gpu.func @coll_all_gather_u8_w4_n100(
+// TRACE:         "mori_comm.trace"() {event = "stage", phase = "begin"}
+// TRACE:         "mori_comm.copy_bytes"
+// TRACE-NEXT:    "mori_comm.trace"() {event = "stage", phase = "end"}
+// TRACE-NEXT:    "mori_comm.trace"() {event = "meet0", phase = "begin"}
+// TRACE-NEXT:    "mori_comm.device_barrier"
+// TRACE-NEXT:    "mori_comm.trace"() {event = "meet0", phase = "end"}
+// TRACE-NEXT:    "mori_comm.trace"() {event = "step1", phase = "begin"}
+// TRACE:         scf.for
+// TRACE:         }
+// TRACE-NEXT:    "mori_comm.trace"() {event = "step1", phase = "end"}
+// TRACE-NEXT:    "mori_comm.trace"() {event = "meet1", phase = "begin"}
+// TRACE-NEXT:    "mori_comm.device_barrier"
+// TRACE-NEXT:    "mori_comm.trace"() {event = "meet1", phase = "end"}
+// TRACE-NEXT:    gpu.return
 
 module attributes {gpu.container_module} {
   gpu.module @mori_coll {

@@ -18,7 +18,7 @@ import pytest
 from multi_gpu import multi_gpu_shmem
 from virtual_pes import virtual_pes_fixture
 
-from mori_compiler.dialects.mori_coll_schema import CollSpec
+from mori_compiler.dialects.mori_coll_schema import BLOCK_THREADS, CollSpec
 
 pytestmark = pytest.mark.gpu
 
@@ -65,12 +65,19 @@ def multi_gpu_specs(world: int) -> list[CollSpec]:
             CollSpec("all_to_all_v", "f32", 3001, world)]  # fmt: skip
 
 
+def traced_spec(world: int) -> CollSpec:
+    """The collective test_traced_collective_records_its_phases runs with trace points."""
+    return CollSpec("all_reduce", "bf16", 65541, world, "two_shot")
+
+
 def all_bundles(cache_root, target: str = TARGET) -> list:
     """Every bundle these tests load: one per collective and PE count, compiled with virtual PEs, and the
     multi-GPU test's (compiled without)."""
     from mori_compiler.ops.collectives import coll_bundle
 
     virtual = [coll_bundle([s], target, virtual_pes=True, cache_root=cache_root) for w in VIRTUAL_PES for s in specs_for(w)]
+    virtual += [coll_bundle([traced_spec(w)], target, virtual_pes=True, cache_root=cache_root, trace=True)
+                for w in VIRTUAL_PES]  # fmt: skip
     return virtual + [coll_bundle([s], target, virtual_pes=False, cache_root=cache_root)
                       for w in MULTI_GPU for s in multi_gpu_specs(w)]  # fmt: skip
 
@@ -198,6 +205,47 @@ def test_two_collectives_on_two_streams(pes, bundle_root):
     finally:
         for coll in colls:
             coll.close()
+
+
+def test_traced_collective_records_its_phases(pes, bundle_root, tmp_path):
+    """A two-shot all_reduce built with trace=True: every PE's warps record stage, meet0..2 and step1..2 in
+    that order, the result is still right, and the Perfetto export holds a slice per phase."""
+    import json
+
+    import torch
+
+    from mori_compiler.ops.collectives import Collective
+    from mori_compiler.runtime.trace import export_to_perfetto, phase_summary
+
+    spec = traced_spec(pes)
+    coll = Collective(spec.op, spec.dtype, spec.count, algorithm=spec.algorithm, cache_root=bundle_root,
+                      wait_limit=WAIT_LIMIT, trace=True)  # fmt: skip
+    try:
+        gen = torch.Generator().manual_seed(4242 + pes)
+        inputs = [_random(spec, gen, pe).cuda() for pe in range(pes)]
+        outputs = _outputs(spec, pes, unaligned=False)
+        for t in outputs:
+            _poison(t)
+        recorder = coll.kernel_trace()
+        coll(inputs, outputs)
+        coll.kernels.synchronize()
+        _compare(spec, outputs, inputs, "traced call")
+        trace = recorder.read()
+        order = ["stage:begin", "stage:end", "meet0:begin", "meet0:end", "step1:begin", "step1:end", "meet1:begin",
+                 "meet1:end", "step2:begin", "step2:end", "meet2:begin", "meet2:end"]  # fmt: skip
+        summaries = phase_summary(trace)
+        assert sorted(s.pe for s in summaries) == list(range(pes))
+        for s in summaries:
+            assert s.warps == spec.blocks * BLOCK_THREADS // 32, (s.pe, s.warps)  # every warp of every block recorded
+            medians = [s.timeline[point].median for point in order]
+            assert medians == sorted(medians), (s.pe, dict(zip(order, medians)))
+            assert all(s.inverted.get(e, 0) == 0 for e in ("stage", "meet0", "step1", "meet1", "step2", "meet2"))
+        export_to_perfetto(tmp_path / "coll.json", trace)
+        events = json.loads((tmp_path / "coll.json").read_text())["traceEvents"]
+        names = {e.get("name") for e in events if e.get("ph") in ("X", "B")}
+        assert {"stage", "meet0", "step1", "meet1", "step2", "meet2"} <= names, names
+    finally:
+        coll.close()
 
 
 def _graph_replay(coll, spec: CollSpec, gen, outputs) -> None:
