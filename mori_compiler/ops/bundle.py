@@ -192,6 +192,12 @@ def _bitcode_paths(bitcode) -> tuple[str, ...]:
     return tuple(os.fspath(p) for p in paths)
 
 
+def device_target(state) -> str:
+    """The target whose kernels the shmem ``state``'s driver loads when the caller names none: sm_90 on
+    CUDA (the H200s the project runs on), gfx942 on HIP."""
+    return "sm_90" if state.driver.backend in ("nvvm", "cuda") else "gfx942"
+
+
 def ep_bundle(config: EpDispatchCombineConfig, target: str, *, virtual_pes: bool, asyncll=None, cache_root=None,
               bitcode=None, scale_blocks: int | None = None, trace: bool = False):  # fmt: skip
     """The kernel bundle ``EpDispatchCombineOp`` loads for ``config`` on ``target``: from the cache, or

@@ -22,6 +22,8 @@ import os
 from mori_compiler.dialects.mori_coll_schema import (BLOCK_THREADS, COLLECTIVES, ELEMENT_BYTES, HEADER_ALIGN,
                                                      REDUCING, CollSpec, kernel_source)  # fmt: skip
 
+from .bundle import device_target
+
 _TORCH_DTYPES = {"u8": "uint8", "i8": "int8", "bool": "bool", "fp8_e4m3fn": "float8_e4m3fn",
                  "fp8_e4m3fnuz": "float8_e4m3fnuz", "i16": "int16", "f16": "float16", "bf16": "bfloat16",
                  "i32": "int32", "f32": "float32", "i64": "int64", "f64": "float64"}  # fmt: skip
@@ -137,7 +139,7 @@ class Collective:
         self.spec = CollSpec(op, dtype_name(dtype), count, state.n_pes, algorithm, root)
         self.spec.check()
         self.pes = list(range(state.n_pes)) if self.virtual else [shmem.shmem_mype()]
-        self.target = target or ("sm_90" if state.driver.backend in ("nvvm", "cuda") else "gfx942")
+        self.target = target or device_target(state)
         if not isinstance(trace, bool):
             raise ValueError(f"{op}: trace must be a bool, got {trace!r}")
         self.trace = trace

@@ -63,6 +63,7 @@ from mori_compiler.wire_quant import QUANT_COMBINE_DTYPE
 
 from . import standard_moe
 from .routing_handle import EpDispatchRoutingHandle, new_op_id
+from .bundle import device_target
 from .bundle import ep_bundle, kernel_module_source, kernel_names, kernel_plan  # noqa: F401 (re-exported)
 from .config import (COMBINE_DTYPES, DISPATCH_DTYPES, DISPATCH_INPUT_DTYPES, IMPLEMENTED,  # noqa: F401 (re-exported)
                      MAX_BLOCKS, EpDispatchCombineConfig, EpDispatchCombineKernelType, _dtype_name, _is_int,
@@ -150,7 +151,7 @@ class EpDispatchCombineOp:
         self.virtual = bool(state.virtual)
         if not self.virtual and shmem.shmem_mype() != config.rank:
             raise ValueError(f"config.rank {config.rank} differs from shmem_mype() {shmem.shmem_mype()}")
-        self.target = get_target(target or ("sm_90" if state.driver.backend in ("nvvm", "cuda") else "gfx942"))
+        self.target = get_target(target or device_target(state))
         validate_config(config, self.target.wave_size, self.target.name)
         self.kernel_type = EpDispatchCombineKernelType(config.kernel_type)
         self.asyncll = None
