@@ -25,9 +25,12 @@ all_to_all_v's ``splits`` (this PE's i32 [W], device memory) and ``recv_counts``
 more kernel parameters; a split above ``count`` is clamped to it on the device (no host sync to refuse it).
 
 Workspace (one symmetric allocation per collective, 256-byte aligned; only the header is zeroed, once):
-``[device-barrier slots: max_blocks x W u64 | epochs: max_blocks u64]`` (the header), then the staging area
-(``stage``: the input's chunks, chunk c at ``c * stage_stride``), then the reduced area (``reduced``: the
-sums this PE computed). Chunks and slices are 16-byte aligned, so accumulate_rows reads whole vectors.
+``[device-barrier slots: max_blocks x W u64 | epochs: max_blocks u64 | sources: max_blocks i64]`` (the
+header), then the staging area (``stage``: the input's chunks, chunk c at ``c * stage_stride``), then the
+reduced area (``reduced``: the sums this PE computed). Chunks and slices are 16-byte aligned, so
+accumulate_rows reads whole vectors. ``sources[b]``: where block b of this PE placed the bytes its peers
+read this call, as an offset from the workspace (the stage's, or the input's when it is read in place:
+``in_place_layout`` and passes/coll_kernels.py).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ MAX_BYTES = 1 << 34  # per input or output: offsets stay far from i64 limits
 BLOCK_THREADS = 256
 BYTES_PER_BLOCK = 64 << 10  # the launch takes one block per 64 KiB a PE moves, up to max_blocks
 VIRTUAL_GRID_BLOCKS = 128  # and at most this many over all PEs: W virtual PEs' grids are co-resident on one GPU
+ONE_SHOT_MAX_BYTES = 512 << 10  # all_reduce's automatic algorithm: one_shot up to this many bytes, two_shot above
 VECTOR = 16
 HEADER_ALIGN = 256
 KERNEL_PARAMS = ("input", "output", "workspace")  # all pointers: the PE's own tensors, its workspace address
@@ -148,11 +152,28 @@ class CollSpec:
     def stage_stride(self) -> int:
         return _round_up(self.chunk_elems * self.elem_bytes, VECTOR)
 
+    @property
+    def in_place_layout(self) -> bool:
+        """Whether the peers may read this PE's input where it is (no staging copy), when at run time it
+        lies in the symmetric heap, 16-byte aligned, apart from the output: its chunks start where the
+        stage's do (one chunk, or ``count`` bytes a multiple of 16) and no whole-vector read of a sum runs
+        past its end (the same condition). all_to_all_v always stages (its chunks are packed)."""
+        if self.op in ("all_gather", "broadcast"):
+            return True
+        return self.op != "all_to_all_v" and (self.count * self.elem_bytes) % VECTOR == 0
+
+    @property
+    def sums_into_output(self) -> bool:
+        """reduce_scatter and one-shot all_reduce: the sums go straight into the output (no ``reduced`` and
+        second copy) when its bytes are whole 16-byte vectors (and, at run time, the output is aligned)."""
+        one_shot = self.op == "all_reduce" and self.algorithm == "one_shot"
+        return (one_shot or self.op == "reduce_scatter") and (self.count * self.elem_bytes) % VECTOR == 0
+
     # ---- workspace --------------------------------------------------------------------------------
     @property
     def header_bytes(self) -> int:
-        """Device-barrier slots and epochs: zeroed once at allocation, never reset."""
-        return _round_up(8 * self.max_blocks * (self.world_size + 1), HEADER_ALIGN)
+        """Device-barrier slots, epochs (zeroed once at allocation, never reset) and sources."""
+        return _round_up(self.sources_offset + 8 * self.max_blocks, HEADER_ALIGN)
 
     @property
     def slots_offset(self) -> int:
@@ -161,6 +182,11 @@ class CollSpec:
     @property
     def epochs_offset(self) -> int:
         return 8 * self.max_blocks * self.world_size
+
+    @property
+    def sources_offset(self) -> int:
+        """``sources[max_blocks]`` i64: block b's offset (from the workspace) of the bytes it placed."""
+        return self.epochs_offset + 8 * self.max_blocks
 
     @property
     def stage_offset(self) -> int:
@@ -221,6 +247,12 @@ class CollSpec:
         ptrs = ", ".join(["!llvm.ptr"] * len(self.params))
         operands = ", ".join(f"%{p}" for p in self.params)
         return f'"mori_coll.{self.op}"({operands}) {{{attrs}}} : ({ptrs}) -> ()'
+
+
+def auto_algorithm(dtype: str, count: int) -> str:
+    """all_reduce's algorithm when none is named: one_shot (one round, the lowest latency) up to
+    ONE_SHOT_MAX_BYTES, two_shot (each PE reads the bytes twice, not W times) above."""
+    return "one_shot" if count * ELEMENT_BYTES.get(dtype, 1) <= ONE_SHOT_MAX_BYTES else "two_shot"
 
 
 def kernel_source(specs: list[CollSpec] | tuple[CollSpec, ...]) -> str:

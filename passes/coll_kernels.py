@@ -10,20 +10,29 @@ Shared protocol (every collective is one or more rounds of it):
   ``[u * S, u * S + S)`` with ``S = round_up(ceil(c / U), 16)``. So the bytes block b writes on one PE are
   exactly the bytes block b reads on every other PE, and a per-block ``device_barrier`` (block b meets
   block b of every PE) orders them: no grid barrier is needed. Every PE launches the same grid.
-* **Stage** (who writes: each unit its slices; scope: this PE's workspace): ``copy_bytes`` from the
-  user's input into this PE's ``stage`` (chunk c at ``c * stride``), plain stores.
+* **Place** (who writes: each unit its slices, and thread 0 of each block one word; scope: this PE's
+  workspace): the bytes the peers read are this PE's input itself when the layout allows it
+  (``CollSpec.in_place_layout``) and, checked at run time, the input lies wholly in the symmetric heap
+  (``mori_shmem.ptr`` of its first and last byte to a peer is not null), is 16-byte aligned and is apart
+  from the output (all_gather, broadcast: or is exactly this PE's part of it); otherwise each unit
+  ``copy_bytes`` its slices of the input into this PE's ``stage`` (chunk c at ``c * stride``, plain
+  stores). Thread 0 of block b stores the chosen place's offset from the workspace into ``sources[b]``
+  (plain store); each PE chooses for itself, at every call.
 * **Meet** (``device_barrier``, every thread of the block): thread p < W fences (release, system scope:
   the block's staging stores, ordered before by the block barrier) and stores the block's new epoch into
   PE p's slot; polls its own slot of PE p until it reaches the epoch; fences (acquire); the block meets.
-  After it, every PE's staged slices of this block are visible to this block.
-* **Pull / reduce** (each unit its slices): ``copy_bytes`` from a peer's ``stage`` (its address from
-  ``mori_shmem.ptr``) into the user's output, or ``accumulate_rows`` of the W peers' slices (fp32 sums,
-  rounded once) into this PE's ``reduced``, then (after a ``gpu.barrier``: the lanes that copy are not the
-  lanes that summed) ``copy_bytes`` into the output.
-* **Release the workspace** (a final ``device_barrier``): no PE stages the next call's input into its
-  ``stage`` (or overwrites ``reduced``) before every peer's block finished reading this call's. With it,
-  calls follow each other on the stream with no host sync: the epochs live on the device and only grow
-  (graph replay is correct; nothing is reset).
+  After it, every PE's ``sources[b]`` and staged slices of this block are visible to this block (an input
+  read in place was written before the kernel, in its PE's stream order, so before the release too).
+* **Pull / reduce** (each unit its slices): lane l reads ``sources[b]`` of PE ``l mod W`` once (one round
+  trip for all peers; a peer's word is shuffled from its lane when needed), then ``copy_bytes`` from a
+  peer's placed bytes (its address: ``mori_shmem.ptr`` of the workspace plus that offset) into the user's
+  output, or ``accumulate_rows`` of the W peers' slices (fp32 sums, rounded once) into the output (whole
+  vectors, aligned output: ``CollSpec.sums_into_output``) or into this PE's ``reduced`` and then (after a
+  ``gpu.barrier``: the lanes that copy are not the lanes that summed) ``copy_bytes`` into the output.
+* **Release** (a final ``device_barrier``): no PE returns (its input may then change) or places the next
+  call's input into its ``stage``, ``sources`` (or overwrites ``reduced``) before every peer's block
+  finished reading this call's. With it, calls follow each other on the stream with no host sync: the
+  epochs live on the device and only grow (graph replay is correct; nothing is reset).
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ class Collective:
 
     def __init__(self, b: Builder, spec: CollSpec, input_: ir.Value, output: ir.Value, workspace: ir.Value,
                  *splits: ir.Value, wave: int):  # fmt: skip
-        self.b, self.spec = b, spec
+        self.b, self.spec, self.wave = b, spec, wave
         wave_c = b.const_index(wave)
         warps = b.divui(b.block_dim(), wave_c)
         unit = b.addi(b.muli(b.block_id(), warps), b.divui(b.thread_id(), wave_c))
@@ -55,6 +64,9 @@ class Collective:
         self.epochs = self.at(workspace, spec.epochs_offset)
         self.stage = self.at(workspace, spec.stage_offset)
         self.reduced = self.at(workspace, spec.reduced_offset)
+        self.my_source = self.at(workspace, b.muli(b.index_cast(b.i64, b.block_id()), self.i64(8)))
+        self.my_source = self.at(self.my_source, spec.sources_offset)  # this block's sources[b]
+        self.placed = None  # (lo, hi) i32 halves of PE (lane mod W)'s sources[b], read after the first meet
         self.splits = splits  # all_to_all_v: (splits, recv_counts)
         self.meets = 0  # device barriers so far (meet k is traced as "meet<k>")
         self.open_step = None  # the trace op that began the work after the last meet ("step<k>")
@@ -77,22 +89,72 @@ class Collective:
         return off, b.minui(b.subi(nbytes, off), size)
 
     def copy(self, dest: ir.Value, source: ir.Value, nbytes) -> None:
-        """This unit's slice of ``nbytes`` bytes (int or i64) from ``source`` to ``dest``."""
+        """This unit's slice of ``nbytes`` bytes (int or i64) from ``source`` to ``dest`` (none when they
+        are the same bytes: an in-place all_gather's or broadcast's own part)."""
+        b = self.b
         off, length = self.slice(self.i64(nbytes) if isinstance(nbytes, int) else nbytes)
-        mori_comm.copy_bytes(self.at(dest, off), self.at(source, off), length, **self.b.at())
+        with b.if_(b.icmp("ne", dest, source)):
+            mori_comm.copy_bytes(self.at(dest, off), self.at(source, off), length, **b.at())
 
     def trace(self, event: str, phase: str) -> ir.Operation:
         """A trace point (``mori_comm.trace``; compiled out unless the compile option ``trace``)."""
         return mori_comm.trace(event, phase, **self.b.at())
 
     def stage_chunks(self) -> None:
-        """Stage: each chunk of the input into this PE's ``stage`` (chunk c at c * stride); traced "stage"."""
-        self.trace("stage", "begin")
+        """Each chunk of the input into this PE's ``stage`` (chunk c at c * stride)."""
         for c, (offset, nbytes) in enumerate(self.spec.chunks()):
             if nbytes:
                 self.copy(self.at(self.stage, c * self.spec.stage_stride), self.at(self.input, offset), nbytes)
+
+    def readable_in_place(self) -> ir.Value:
+        """i1: this PE's input may be read where it is (the module docstring's rule; uniform over the grid)."""
+        b, s = self.b, self.spec
+        in_bytes, out_bytes = self.i64(s.input_elems * s.elem_bytes), self.i64(s.output_elems * s.elem_bytes)
+        other = b.remui(b.addi(self.me, b.const_i32(1)), b.const_i32(s.world_size))
+        null = b.null()
+        last = self.at(self.input, s.input_elems * s.elem_bytes - 1)
+        in_heap = b.andi(b.icmp("ne", self.peer(self.input, other), null), b.icmp("ne", self.peer(last, other), null))
+        i0, o0 = b.ptrtoint(b.i64, self.input), b.ptrtoint(b.i64, self.output)
+        aligned = b.cmpi("eq", b.andi(i0, self.i64(VECTOR - 1)), self.i64(0))
+        apart = b.ori(b.cmpi("ule", b.addi(i0, in_bytes), o0), b.cmpi("ule", b.addi(o0, out_bytes), i0))
+        if s.op in ("all_gather", "broadcast"):  # in place: the input is this PE's part of the output
+            part = b.muli(b.extui(b.i64, self.me), in_bytes) if s.op == "all_gather" else self.i64(0)
+            apart = b.ori(apart, b.cmpi("eq", i0, b.addi(o0, part)))
+        return b.andi(b.andi(in_heap, aligned), apart)
+
+    def place_input(self) -> None:
+        """Place: the input where it is, or staged (the module docstring's rule); thread 0 of the block
+        stores the place's offset from the workspace into sources[b]. Traced "stage"."""
+        b, s = self.b, self.spec
+        self.trace("stage", "begin")
+        staged = self.i64(s.stage_offset)
+        if s.in_place_layout:
+            direct = self.readable_in_place()
+            with b.if_(b.xori(direct, b.const_i1(True))):
+                self.stage_chunks()
+            offset = b.select(direct, b.subi(b.ptrtoint(b.i64, self.input), b.ptrtoint(b.i64, self.slots)), staged)
+        else:
+            self.stage_chunks()
+            offset = staged
+        with b.if_(b.cmpi("eq", b.index_cast(b.i32, b.thread_id()), b.const_i32(0))):
+            b.store(offset, self.my_source)
         self.trace("stage", "end")
 
+    def _read_places(self) -> None:
+        """After the first meet: lane l reads PE (l mod W)'s sources[b], kept as two i32 halves (a shuffle
+        moves 32 bits)."""
+        b = self.b
+        pe = b.remui(b.index_cast(b.i32, b.lane_id()), b.const_i32(self.spec.world_size))
+        word = b.load(b.i64, self.peer(self.my_source, pe))
+        self.placed = (b.trunci(b.i32, word), b.trunci(b.i32, b.shrui(word, self.i64(32))))
+
+    def source(self, pe: ir.Value) -> ir.Value:
+        """This PE's address of the bytes PE ``pe`` (warp-uniform) placed this call: its input or its stage."""
+        b = self.b
+        width = b.const_i32(self.wave)
+        lo, hi = (b.extui(b.i64, b.shuffle("idx", half, pe, width)[0]) for half in self.placed)
+        offset = b.ori(b.shli(hi, self.i64(32)), lo)
+        return self.at(self.peer(self.slots, pe), offset)
     def meet(self) -> None:
         """Block b meets block b of every PE (release before, acquire after). Traced: "meet<k>" around the
         barrier, "step<k>" from the end of meet k - 1 to the start of meet k (the pulls or sums between)."""
@@ -103,6 +165,8 @@ class Collective:
         mori_comm.device_barrier(self.slots, self.epochs, world_size=s.world_size, max_blocks=s.max_blocks, **self.b.at())
         self.trace(f"meet{k}", "end")
         self.meets = k + 1
+        if k == 0 and self.spec.op != "all_to_all_v":
+            self._read_places()
         self.open_step = self.trace(f"step{k + 1}", "begin")
 
     def finish(self) -> None:
@@ -132,9 +196,29 @@ class Collective:
             mori_comm.accumulate_rows(self.at(dest, off), elems, [self.at(s, off) for s in sources],
                                       dtype=self.spec.dtype, **b.at())  # fmt: skip
 
-    def peers_at(self, base: ir.Value, offset) -> list[ir.Value]:
-        """Every PE's address of ``base + offset`` (PE order 0 .. W-1)."""
-        return [self.at(self.peer(base, self.b.const_i32(p)), offset) for p in range(self.spec.world_size)]
+    def sources_at(self, offset) -> list[ir.Value]:
+        """Every PE's address of its placed bytes + ``offset`` (PE order 0 .. W-1)."""
+        return [self.at(self.source(self.b.const_i32(p)), offset) for p in range(self.spec.world_size)]
+
+    def sum_into_output(self, offset) -> None:
+        """reduce_scatter, one-shot all_reduce: this unit's slice of ``output = sum of the W sources at
+        offset``, straight into the output when its bytes are whole vectors (``sums_into_output``) and it is
+        16-byte aligned (run time), else into ``reduced``, a block barrier (the lanes that copy are not the
+        lanes that summed), and a copy into the output."""
+        b, n = self.b, self.spec.output_elems * self.spec.elem_bytes
+        sources = self.sources_at(offset)
+
+        def via_reduced():
+            self.reduce(self.reduced, sources, self.i64(n))
+            b.barrier()
+            self.copy(self.output, self.reduced, n)
+            return []
+
+        if not self.spec.sums_into_output:
+            via_reduced()
+            return
+        aligned = b.cmpi("eq", b.andi(b.ptrtoint(b.i64, self.output), self.i64(VECTOR - 1)), self.i64(0))
+        b.if_else(aligned, [], lambda: self.reduce(self.output, sources, self.i64(n)) or [], via_reduced)
 
 
 # ---- the collectives (each: its protocol, then its code) ------------------------------------------------
@@ -152,76 +236,70 @@ def _share(c: Collective, pe: ir.Value) -> tuple[ir.Value, ir.Value]:
 
 
 def all_gather(c: Collective) -> None:
-    """Stage the input; meet; pull every PE's stage into ``out[p * n]``; meet (the stage is free again)."""
+    """Place the input; meet; pull every PE's placed bytes into ``out[p * n]``; meet (they are free again)."""
     n, b = _bytes(c), c.b
 
     def pull(pe):
-        c.copy(c.at(c.output, b.muli(b.extui(b.i64, pe), c.i64(n))), c.peer(c.stage, pe), n)
+        c.copy(c.at(c.output, b.muli(b.extui(b.i64, pe), c.i64(n))), c.source(pe), n)
 
-    c.stage_chunks()
+    c.place_input()
     c.meet()
     c.each_peer(pull)
     c.meet()
 
 
 def broadcast(c: Collective) -> None:
-    """The root stages its input; meet; every PE pulls the root's stage into its output; meet."""
+    """The root places its input; meet; every PE pulls the root's placed bytes into its output; meet."""
     b, root = c.b, c.b.const_i32(c.spec.root)
     with b.if_(b.cmpi("eq", c.me, root)):
-        c.stage_chunks()
+        c.place_input()
     c.meet()
-    c.copy(c.output, c.peer(c.stage, root), _bytes(c))
+    c.copy(c.output, c.source(root), _bytes(c))
     c.meet()
 
 
 def all_to_all(c: Collective) -> None:
-    """Stage chunk q (for PE q) at ``q * stride``; meet; pull chunk ``me`` of every PE p into ``out[p * n]``;
-    meet."""
+    """Place the input (chunk q, for PE q, at ``q * stride``); meet; pull chunk ``me`` of every PE p into
+    ``out[p * n]``; meet."""
     n, b = _bytes(c), c.b
     mine = b.muli(b.extui(b.i64, c.me), c.i64(c.spec.stage_stride))
 
     def pull(pe):
-        c.copy(c.at(c.output, b.muli(b.extui(b.i64, pe), c.i64(n))), c.at(c.peer(c.stage, pe), mine), n)
+        c.copy(c.at(c.output, b.muli(b.extui(b.i64, pe), c.i64(n))), c.at(c.source(pe), mine), n)
 
-    c.stage_chunks()
+    c.place_input()
     c.meet()
     c.each_peer(pull)
     c.meet()
 
 
 def reduce_scatter(c: Collective) -> None:
-    """Stage chunk q at ``q * stride``; meet; sum chunk ``me`` of every PE into ``reduced`` (fp32); block
-    barrier (lanes hand the sums over); copy ``reduced`` to the output; meet."""
-    n, b = _bytes(c), c.b
-    mine = b.muli(b.extui(b.i64, c.me), c.i64(c.spec.stage_stride))
-    c.stage_chunks()
+    """Place the input (chunk q at ``q * stride``); meet; sum chunk ``me`` of every PE into the output
+    (fp32; through ``reduced`` unless whole aligned vectors); meet."""
+    b = c.b
+    c.place_input()
     c.meet()
-    c.reduce(c.reduced, c.peers_at(c.stage, mine), c.i64(n))
-    b.barrier()
-    c.copy(c.output, c.reduced, n)
+    c.sum_into_output(b.muli(b.extui(b.i64, c.me), c.i64(c.spec.stage_stride)))
     c.meet()
 
 
 def all_reduce_one_shot(c: Collective) -> None:
-    """Stage the input; meet; sum every PE's whole stage into ``reduced`` (fp32); block barrier; copy
-    ``reduced`` to the output; meet. One round: the lowest latency, W x the bytes read per PE."""
-    n = _bytes(c)
-    c.stage_chunks()
+    """Place the input; meet; sum every PE's whole input into the output (fp32; through ``reduced`` unless
+    whole aligned vectors); meet. One round: the lowest latency, W x the bytes read per PE."""
+    c.place_input()
     c.meet()
-    c.reduce(c.reduced, c.peers_at(c.stage, 0), c.i64(n))
-    c.b.barrier()
-    c.copy(c.output, c.reduced, n)
+    c.sum_into_output(0)
     c.meet()
 
 
 def all_reduce_two_shot(c: Collective) -> None:
-    """Reduce-scatter then all-gather: stage the input (share q at ``q * stride``); meet; sum share ``me``
+    """Reduce-scatter then all-gather: place the input (share q at ``q * stride``); meet; sum share ``me``
     of every PE into ``reduced``; meet (release: the sums; acquire: every PE's); pull share p from PE p's
     ``reduced`` into the output; meet. Each PE reads 2 x the bytes once, not W x."""
     off, nbytes = _share(c, c.me)
-    c.stage_chunks()
+    c.place_input()
     c.meet()
-    c.reduce(c.reduced, c.peers_at(c.stage, off), nbytes)
+    c.reduce(c.reduced, c.sources_at(off), nbytes)
     c.meet()
 
     def pull(pe):

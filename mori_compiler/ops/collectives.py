@@ -6,13 +6,20 @@ process, one launch for all PEs: every tensor argument and result is a list per 
     ar = Collective("all_reduce", torch.bfloat16, 1 << 20, algorithm="two_shot")
     outs = ar([x0, x1, x2, x3])          # outs[p] = x0 + x1 + x2 + x3 (fp32 sums, rounded once)
 
+**Inputs in the symmetric heap are read in place.** When a PE's input lies in the heap (``heap_input()``,
+or any tensor over ``shmem_malloc``), 16-byte aligned and apart from its output (all_gather and broadcast:
+or exactly this PE's part of the output, in place), its peers read it where it is; any other input is
+first copied into the workspace (the stage). Each PE decides for itself at every call; ``placement()``
+says which it was. In place saves a copy of the input: the bandwidth-bound sizes run up to ~1.3x faster
+(bench/NOTES.md, session 13). The input must then stay unchanged until the call is done (stream order).
+
 Each ``Collective`` is compiled once per (op, dtype, count, world size, algorithm/root) into a bundle from
 the kernel cache (``coll_bundle``: keyed by the mori_coll module's text, dialects/mori_coll_schema.py, so a
 GPU machine without the compiler finds a precompiled one), and owns one symmetric workspace (its header
 zeroed once). A call launches one kernel on the current stream: no host sync, graph-capturable (capture
 after one eager call with the same tensors: the virtual-PE argument table is uploaded by that call), calls
 back to back reuse the workspace safely (docs/collectives.md). Every call must use the same grid, which
-the object fixes (``spec.blocks``).
+the object fixes (``blocks``).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 import os
 
 from mori_compiler.dialects.mori_coll_schema import (BLOCK_THREADS, COLLECTIVES, ELEMENT_BYTES, HEADER_ALIGN,
-                                                     REDUCING, CollSpec, kernel_source)  # fmt: skip
+                                                     REDUCING, CollSpec, auto_algorithm, kernel_source)  # fmt: skip
 
 from .bundle import device_target
 
@@ -116,14 +123,16 @@ def _overlap(a, b) -> bool:
 class Collective:
     """One collective, compiled once: ``op`` (one of COLLECTIVES) over ``count`` elements of ``dtype`` (see
     dialects/mori_coll_schema.py for each op's input and output sizes) on every PE of the initialized
-    shmem; ``algorithm`` for all_reduce (one_shot or two_shot), ``root`` for broadcast. ``target``: the
+    shmem; ``algorithm`` for all_reduce (one_shot or two_shot; default: one_shot up to ONE_SHOT_MAX_BYTES,
+    two_shot above), ``root`` for broadcast; ``blocks``: blocks per PE of every launch (default
+    ``spec.blocks``; at most max_blocks, and with virtual PEs W x blocks must be co-resident). ``target``: the
     GPU's (default: sm_90 on CUDA, gfx942 on HIP); ``cache_root``: the kernel cache; ``wait_limit``: polls
     per device wait before it gives up (KernelSet's: a hang becomes a WaitTimeoutError); ``trace``: compile the
     phase trace points in (``kernel_trace()``; docs/tracing.md). Collective in
     multi-process mode: every PE constructs, calls and closes the same collectives in the same order."""
 
-    def __init__(self, op: str, dtype, count: int, *, algorithm: str = "", root: int = 0, target: str | None = None,
-                 cache_root=None, wait_limit: int | None = None, trace: bool = False):  # fmt: skip
+    def __init__(self, op: str, dtype, count: int, *, algorithm: str = "", root: int = 0, blocks: int | None = None,
+                 target: str | None = None, cache_root=None, wait_limit: int | None = None, trace: bool = False):  # fmt: skip
         from mori_compiler.runtime.extras import import_extra
 
         torch = import_extra("torch")
@@ -132,12 +141,18 @@ class Collective:
 
         if op not in COLLECTIVES:
             raise ValueError(f"op must be one of {', '.join(COLLECTIVES)}, got {op!r}")
-        if op == "all_reduce" and not algorithm:
-            algorithm = "one_shot"
         state = shmem.state()
         self.virtual = bool(state.virtual)
-        self.spec = CollSpec(op, dtype_name(dtype), count, state.n_pes, algorithm, root)
+        name = dtype_name(dtype)
+        if op == "all_reduce" and algorithm == "" and type(count) is int:
+            algorithm = auto_algorithm(name, count)
+        self.spec = CollSpec(op, name, count, state.n_pes, algorithm, root)
         self.spec.check()
+        if blocks is None:
+            blocks = self.spec.blocks
+        elif type(blocks) is not int or not 1 <= blocks <= self.spec.max_blocks:
+            raise ValueError(f"{op}: blocks must be an int in [1, max_blocks = {self.spec.max_blocks}], got {blocks!r}")
+        self.blocks = blocks  # every call's grid (the slices depend on it)
         self.pes = list(range(state.n_pes)) if self.virtual else [shmem.shmem_mype()]
         self.target = target or device_target(state)
         if not isinstance(trace, bool):
@@ -146,6 +161,7 @@ class Collective:
         bundle = coll_bundle([self.spec], self.target, virtual_pes=self.virtual, cache_root=cache_root, trace=trace)
         self.kernels = KernelSet(bundle, wait_limit=wait_limit)
         self.dtype = torch_dtype(self.spec.dtype)
+        self._heap_inputs: list[int] = []  # heap_input()'s allocations, freed by close()
         self._handle = shmem.shmem_malloc_align(HEADER_ALIGN, self.spec.workspace_bytes)
         for pe in self.pes:  # the device-barrier slots and epochs start at 0 (the kernels never reset them)
             shmem.shmem_tensor(self._handle, (self.spec.header_bytes,), torch.uint8,
@@ -153,6 +169,39 @@ class Collective:
         self._workspace = [shmem.shmem_ptr_p2p(self._handle, 0, pe) if self.virtual else self._handle for pe in self.pes]
         torch.cuda.synchronize()  # zeroed on every PE before any peer writes into it
         shmem.shmem_barrier_all()
+
+    def heap_input(self):
+        """A fresh input in the symmetric heap (a list of W views with virtual PEs, one per PE; this PE's
+        tensor otherwise; uninitialized), which the peers read in place. Freed by ``close()``; collective
+        in multi-process mode (every PE allocates the same in the same order)."""
+        from mori_compiler.runtime import shmem
+
+        if self.kernels is None:
+            raise RuntimeError(f"{self.spec.op}: the collective was closed")
+        nbytes = self.spec.input_elems * self.spec.elem_bytes
+        handle = shmem.shmem_malloc_align(HEADER_ALIGN, nbytes)
+        self._heap_inputs.append(handle)
+        views = [shmem.shmem_tensor(handle, self.input_shape, self.dtype, pe=pe if self.virtual else None)
+                 for pe in self.pes]  # fmt: skip
+        return views if self.virtual else views[0]
+
+    def placement(self):
+        """Where each PE's peers read its input in the last call: "input" (in place) or "stage" (copied into
+        the workspace first); a list per PE with virtual PEs. Synchronizes the device (a diagnostic)."""
+        import torch
+
+        from mori_compiler.runtime import shmem
+
+        if self.kernels is None:
+            raise RuntimeError(f"{self.spec.op}: the collective was closed")
+        self.kernels.synchronize()
+        s, found = self.spec, []
+        for pe in self.pes:
+            header = shmem.shmem_tensor(self._handle, (s.header_bytes // 8,), torch.int64,
+                                        pe=pe if self.virtual else None)  # fmt: skip
+            offset = int(header[s.sources_offset // 8].item())
+            found.append("stage" if offset == s.stage_offset else "input")
+        return found if self.virtual else found[0]
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -228,9 +277,9 @@ class Collective:
             args = [a + (sp.data_ptr(), rc.data_ptr()) for a, (sp, rc) in zip(args, counts)]
         block = (BLOCK_THREADS, 1, 1)
         if self.virtual:
-            self.kernels.launch_virtual(s.kernel_name, args, grid=(s.blocks, 1), block=block, stream=stream)
+            self.kernels.launch_virtual(s.kernel_name, args, grid=(self.blocks, 1), block=block, stream=stream)
         else:
-            self.kernels.launch(s.kernel_name, list(args[0]), grid=(s.blocks, 1, 1), block=block, stream=stream,
+            self.kernels.launch(s.kernel_name, list(args[0]), grid=(self.blocks, 1, 1), block=block, stream=stream,
                                 cooperative=True)  # fmt: skip
         if variable:
             received = [rc for _, rc in counts]
@@ -264,7 +313,7 @@ class Collective:
         ``disable()``; ``export_to_perfetto``) of its kernel, for the launches that follow."""
         if not self.trace:
             raise ValueError(f"{self.spec.op}: kernel_trace needs a Collective built with trace=True")
-        grid = (self.spec.blocks, 1) if self.virtual else (self.spec.blocks, 1, 1)
+        grid = (self.blocks, 1) if self.virtual else (self.blocks, 1, 1)
         return self.kernels.trace(self.spec.kernel_name, grid, n_pes=len(self.pes) if self.virtual else None)
 
     def close(self) -> None:
@@ -276,7 +325,9 @@ class Collective:
         self.kernels.synchronize()
         self.kernels = None
         if shmem.current_state() is not None:
-            shmem.shmem_free(self._handle)
+            for handle in [self._handle, *self._heap_inputs]:
+                shmem.shmem_free(handle)
+        self._heap_inputs = []
 
 
 __all__ = ["Collective", "coll_bundle", "expected", "dtype_name", "COLLECTIVES", "REDUCING"]

@@ -148,17 +148,33 @@ def _op_sequence(fn) -> list[str]:
     return names
 
 
+# The placement's steps: "check" (mori_shmem.ptr of the input's first and last byte: in the heap?) and the
+# staging copies in its branch; after the first meet, one ptr for the lanes' read of the peers' sources[b].
+CHECK = ["ptr", "ptr"]
+
+
 @pytest.mark.parametrize("spec, steps", [
-    (CollSpec("all_gather", "u8", 5, 3), ["copy_bytes", "device_barrier", "ptr", "copy_bytes", "device_barrier"]),
-    (CollSpec("broadcast", "u8", 5, 3, root=2), ["copy_bytes", "device_barrier", "ptr", "copy_bytes", "device_barrier"]),
-    (CollSpec("all_to_all", "u8", 5, 3), ["copy_bytes"] * 3 + ["device_barrier", "ptr", "copy_bytes", "device_barrier"]),
-    (CollSpec("reduce_scatter", "f32", 5, 3), ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 3
+    (CollSpec("all_gather", "u8", 5, 3), CHECK + ["copy_bytes", "device_barrier", "ptr", "ptr", "copy_bytes",
+                                                  "device_barrier"]),
+    (CollSpec("broadcast", "u8", 5, 3, root=2), CHECK + ["copy_bytes", "device_barrier", "ptr", "ptr", "copy_bytes",
+                                                         "device_barrier"]),
+    # count bytes not a multiple of 16: always staged (the input's chunks do not start where the stage's do)
+    (CollSpec("all_to_all", "u8", 5, 3), ["copy_bytes"] * 3 + ["device_barrier", "ptr", "ptr", "copy_bytes",
+                                                               "device_barrier"]),
+    (CollSpec("all_to_all", "u8", 16, 3), CHECK + ["copy_bytes"] * 3 + ["device_barrier", "ptr", "ptr", "copy_bytes",
+                                                                        "device_barrier"]),
+    (CollSpec("reduce_scatter", "f32", 5, 3), ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 4
      + ["accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
-    (CollSpec("all_reduce", "f32", 5, 3, "one_shot"), ["copy_bytes", "device_barrier"] + ["ptr"] * 3
+    # whole vectors: the sums go into the output when it is aligned, through reduced otherwise
+    (CollSpec("reduce_scatter", "f32", 8, 3), CHECK + ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 4
+     + ["accumulate_rows", "accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
+    (CollSpec("all_reduce", "f32", 5, 3, "one_shot"), ["copy_bytes", "device_barrier"] + ["ptr"] * 4
      + ["accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
+    (CollSpec("all_reduce", "f32", 8, 3, "one_shot"), CHECK + ["copy_bytes", "device_barrier"] + ["ptr"] * 4
+     + ["accumulate_rows", "accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
     (CollSpec("all_to_all_v", "bf16", 5, 3), ["copy_bytes", "device_barrier", "ptr", "ptr", "copy_bytes",
                                               "device_barrier"]),
-    (CollSpec("all_reduce", "bf16", 40, 3, "two_shot"), ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 3
+    (CollSpec("all_reduce", "bf16", 40, 3, "two_shot"), CHECK + ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 4
      + ["accumulate_rows", "device_barrier", "ptr", "copy_bytes", "device_barrier"]),
 ])  # fmt: skip
 def test_each_collective_expands_into_its_protocol_steps(spec, steps):
