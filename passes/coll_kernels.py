@@ -137,7 +137,7 @@ class Collective:
             self.stage_chunks()
             offset = staged
         with b.if_(b.cmpi("eq", b.index_cast(b.i32, b.thread_id()), b.const_i32(0))):
-            b.store(offset, self.my_source)
+            b.store(offset, self.my_source, alignment=8)
         self.trace("stage", "end")
 
     def _read_places(self) -> None:
@@ -145,7 +145,7 @@ class Collective:
         moves 32 bits)."""
         b = self.b
         pe = b.remui(b.index_cast(b.i32, b.lane_id()), b.const_i32(self.spec.world_size))
-        word = b.load(b.i64, self.peer(self.my_source, pe))
+        word = b.load(b.i64, self.peer(self.my_source, pe), alignment=8)
         self.placed = (b.trunci(b.i32, word), b.trunci(b.i32, b.shrui(word, self.i64(32))))
 
     def source(self, pe: ir.Value) -> ir.Value:

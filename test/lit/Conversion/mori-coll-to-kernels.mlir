@@ -3,23 +3,27 @@
 // RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=32},mori-comm-to-calls{wave-size=32}' | FileCheck %s --check-prefix=CALLS
 
 // The expansion of each collective (passes/coll_kernels.py; protocols: docs/collectives.md), world 4:
-// stage (copy_bytes into this PE's workspace) -> device_barrier -> pull / reduce from the peers' workspaces
-// (mori_shmem.ptr) -> device_barrier (the workspace is free for the next call). No mori_coll op is left
-// (implicit-check-not); the slots are the workspace's start, the epochs at 8 x max_blocks x W = 1024.
+// place (the input read in place, or staged: copy_bytes into this PE's workspace; thread 0 stores the
+// place's offset into sources[b]) -> device_barrier -> pull / reduce from the peers' places (mori_shmem.ptr
+// of the workspace + the offset each lane read) -> device_barrier (the places are free for the next call).
+// No mori_coll op is left (implicit-check-not); the slots are the workspace's start, the epochs at
+// 8 x max_blocks x W = 1024, sources[b] at 1280 + 8 b, the stage at 1536.
 // The phases carry trace points (compiled out here by mori-trace-to-timer{enabled=false}; kept by the TRACE
 // run): "stage", then per barrier k "meet<k>", between barriers "step<k>", nothing after the closing one.
 
 // TRACE-LABEL: gpu.func @coll_all_gather_u8_w4_n100(
 // TRACE:         "mori_comm.trace"() {event = "stage", phase = "begin"}
 // TRACE:         "mori_comm.copy_bytes"
+// TRACE:         llvm.store
+// TRACE:         }
 // TRACE-NEXT:    "mori_comm.trace"() {event = "stage", phase = "end"}
 // TRACE-NEXT:    "mori_comm.trace"() {event = "meet0", phase = "begin"}
 // TRACE-NEXT:    "mori_comm.device_barrier"
 // TRACE-NEXT:    "mori_comm.trace"() {event = "meet0", phase = "end"}
-// TRACE-NEXT:    "mori_comm.trace"() {event = "step1", phase = "begin"}
+// TRACE:         "mori_comm.trace"() {event = "step1", phase = "begin"}
 // TRACE:         scf.for
 // TRACE:         }
-// TRACE-NEXT:    "mori_comm.trace"() {event = "step1", phase = "end"}
+// TRACE:         "mori_comm.trace"() {event = "step1", phase = "end"}
 // TRACE-NEXT:    "mori_comm.trace"() {event = "meet1", phase = "begin"}
 // TRACE-NEXT:    "mori_comm.device_barrier"
 // TRACE-NEXT:    "mori_comm.trace"() {event = "meet1", phase = "end"}
@@ -29,62 +33,97 @@ module attributes {gpu.container_module} {
   gpu.module @mori_coll {
     // CHECK-LABEL: gpu.func @coll_all_gather_u8_w4_n100(
     // CHECK-SAME:    %[[IN:[a-z0-9]+]]: !llvm.ptr, %[[OUT:[a-z0-9]+]]: !llvm.ptr, %[[WS:[a-z0-9]+]]: !llvm.ptr)
+    // CHECK:         %[[ME:.+]] = "mori_shmem.my_pe"()
     // CHECK:         %[[EPOCHS:.+]] = llvm.getelementptr %[[WS]][%c1024_i64]
-    // CHECK:         %[[STAGE:.+]] = llvm.getelementptr %[[WS]][%c1280_i64]
-    // Stage: this unit's slice of the input into this PE's stage.
-    // CHECK:         %[[SRC:.+]] = llvm.getelementptr %[[IN]][
-    // CHECK-NEXT:    "mori_comm.copy_bytes"(%{{.+}}, %[[SRC]], %{{.+}})
-    // CHECK-NEXT:    "mori_comm.device_barrier"(%[[WS]], %[[EPOCHS]]) {max_blocks = 32 : i64, world_size = 4 : i64}
-    // Pull: PE (me + i) % 4 for i = 1 .. 4, its stage through mori_shmem.ptr, into out[p * 100].
-    // CHECK:         scf.for %{{.+}} = %c1 to %c5 step
-    // CHECK:           arith.remui
-    // CHECK:           %[[PEER:.+]] = "mori_shmem.ptr"(%[[STAGE]], %{{.+}})
-    // CHECK:           %[[FROM:.+]] = llvm.getelementptr %[[PEER]][
-    // CHECK-NEXT:      "mori_comm.copy_bytes"(%{{.+}}, %[[FROM]], %{{.+}})
+    // CHECK:         %[[STAGE:.+]] = llvm.getelementptr %[[WS]][%c1536_i64]
+    // CHECK:         %[[ROW:.+]] = llvm.getelementptr %[[WS]][%{{[0-9]+}}]
+    // CHECK:         %[[SOURCES:.+]] = llvm.getelementptr %[[ROW]][%c1280_i64]
+    // In place? The input's first and last byte in the heap (translated to PE me + 1), 16-byte aligned,
+    // apart from the output or exactly out[me * 100].
+    // CHECK:         %[[LAST:.+]] = llvm.getelementptr %[[IN]][%c99_i64]
+    // CHECK-NEXT:    %[[FIRST_PEER:.+]] = "mori_shmem.ptr"(%[[IN]], %{{.+}})
+    // CHECK-NEXT:    llvm.icmp "ne" %[[FIRST_PEER]]
+    // CHECK-NEXT:    %[[LAST_PEER:.+]] = "mori_shmem.ptr"(%[[LAST]], %{{.+}})
+    // CHECK-NEXT:    llvm.icmp "ne" %[[LAST_PEER]]
+    // CHECK:         arith.cmpi ule
+    // CHECK:         arith.cmpi ule
+    // CHECK:         %[[OWN:.+]] = arith.cmpi eq, %{{.+}}, %{{.+}} : i64
+    // CHECK:         arith.andi
+    // CHECK-NEXT:    %[[DIRECT:.+]] = arith.andi
+    // CHECK-NEXT:    %true = arith.constant true
+    // CHECK-NEXT:    %[[STAGED:.+]] = arith.xori %[[DIRECT]], %true
+    // Not in place: this unit's slice of the input into this PE's stage.
+    // CHECK-NEXT:    scf.if %[[STAGED]] {
+    // CHECK:           %[[SRC:.+]] = llvm.getelementptr %[[IN]][
+    // CHECK-NEXT:      "mori_comm.copy_bytes"(%{{.+}}, %[[SRC]], %{{.+}})
     // CHECK:         }
-    // CHECK-NEXT:    "mori_comm.device_barrier"(%[[WS]], %[[EPOCHS]])
+    // CHECK:         %[[IN_AT:.+]] = arith.subi
+    // CHECK-NEXT:    %[[PLACE:.+]] = arith.select %[[DIRECT]], %[[IN_AT]], %c1536_i64
+    // CHECK:         scf.if
+    // CHECK-NEXT:      llvm.store %[[PLACE]], %[[SOURCES]] : i64, !llvm.ptr
+    // CHECK:         "mori_comm.device_barrier"(%[[WS]], %[[EPOCHS]]) {max_blocks = 32 : i64, world_size = 4 : i64}
+    // Lane l reads PE (l mod 4)'s sources[b] once.
+    // CHECK:         %[[THEIRS:.+]] = "mori_shmem.ptr"(%[[SOURCES]], %{{.+}})
+    // CHECK-NEXT:    %[[WORD:.+]] = llvm.load %[[THEIRS]] : !llvm.ptr -> i64
+    // Pull: PE (me + i) % 4 for i = 1 .. 4: its word from its lane, its place, into out[p * 100].
+    // CHECK:         scf.for %{{.+}} = %c1 to %c5 step
+    // CHECK:           %[[P:.+]] = arith.remui
+    // CHECK:           gpu.shuffle  idx %{{.+}}, %[[P]]
+    // CHECK:           gpu.shuffle  idx %{{.+}}, %[[P]]
+    // CHECK:           %[[OFF:.+]] = arith.ori
+    // CHECK-NEXT:      %[[PEER_WS:.+]] = "mori_shmem.ptr"(%[[WS]], %[[P]])
+    // CHECK-NEXT:      %[[FROM:.+]] = llvm.getelementptr %[[PEER_WS]][%[[OFF]]]
+    // CHECK:           scf.if
+    // CHECK:             %[[FROM_SLICE:.+]] = llvm.getelementptr %[[FROM]][
+    // CHECK-NEXT:        "mori_comm.copy_bytes"(%{{.+}}, %[[FROM_SLICE]], %{{.+}})
+    // CHECK:         }
+    // CHECK:         "mori_comm.device_barrier"(%[[WS]], %[[EPOCHS]])
     // CHECK-NEXT:    gpu.return
     gpu.func @coll_all_gather_u8_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
       "mori_coll.all_gather"(%input, %output, %workspace) {dtype = "u8", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
-    // Only the root (PE 3) stages; every PE pulls the root's stage.
+    // Only the root (PE 3) places its input; every PE pulls from the root's place.
     // CHECK-LABEL: gpu.func @coll_broadcast_root3_f32_w4_n100(
     // CHECK:         %[[ME:.+]] = "mori_shmem.my_pe"()
     // CHECK:         %[[ROOT:.+]] = arith.constant 3 : i32
     // CHECK:         %[[IS_ROOT:.+]] = arith.cmpi eq, %[[ME]], %[[ROOT]]
     // CHECK-NEXT:    scf.if %[[IS_ROOT]] {
     // CHECK:           "mori_comm.copy_bytes"
+    // CHECK:           llvm.store
     // CHECK:         }
-    // CHECK-NEXT:    "mori_comm.device_barrier"
-    // CHECK-NEXT:    "mori_shmem.ptr"(%{{.+}}, %[[ROOT]])
+    // CHECK:         "mori_comm.device_barrier"
+    // CHECK:         gpu.shuffle  idx %{{.+}}, %[[ROOT]]
+    // CHECK:         "mori_shmem.ptr"(%{{.+}}, %[[ROOT]])
     // CHECK:         "mori_comm.copy_bytes"
-    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK:         "mori_comm.device_barrier"
     // CHECK-NEXT:    gpu.return
     gpu.func @coll_broadcast_root3_f32_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
       "mori_coll.broadcast"(%input, %output, %workspace) {dtype = "f32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64, root = 3 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
-    // Four chunks staged (one per destination PE), then chunk `me` of every peer pulled.
+    // 400-byte chunks (whole vectors): in place or four chunks staged (one per destination PE), then chunk
+    // `me` of every peer pulled.
     // CHECK-LABEL: gpu.func @coll_all_to_all_i32_w4_n100(
+    // CHECK:         scf.if
     // CHECK-COUNT-4: "mori_comm.copy_bytes"
-    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK:         "mori_comm.device_barrier"
     // CHECK:         scf.for
     // CHECK:           "mori_shmem.ptr"
     // CHECK:           "mori_comm.copy_bytes"
     // CHECK:         }
-    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK:         "mori_comm.device_barrier"
     gpu.func @coll_all_to_all_i32_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
       "mori_coll.all_to_all"(%input, %output, %workspace) {dtype = "i32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
     // Variable sizes: threads p < 4 publish min(splits[p], 100) into this block's sizes[b] (the workspace at
-    // 2304); the units stage chunk q (splits[q] elements, packed) at 1280 + q * 208; meet; walking p = 0..3,
+    // 2560); the units stage chunk q (splits[q] elements, packed) at 1536 + q * 208 (always staged); meet; walking p = 0..3,
     // read PE p's sizes[b][me] and pull that many elements of its chunk `me`; unit 0 lane 0 stores the count
     // into recv_counts[p]; meet.
     // CHECK-LABEL: gpu.func @coll_all_to_all_v_bf16_w4_n100(
     // CHECK-SAME:    %[[WSV:[a-z0-9]+]]: !llvm.ptr, %[[SPLITS:[a-z0-9]+]]: !llvm.ptr, %[[RECV:[a-z0-9]+]]: !llvm.ptr)
-    // CHECK:         %[[SIZES:.+]] = llvm.getelementptr %[[WSV]][%c2304_i64]
+    // CHECK:         %[[SIZES:.+]] = llvm.getelementptr %[[WSV]][%c2560_i64]
     // CHECK:         scf.if
     // CHECK:           llvm.load %{{.+}} : !llvm.ptr -> i32
     // CHECK:           arith.minui
@@ -107,47 +146,58 @@ module attributes {gpu.container_module} {
       "mori_coll.all_to_all_v"(%input, %output, %workspace, %splits, %recv_counts) {dtype = "bf16", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
-    // Stage four chunks; meet; sum chunk `me` of PEs 0..3 (in that order: the rounding is torch's) into
-    // `reduced`; the block meets (lanes hand the sums over); copy to the output; meet.
+    // 200-byte chunks (not whole vectors: staged, summed through `reduced`): stage four chunks; meet; sum
+    // chunk `me` of the places of PEs 0..3 (in that order: the rounding is torch's) into `reduced`; the block
+    // meets (lanes hand the sums over); copy to the output; meet.
     // CHECK-LABEL: gpu.func @coll_reduce_scatter_bf16_w4_n100(
-    // CHECK:         %[[RED:.+]] = llvm.getelementptr %{{.+}}[%c2304_i64]
+    // CHECK:         %[[RED:.+]] = llvm.getelementptr %{{.+}}[%c2560_i64]
     // CHECK-COUNT-4: "mori_comm.copy_bytes"
-    // CHECK-NEXT:    "mori_comm.device_barrier"
-    // CHECK:         %[[P0:.+]] = "mori_shmem.ptr"(%{{.+}}, %c0_i32)
-    // CHECK:         %[[P1:.+]] = "mori_shmem.ptr"(%{{.+}}, %c1_i32)
-    // CHECK:         %[[P2:.+]] = "mori_shmem.ptr"(%{{.+}}, %c2_i32)
-    // CHECK:         %[[P3:.+]] = "mori_shmem.ptr"(%{{.+}}, %c3_i32)
+    // CHECK:         "mori_comm.device_barrier"
+    // CHECK:         %[[P0:.+]] = "mori_shmem.ptr"(%{{.+}}, %c0_i32{{(_[0-9]+)?}})
+    // CHECK:         %[[P1:.+]] = "mori_shmem.ptr"(%{{.+}}, %c1_i32{{(_[0-9]+)?}})
+    // CHECK:         %[[P2:.+]] = "mori_shmem.ptr"(%{{.+}}, %c2_i32{{(_[0-9]+)?}})
+    // CHECK:         %[[P3:.+]] = "mori_shmem.ptr"(%{{.+}}, %c3_i32{{(_[0-9]+)?}})
     // CHECK:         scf.if
     // CHECK:           "mori_comm.accumulate_rows"({{.+}}) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
     // CHECK:         }
     // CHECK-NEXT:    gpu.barrier
     // CHECK:         "mori_comm.copy_bytes"
-    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK:         "mori_comm.device_barrier"
     // CHECK-NEXT:    gpu.return
     gpu.func @coll_reduce_scatter_bf16_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
       "mori_coll.reduce_scatter"(%input, %output, %workspace) {dtype = "bf16", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
+    // 400 bytes (whole vectors): in place or staged; the sums go straight into the output when it is
+    // 16-byte aligned, through `reduced` otherwise.
     // CHECK-LABEL: gpu.func @coll_all_reduce_one_shot_f32_w4_n100(
+    // CHECK-SAME:    %{{[a-z0-9]+}}: !llvm.ptr, %[[OUT1:[a-z0-9]+]]: !llvm.ptr,
     // CHECK:         "mori_comm.copy_bytes"
-    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK:         "mori_comm.device_barrier"
+    // CHECK:         "mori_shmem.ptr"
     // CHECK-COUNT-4: "mori_shmem.ptr"
-    // CHECK:         "mori_comm.accumulate_rows"({{.+}}) {dtype = "f32"}
-    // CHECK:         gpu.barrier
-    // CHECK:         "mori_comm.copy_bytes"
-    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK:         %[[OUT_AT:.+]] = llvm.ptrtoint %[[OUT1]]
+    // CHECK:         scf.if
+    // CHECK:           "mori_comm.accumulate_rows"(%{{.+}}) {dtype = "f32"}
+    // CHECK:         } else {
+    // CHECK:           "mori_comm.accumulate_rows"({{.+}}) {dtype = "f32"}
+    // CHECK:           gpu.barrier
+    // CHECK:           "mori_comm.copy_bytes"
+    // CHECK:         }
+    // CHECK:         "mori_comm.device_barrier"
     // CHECK-NEXT:    gpu.return
     gpu.func @coll_all_reduce_one_shot_f32_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
       "mori_coll.all_reduce"(%input, %output, %workspace) {dtype = "f32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64, algorithm = "one_shot"} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
-    // Two shots: four shares of 32 elements (64 bytes; the last one 8 bytes) staged; meet; sum share `me`
-    // into `reduced`; meet (publishes the sums); pull share p from PE p's `reduced`; meet. Three barriers.
+    // Two shots: four shares of 32 elements (64 bytes; the last one 8 bytes) staged (200 bytes: not whole
+    // vectors); meet; sum share `me` into `reduced`; meet (publishes the sums); pull share p from PE p's
+    // `reduced`; meet. Three barriers.
     // CHECK-LABEL: gpu.func @coll_all_reduce_two_shot_bf16_w4_n100(
-    // CHECK:         %[[RED2:.+]] = llvm.getelementptr %{{.+}}[%c1536_i64]
+    // CHECK:         %[[RED2:.+]] = llvm.getelementptr %{{.+}}[%c1792_i64]
     // CHECK:         %c64_i64 = arith.constant 64 : i64
     // CHECK-COUNT-4: "mori_comm.copy_bytes"
-    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK:         "mori_comm.device_barrier"
     // CHECK:         "mori_comm.accumulate_rows"(%{{.+}}) {dtype = "bf16"}
     // CHECK:         }
     // CHECK-NEXT:    "mori_comm.device_barrier"
@@ -155,7 +205,7 @@ module attributes {gpu.container_module} {
     // CHECK:           "mori_shmem.ptr"(%[[RED2]], %{{.+}})
     // CHECK:           "mori_comm.copy_bytes"
     // CHECK:         }
-    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK:         "mori_comm.device_barrier"
     // CHECK-NEXT:    gpu.return
     gpu.func @coll_all_reduce_two_shot_bf16_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
       "mori_coll.all_reduce"(%input, %output, %workspace) {dtype = "bf16", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64, algorithm = "two_shot"} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
