@@ -277,13 +277,17 @@ class Builder:
         attrs = {"bin_op": self._int(self.i64, _RMW_OPS[kind]), "ordering": self._int(self.i64, _ORDERINGS[ordering])}
         return self._one("llvm.atomicrmw", (ptr, value), value.type, attrs)
 
-    def fence(self, ordering: str) -> None:
-        """``llvm.fence ordering`` at system scope (acquire, release, acq_rel or seq_cst): sm_90 lowers
-        acquire/release/acq_rel to ``fence.acq_rel.sys`` and seq_cst to ``fence.sc.sys``; AMDGPU release to
-        a write-back and wait, acquire to a wait and cache invalidate."""
+    def fence(self, ordering: str, syncscope: str | None = None) -> None:
+        """``llvm.fence ordering`` (acquire, release, acq_rel or seq_cst) at system scope, or at the LLVM
+        ``syncscope`` given (a target's name, e.g. GPUTarget.device_syncscope): sm_90 lowers
+        acquire/release/acq_rel to ``fence.acq_rel.sys`` (``.gpu`` at "device") and seq_cst to
+        ``fence.sc.sys``; AMDGPU release to a write-back and wait, acquire to a wait and cache invalidate."""
         if ordering not in ("acquire", "release", "acq_rel", "seq_cst"):
             raise ValueError(f"fence ordering {ordering!r}: allowed acquire, release, acq_rel, seq_cst")
-        self.op("llvm.fence", (), (), {"ordering": self._int(self.i64, _ORDERINGS[ordering])})
+        attrs = {"ordering": self._int(self.i64, _ORDERINGS[ordering])}
+        if syncscope is not None:
+            attrs["syncscope"] = ir.StringAttr.get(syncscope)
+        self.op("llvm.fence", (), (), attrs)
 
     def null(self, ty=None) -> ir.Value:
         """``llvm.mlir.zero`` (the null pointer by default)."""

@@ -77,6 +77,15 @@ irdl.dialect @mori_comm {
     %max_blocks = irdl.any
     irdl.attributes { "world_size" = %world_size, "max_blocks" = %max_blocks }
   }
+  // device_barrier among PEs that share one GPU (virtual PEs): the same protocol, its fences at the GPU's
+  // scope instead of the system's.
+  irdl.operation @one_gpu_barrier {
+    %ptr = irdl.is !llvm.ptr
+    irdl.operands(slots: %ptr, epochs: %ptr)
+    %world_size = irdl.any
+    %max_blocks = irdl.any
+    irdl.attributes { "world_size" = %world_size, "max_blocks" = %max_blocks }
+  }
 
   // out[0:elems] = cast(sum_k float(sources[k][0:elems])) in fp32, warp-cooperative, 16-byte vectors,
   // all K row loads in flight before the adds. `dtype` is bf16 or f32.

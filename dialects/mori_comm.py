@@ -21,6 +21,8 @@ count_signal      a warp exchanges counts with every PE, with flow      ``__mori
 grid_barrier      all blocks of this PE's grid meet                     ``__mori_comm_grid_barrier``
 grid_last_arrival every block arrives; true in the last one (in warp 0) ``__mori_comm_grid_last_arrival``
 device_barrier    block b of every PE meets block b of every other PE   ``__mori_comm_device_barrier_w{W}``
+one_gpu_barrier   device_barrier among PEs on this one GPU (fences at   ``__mori_comm_one_gpu_barrier_w{W}``
+                  the GPU's scope)
 accumulate_rows   a warp sums K rows in fp32                            ``__mori_comm_accumulate_rows_{dtype}_k{K}``
 quantize_row      a warp writes a bf16 row to a peer as a wire row      ``__mori_comm_quantize_row_{E}_s{S}``
                   (fp8 / fp4, blockwise scales)
@@ -205,6 +207,21 @@ def device_barrier(slots, epochs, *, world_size: int, max_blocks: int, loc=None,
     """
     attrs = {"world_size": _i64(world_size), "max_blocks": _i64(max_blocks)}
     return _create("device_barrier", [slots, epochs], attrs, loc=loc, ip=ip)
+
+
+def one_gpu_barrier(slots, epochs, *, world_size: int, max_blocks: int, loc=None, ip=None) -> ir.Operation:
+    """``mori_comm.one_gpu_barrier(slots, epochs) {world_size = W, max_blocks = B}``: device_barrier among
+    PEs that all run on this one GPU (virtual PEs: every PE a block range of one launch). The same
+    operands, contract and order as ``device_barrier``, with its release and acquire fences at the GPU's
+    scope (sm_90 ``fence.acq_rel.gpu``, AMDGPU agent scope: all of an MI300's XCDs) instead of the
+    system's: no peer is another device, so nothing needs to reach system scope. Wrong (the peers may miss
+    this PE's stores) when a peer is another GPU or the host.
+
+    Helper: ``__mori_comm_one_gpu_barrier_w{W}`` (``mori_shmem_my_pe``, ``mori_shmem_uint64_p``,
+    ``mori_shmem_uint64_wait_until_greater_than``); needs the lowering's ``chip`` (the scope's name).
+    """
+    attrs = {"world_size": _i64(world_size), "max_blocks": _i64(max_blocks)}
+    return _create("one_gpu_barrier", [slots, epochs], attrs, loc=loc, ip=ip)
 
 
 def accumulate_rows(out, elems, sources, *, dtype: str, loc=None, ip=None) -> ir.Operation:

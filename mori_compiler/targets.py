@@ -37,6 +37,12 @@ class GPUTarget:
     def cpu(self) -> str:
         return self.name
 
+    @property
+    def device_syncscope(self) -> str:
+        """The LLVM syncscope of a fence that orders memory among all threads of one GPU (every XCD of an
+        MI300: AMDGPU's "agent"; NVPTX's "device", i.e. ``fence.acq_rel.gpu``)."""
+        return "agent" if self.is_amdgpu else "device"
+
 
 TARGETS: dict[str, GPUTarget] = {
     t.name: t

@@ -18,7 +18,8 @@ Shared protocol (every collective is one or more rounds of it):
   ``copy_bytes`` its slices of the input into this PE's ``stage`` (chunk c at ``c * stride``, plain
   stores). Thread 0 of block b stores the chosen place's offset from the workspace into ``sources[b]``
   (plain store); each PE chooses for itself, at every call.
-* **Meet** (``device_barrier``, every thread of the block): thread p < W fences (release, system scope:
+* **Meet** (``device_barrier``; ``one_gpu_barrier`` when every PE runs on this GPU, virtual PEs: the
+  same with the fences at the GPU's scope; every thread of the block): thread p < W fences (release, system scope:
   the block's staging stores, ordered before by the block barrier) and stores the block's new epoch into
   PE p's slot; polls its own slot of PE p until it reaches the epoch; fences (acquire); the block meets.
   After it, every PE's ``sources[b]`` and staged slices of this block are visible to this block (an input
@@ -51,8 +52,9 @@ class Collective:
     """The values and steps a collective's expansion shares, built before its op with ``b``."""
 
     def __init__(self, b: Builder, spec: CollSpec, input_: ir.Value, output: ir.Value, workspace: ir.Value,
-                 *splits: ir.Value, wave: int):  # fmt: skip
+                 *splits: ir.Value, wave: int, one_gpu: bool = False):  # fmt: skip
         self.b, self.spec, self.wave = b, spec, wave
+        self.barrier = mori_comm.one_gpu_barrier if one_gpu else mori_comm.device_barrier
         wave_c = b.const_index(wave)
         warps = b.divui(b.block_dim(), wave_c)
         unit = b.addi(b.muli(b.block_id(), warps), b.divui(b.thread_id(), wave_c))
@@ -162,7 +164,7 @@ class Collective:
         if self.open_step is not None:
             self.trace(f"step{k}", "end")
         self.trace(f"meet{k}", "begin")
-        mori_comm.device_barrier(self.slots, self.epochs, world_size=s.world_size, max_blocks=s.max_blocks, **self.b.at())
+        self.barrier(self.slots, self.epochs, world_size=s.world_size, max_blocks=s.max_blocks, **self.b.at())
         self.trace(f"meet{k}", "end")
         self.meets = k + 1
         if k == 0 and self.spec.op != "all_to_all_v":

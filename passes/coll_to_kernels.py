@@ -44,13 +44,16 @@ class MoriCollToKernels:
     Input: mori_coll ops in gpu.func kernels (``known_block_size`` one-dimensional, a multiple of the wave
     size). Output: in place of each op, its collective's steps (mori_comm ``copy_bytes``,
     ``device_barrier``, ``accumulate_rows``; mori_shmem ``my_pe``, ``ptr``; gpu, scf, arith, llvm), located
-    at the op. Options: wave-size (32 or 64: the target's; the warps that own the slices). An op outside a
+    at the op. Options: wave-size (32 or 64: the target's; the warps that own the slices); one-gpu (every PE
+    runs on this one GPU, virtual PEs: the meets are ``one_gpu_barrier``, fencing at the GPU's scope, not
+    ``device_barrier``, at the system's; the pipeline sets it with virtual PEs). An op outside a
     kernel or in a kernel of an unsuitable block size is the user's error (at the op); a kernel that does
     not verify after the expansion is a GeneratorError naming ``coll_kernels`` (an internal error).
     """
 
     name: ClassVar[str] = "mori-coll-to-kernels"
     wave_size: int = 64
+    one_gpu: bool = False
 
     def __call__(self, op: ir.Operation, pass_=None) -> None:
         if self.wave_size not in (32, 64):
@@ -84,7 +87,7 @@ class MoriCollToKernels:
         expand = EXPANSIONS[(spec.op, spec.algorithm)]
         try:
             b = Builder(op.block, before=op, loc=op.location)
-            collective = Collective(b, spec, *op.operands, wave=self.wave_size)
+            collective = Collective(b, spec, *op.operands, wave=self.wave_size, one_gpu=self.one_gpu)
             expand(collective)
             collective.finish()
         except (GeneratorError, MoriCompilerError):

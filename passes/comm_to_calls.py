@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mori_compiler import wire_quant
+from mori_compiler import targets, wire_quant
 from mori_compiler._mlir import ir, nested_ops
 from mori_compiler.dialects import mori_shmem
 from mori_compiler.dialects.builder import Builder, generated_location, new_function
@@ -460,7 +460,7 @@ def _node_base(b: Builder, me: ir.Value, group: int) -> ir.Value:
     return b.muli(b.divui(me, g), g)
 
 
-def device_barrier(symbol: str, world: int, group: int | None = None) -> Helper:
+def device_barrier(symbol: str, world: int, group: int | None = None, syncscope: str | None = None) -> Helper:
     # Protocol (block b of PE me meets block b of every PE): every thread reads epoch e0 = epochs[b]
     # (this PE's private counter for block b), the block meets, thread 0 stores e = e0 + 1 back (no one
     # reads it again this round). Threads p < W: fence (release: everything this PE wrote before the
@@ -468,7 +468,7 @@ def device_barrier(symbol: str, world: int, group: int | None = None) -> Helper:
     # >= e; fence (acquire). The block meets. Epochs only grow and are kept on the device, so graph
     # replay is correct and no reset is needed. The op's max_blocks sizes the slot arrays; blocks beyond
     # it are a launch error (host check). The fences are system-scope release / acquire (P2P peers), as
-    # count_signal's.
+    # count_signal's; with ``syncscope`` (one_gpu_barrier: every PE on this GPU) at that scope.
     @_function(symbol, "ptr ptr")
     def helper(b, slots, epochs):
         qp = b.const_i32(0)
@@ -490,11 +490,11 @@ def device_barrier(symbol: str, world: int, group: int | None = None) -> Helper:
             p64 = b.extui(b.i64, peer)
             row = b.muli(block, world64)
             outslot = b.gep(slots, b.addi(row, me64), b.i64)
-            b.fence("release")
+            b.fence("release", syncscope)
             mori_shmem.p(outslot, e, peer, c_type="uint64", qp=qp, **b.at())
             inslot = b.gep(slots, b.addi(row, p64), b.i64)
             mori_shmem.wait_until(inslot, b.subi(e, one), cmp="greater_than", elem="uint64", **b.at())
-            b.fence("acquire")
+            b.fence("acquire", syncscope)
         b.barrier()
         b.return_()
 
@@ -698,6 +698,19 @@ def _lower_node_count_signal(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
     return count_signal(f"{PREFIX}count_signal_w{world}_g{group}", world, p.wave_size, group)
 
 
+def _lower_one_gpu_barrier(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
+    world = _int_attr(op, "world_size")
+    return device_barrier(f"{PREFIX}one_gpu_barrier_w{world}", world, syncscope=_target_of(op, p).device_syncscope)
+
+
+def _target_of(op: ir.Operation, p: "MoriCommToCalls") -> targets.GPUTarget:
+    """The pass's ``chip`` as a target (ops whose lowering depends on it: an error at the op without it)."""
+    if p.chip not in targets.TARGETS:
+        raise MoriCompilerError(f"'{op.name}' needs the pass option chip, one of {', '.join(targets.TARGETS)} (the "
+                                f"target: its lowering depends on it), got {p.chip!r}", op.location)  # fmt: skip
+    return targets.TARGETS[p.chip]
+
+
 def _lower_node_device_barrier(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
     world, group = _int_attr(op, "world_size"), _int_attr(op, "group_size")
     return device_barrier(f"{PREFIX}device_barrier_w{world}_g{group}", world, group)
@@ -753,6 +766,7 @@ LOWERINGS: dict[str, Callable[[ir.Operation, "MoriCommToCalls"], Helper]] = {
     "mori_comm.count_signal": _lower_count_signal,
     "mori_comm.grid_barrier": lambda op, p: grid_barrier(f"{PREFIX}grid_barrier", p.global_address_space),
     "mori_comm.device_barrier": _lower_device_barrier,
+    "mori_comm.one_gpu_barrier": _lower_one_gpu_barrier,
     "mori_comm.grid_last_arrival": lambda op, p: grid_last_arrival(f"{PREFIX}grid_last_arrival", p.global_address_space,
                                                                     p.wave_size),
     "mori_comm.accumulate_rows": _lower_accumulate_rows,

@@ -1,6 +1,7 @@
 // RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=64},mori-trace-to-timer{enabled=false wave-size=64}' | FileCheck %s --implicit-check-not=mori_coll.
 // RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=64}' | FileCheck %s --check-prefix=TRACE
 // RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=32},mori-comm-to-calls{wave-size=32}' | FileCheck %s --check-prefix=CALLS
+// RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=64 one-gpu=true}' | FileCheck %s --check-prefix=ONEGPU --implicit-check-not=mori_comm.device_barrier
 
 // The expansion of each collective (passes/coll_kernels.py; protocols: docs/collectives.md), world 4:
 // place (the input read in place, or staged: copy_bytes into this PE's workspace; thread 0 stores the
@@ -11,11 +12,20 @@
 // The phases carry trace points (compiled out here by mori-trace-to-timer{enabled=false}; kept by the TRACE
 // run): "stage", then per barrier k "meet<k>", between barriers "step<k>", nothing after the closing one.
 
+// With one-gpu (virtual PEs: every PE on this GPU) every meet is a one_gpu_barrier (fences at the GPU's
+// scope), of the same operands; no device_barrier is left.
+// ONEGPU-LABEL: gpu.func @coll_all_gather_u8_w4_n100(
+// ONEGPU:         "mori_comm.one_gpu_barrier"(%arg2, %{{.+}}) {max_blocks = 32 : i64, world_size = 4 : i64}
+// ONEGPU:         "mori_comm.one_gpu_barrier"(%arg2, %{{.+}}) {max_blocks = 32 : i64, world_size = 4 : i64}
+// ONEGPU:         gpu.return
+// ONEGPU-LABEL: gpu.func @coll_all_reduce_two_shot_bf16_w4_n100(
+// ONEGPU-COUNT-3: "mori_comm.one_gpu_barrier"
+
 // TRACE-LABEL: gpu.func @coll_all_gather_u8_w4_n100(
 // TRACE:         "mori_comm.trace"() {event = "stage", phase = "begin"}
 // TRACE:         "mori_comm.copy_bytes"
-// TRACE:         llvm.store
-// TRACE:         }
+// TRACE:         llvm.store {{.+}} {alignment = 8 : i64} : i64, !llvm.ptr
+// TRACE-NEXT:    }
 // TRACE-NEXT:    "mori_comm.trace"() {event = "stage", phase = "end"}
 // TRACE-NEXT:    "mori_comm.trace"() {event = "meet0", phase = "begin"}
 // TRACE-NEXT:    "mori_comm.device_barrier"
@@ -60,11 +70,11 @@ module attributes {gpu.container_module} {
     // CHECK:         %[[IN_AT:.+]] = arith.subi
     // CHECK-NEXT:    %[[PLACE:.+]] = arith.select %[[DIRECT]], %[[IN_AT]], %c1536_i64
     // CHECK:         scf.if
-    // CHECK-NEXT:      llvm.store %[[PLACE]], %[[SOURCES]] : i64, !llvm.ptr
+    // CHECK-NEXT:      llvm.store %[[PLACE]], %[[SOURCES]] {alignment = 8 : i64} : i64, !llvm.ptr
     // CHECK:         "mori_comm.device_barrier"(%[[WS]], %[[EPOCHS]]) {max_blocks = 32 : i64, world_size = 4 : i64}
     // Lane l reads PE (l mod 4)'s sources[b] once.
     // CHECK:         %[[THEIRS:.+]] = "mori_shmem.ptr"(%[[SOURCES]], %{{.+}})
-    // CHECK-NEXT:    %[[WORD:.+]] = llvm.load %[[THEIRS]] : !llvm.ptr -> i64
+    // CHECK-NEXT:    %[[WORD:.+]] = llvm.load %[[THEIRS]] {alignment = 8 : i64} : !llvm.ptr -> i64
     // Pull: PE (me + i) % 4 for i = 1 .. 4: its word from its lane, its place, into out[p * 100].
     // CHECK:         scf.for %{{.+}} = %c1 to %c5 step
     // CHECK:           %[[P:.+]] = arith.remui

@@ -3,7 +3,7 @@
 // RUN: mori-compile %s --target=gfx942 --emit=isa -o - | FileCheck %s --check-prefix=ISA
 
 // The collectives' protocols in machine code (passes/coll_kernels.py, docs/collectives.md), world 4: each
-// kernel's stage stores (the stage at 1536: these inputs are not in a heap, so staged) and the store of
+// kernel's stage stores (the stage at 1536; the path of an input outside the heap) and the store of
 // its place into sources[b] come before its first device barrier, whose thread p fences (release, system scope:
 // sm_90 fence.acq_rel.sys, gfx942 buffer_wbl2 sc0 sc1 + s_waitcnt vmcnt(0)), stores the epoch into PE p's
 // slot (relaxed, system scope: st.relaxed.sys / flat_store sc0 sc1), polls its own slot (ld.relaxed.sys /

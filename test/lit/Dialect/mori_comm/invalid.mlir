@@ -195,6 +195,15 @@ func.func @device_barrier_blocks(%d: !llvm.ptr) {
 }
 
 // -----
+// one_gpu_barrier: device_barrier's attributes and ranges.
+func.func @one_gpu_barrier_attrs(%d: !llvm.ptr) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.one_gpu_barrier' attribute 'world_size' must be in [1, 32], got 33
+  "mori_comm.one_gpu_barrier"(%d, %d) {world_size = 33 : i64, max_blocks = 80 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+  return
+}
+
+// -----
+
 // device_barrier: slots and epochs are pointers.
 func.func @device_barrier_operand(%d: !llvm.ptr, %n: i64) {
   // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.device_barrier' operand 'epochs' must be !llvm.ptr, got i64
@@ -205,7 +214,7 @@ func.func @device_barrier_operand(%d: !llvm.ptr, %n: i64) {
 // -----
 // An op the dialect does not have: the message lists the ops it has.
 func.func @unknown(%d: !llvm.ptr) {
-  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: unknown op 'mori_comm.broadcast'; the mori_comm dialect has: accumulate_quantized_rows, accumulate_rows, chunk_send, chunk_wait, copy_bytes, count_signal, device_barrier, grid_barrier, grid_last_arrival, node_count_signal, node_device_barrier, node_pe, quantize_row, reserve_slot, row_copy, row_copy_to_peers, trace{{$}}
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: unknown op 'mori_comm.broadcast'; the mori_comm dialect has: accumulate_quantized_rows, accumulate_rows, chunk_send, chunk_wait, copy_bytes, count_signal, device_barrier, grid_barrier, grid_last_arrival, node_count_signal, node_device_barrier, node_pe, one_gpu_barrier, quantize_row, reserve_slot, row_copy, row_copy_to_peers, trace{{$}}
   "mori_comm.broadcast"(%d) : (!llvm.ptr) -> ()
   return
 }

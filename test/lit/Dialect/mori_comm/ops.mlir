@@ -16,7 +16,7 @@ func.func @copy_and_reserve(%d: !llvm.ptr, %s: !llvm.ptr, %n: i64, %pe: i32) -> 
 
 // -----
 
-// Synchronization blocks: count_signal (world_size), grid_barrier (no attribute), device_barrier
+// Synchronization blocks: count_signal (world_size), grid_barrier (no attribute), device_barrier and one_gpu_barrier
 // (world_size, max_blocks).
 // CHECK-LABEL: func.func @sync(
 // CHECK-SAME: %[[SIG:[^:]+]]: !llvm.ptr, %[[CNT:[^:]+]]: !llvm.ptr, %[[TOT:[^:]+]]: !llvm.ptr)
@@ -25,12 +25,14 @@ func.func @copy_and_reserve(%d: !llvm.ptr, %s: !llvm.ptr, %n: i64, %pe: i32) -> 
 // CHECK: "mori_comm.grid_barrier"(%[[TOT]]) : (!llvm.ptr) -> ()
 // CHECK: "mori_comm.device_barrier"(%[[SIG]], %[[CNT]]) {max_blocks = 1024 : i64, world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
 // CHECK: "mori_comm.device_barrier"(%[[CNT]], %[[SIG]]) {max_blocks = 1 : i64, world_size = 1 : i64}
+// CHECK: "mori_comm.one_gpu_barrier"(%[[SIG]], %[[CNT]]) {max_blocks = 32 : i64, world_size = 8 : i64}
 func.func @sync(%sig: !llvm.ptr, %cnt: !llvm.ptr, %tot: !llvm.ptr) {
   "mori_comm.count_signal"(%sig, %cnt, %tot) {world_size = 8 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
   "mori_comm.count_signal"(%sig, %cnt, %tot) {world_size = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
   "mori_comm.grid_barrier"(%tot) : (!llvm.ptr) -> ()
   "mori_comm.device_barrier"(%sig, %cnt) {world_size = 8 : i64, max_blocks = 1024 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
   "mori_comm.device_barrier"(%cnt, %sig) {max_blocks = 1 : i64, world_size = 1 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+  "mori_comm.one_gpu_barrier"(%sig, %cnt) {world_size = 8 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
   return
 }
 
