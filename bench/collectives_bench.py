@@ -606,8 +606,13 @@ def plot(path: Path, rows: list[dict], title: str) -> None:
     for ax, kind in zip(axes[0], kinds):
         for label in LABELS:
             pts = [r for r in rows if r["label"] == label and r["inputs"] == kind]
-            if pts:
-                ax.plot([p["size"] for p in pts], [p["vs_copy"] for p in pts], marker="o", label=label)
+            if not pts:
+                continue
+            style = {"ls": ":", "marker": "x", "c": "black"} if label == "all_reduce" else {"marker": "o"}
+            (line,) = ax.plot([p["size"] for p in pts], [p["vs_copy"] for p in pts], label=label if label !=
+                              "all_reduce" else "all_reduce (auto)", **style)  # fmt: skip
+            if label == "all_reduce_one_shot":  # its own bound (the module docstring)
+                ax.axhline(one_shot_bound(pts[0]["world"], kind), ls=":", c=line.get_color(), label="one_shot bound")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("bytes per PE")
         ax.axhline(GOAL_RATIO, ls="--", c="gray")
