@@ -187,7 +187,8 @@ class Collective:
 
     def placement(self):
         """Where each PE's peers read its input in the last call: "input" (in place) or "stage" (copied into
-        the workspace first); a list per PE with virtual PEs. Synchronizes the device (a diagnostic)."""
+        the workspace first); None for a broadcast's non-roots (they place nothing); a list per PE with
+        virtual PEs. Synchronizes the device (a diagnostic)."""
         import torch
 
         from mori_compiler.runtime import shmem
@@ -197,6 +198,9 @@ class Collective:
         self.kernels.synchronize()
         s, found = self.spec, []
         for pe in self.pes:
+            if s.op == "broadcast" and pe != s.root:
+                found.append(None)
+                continue
             header = shmem.shmem_tensor(self._handle, (s.header_bytes // 8,), torch.int64,
                                         pe=pe if self.virtual else None)  # fmt: skip
             offset = int(header[s.sources_offset // 8].item())
