@@ -87,6 +87,33 @@ irdl.dialect @mori_comm {
     irdl.attributes { "world_size" = %world_size, "max_blocks" = %max_blocks }
   }
 
+  // device_barrier in two halves, so that the block can work on what no peer touches in between:
+  // barrier_arrive (the epoch step and the release signal; returns the epoch), then barrier_wait (the polls
+  // for that epoch, the acquire, the block meeting). `scope`: "system" (device_barrier's fences) or "gpu"
+  // (one_gpu_barrier's: every PE on this one GPU).
+  irdl.operation @barrier_arrive {
+    %ptr = irdl.is !llvm.ptr
+    %i64 = irdl.is i64
+    irdl.operands(slots: %ptr, epochs: %ptr)
+    irdl.results(epoch: %i64)
+    %world_size = irdl.any
+    %max_blocks = irdl.any
+    %system = irdl.is "system"
+    %gpu = irdl.is "gpu"
+    %scope = irdl.any_of(%system, %gpu)
+    irdl.attributes { "world_size" = %world_size, "max_blocks" = %max_blocks, "scope" = %scope }
+  }
+  irdl.operation @barrier_wait {
+    %ptr = irdl.is !llvm.ptr
+    %i64 = irdl.is i64
+    irdl.operands(slots: %ptr, epoch: %i64)
+    %world_size = irdl.any
+    %system = irdl.is "system"
+    %gpu = irdl.is "gpu"
+    %scope = irdl.any_of(%system, %gpu)
+    irdl.attributes { "world_size" = %world_size, "scope" = %scope }
+  }
+
   // out[0:elems] = cast(sum_k float(sources[k][0:elems])) in fp32, warp-cooperative, 16-byte vectors,
   // all K row loads in flight before the adds. `dtype` is bf16 or f32.
   irdl.operation @accumulate_rows {

@@ -23,6 +23,10 @@ grid_last_arrival every block arrives; true in the last one (in warp 0) ``__mori
 device_barrier    block b of every PE meets block b of every other PE   ``__mori_comm_device_barrier_w{W}``
 one_gpu_barrier   device_barrier among PEs on this one GPU (fences at   ``__mori_comm_one_gpu_barrier_w{W}``
                   the GPU's scope)
+barrier_arrive    device_barrier's first half: the epoch and the        ``__mori_comm_barrier_arrive_w{W}_{scope}``
+                  release signal; returns the epoch
+barrier_wait      its second half: the polls, the acquire, the block    ``__mori_comm_barrier_wait_w{W}_{scope}``
+                  meeting
 accumulate_rows   a warp sums K rows in fp32                            ``__mori_comm_accumulate_rows_{dtype}_k{K}``
 quantize_row      a warp writes a bf16 row to a peer as a wire row      ``__mori_comm_quantize_row_{E}_s{S}``
                   (fp8 / fp4, blockwise scales)
@@ -224,6 +228,43 @@ def one_gpu_barrier(slots, epochs, *, world_size: int, max_blocks: int, loc=None
     return _create("one_gpu_barrier", [slots, epochs], attrs, loc=loc, ip=ip)
 
 
+BARRIER_SCOPES = ("system", "gpu")
+
+
+def barrier_arrive(slots, epochs, *, world_size: int, max_blocks: int, scope: str, loc=None, ip=None) -> ir.Value:
+    """``mori_comm.barrier_arrive(slots, epochs) {world_size, max_blocks, scope} -> i64``: the first half of
+    a device barrier (``device_barrier``'s operands and contract; ``scope`` "system": its fences, "gpu":
+    ``one_gpu_barrier``'s). Returns the block's epoch e, which ``barrier_wait`` takes; the block may work
+    in between on what no peer reads or writes until the wait (its own part of a result, say).
+
+    Who: every thread of the block. Order: each thread reads e0 = epochs[b], the block meets, thread 0
+    stores e = e0 + 1; threads p < W fence (release: everything the block wrote before the arrive) and
+    store e into ``slots[b][me]`` on PE p (relaxed, system scope). A peer that sees e has every store this
+    block made before the arrive; stores made after it (before the wait) are not published by it.
+
+    Helper: ``__mori_comm_barrier_arrive_w{W}_{scope}`` (``mori_shmem_my_pe``, ``mori_shmem_uint64_p``); "gpu"
+    needs the lowering's ``chip``.
+    """
+    attrs = {"world_size": _i64(world_size), "max_blocks": _i64(max_blocks), "scope": ir.StringAttr.get(scope)}
+    return _create("barrier_arrive", [slots, epochs], attrs, [ir.IntegerType.get_signless(64)], loc=loc, ip=ip).result
+
+
+def barrier_wait(slots, epoch, *, world_size: int, scope: str, loc=None, ip=None) -> ir.Operation:
+    """``mori_comm.barrier_wait(slots, epoch: i64) {world_size, scope}``: the second half of the device
+    barrier ``barrier_arrive`` began (``epoch`` is what it returned, in the same block; one wait per
+    arrive, in order, before the next arrive on the same slots).
+
+    Who: every thread of the block. Order: threads p < W poll our ``slots[b][p]`` until it is >= epoch
+    (relaxed, system scope), fence (acquire); the block meets. After it, every peer's block b stores made
+    before its arrive are visible to the block, and no peer's block b is still before its arrive.
+
+    Helper: ``__mori_comm_barrier_wait_w{W}_{scope}`` (``mori_shmem_uint64_wait_until_greater_than``); "gpu"
+    needs the lowering's ``chip``.
+    """
+    attrs = {"world_size": _i64(world_size), "scope": ir.StringAttr.get(scope)}
+    return _create("barrier_wait", [slots, epoch], attrs, loc=loc, ip=ip)
+
+
 def accumulate_rows(out, elems, sources, *, dtype: str, loc=None, ip=None) -> ir.Operation:
     """``mori_comm.accumulate_rows(out, elems: i64, sources...) {dtype}``: ``out[0:elems] =
     cast(sum_k float(sources[k][0:elems]))``, summed in fp32, rounded once; ``dtype`` is bf16 or f32.
@@ -415,7 +456,7 @@ def extra_verify(op: ir.Operation) -> list[str]:
     short = name.split(".", 1)[1]
     ints = int_attributes(op)
     rules = OpRules(op)
-    if rules.non_integer(op, ints, ("dtype", "format", "event", "phase")):
+    if rules.non_integer(op, ints, ("dtype", "format", "event", "phase", "scope")):
         return rules.errors
     need = rules.need
 

@@ -67,7 +67,7 @@ def with_filename(exc: MoriCompilerError, filename: str) -> MoriCompilerError:
     return exc
 
 
-def one_line(text: str, limit: int = 400) -> str:
+def one_line(text: str, limit: int = 600) -> str:
     """``text`` on one line (each error line is one problem), cut at ``limit`` characters."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

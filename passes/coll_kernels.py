@@ -69,6 +69,7 @@ class Collective:
         self.my_source = self.at(workspace, b.muli(b.index_cast(b.i64, b.block_id()), self.i64(8)))
         self.my_source = self.at(self.my_source, spec.sources_offset)  # this block's sources[b]
         self.placed = None  # (lo, hi) i32 halves of PE (lane mod W)'s sources[b], read after the first meet
+        self.scope = "gpu" if one_gpu else "system"  # the split meets' (barrier_arrive / barrier_wait)
         self.splits = splits  # all_to_all_v: (splits, recv_counts)
         self.meets = 0  # device barriers so far (meet k is traced as "meet<k>")
         self.open_step = None  # the trace op that began the work after the last meet ("step<k>")
@@ -150,6 +151,11 @@ class Collective:
         word = b.load(b.i64, self.peer(self.my_source, pe), alignment=8)
         self.placed = (b.trunci(b.i32, word), b.trunci(b.i32, b.shrui(word, self.i64(32))))
 
+    def own_place(self) -> ir.Value:
+        """This PE's own placed bytes (its input or its stage), from its sources[b]: readable by the whole
+        block after a block barrier following place_input (a meet's, or its arrive's)."""
+        return self.at(self.slots, self.b.load(self.b.i64, self.my_source, alignment=8))
+
     def source(self, pe: ir.Value) -> ir.Value:
         """This PE's address of the bytes PE ``pe`` (warp-uniform) placed this call: its input or its stage."""
         b = self.b
@@ -157,14 +163,23 @@ class Collective:
         lo, hi = (b.extui(b.i64, b.shuffle("idx", half, pe, width)[0]) for half in self.placed)
         offset = b.ori(b.shli(hi, self.i64(32)), lo)
         return self.at(self.peer(self.slots, pe), offset)
-    def meet(self) -> None:
-        """Block b meets block b of every PE (release before, acquire after). Traced: "meet<k>" around the
-        barrier, "step<k>" from the end of meet k - 1 to the start of meet k (the pulls or sums between)."""
-        s, k = self.spec, self.meets
+    def meet(self, overlap: Callable[[], None] | None = None) -> None:
+        """Block b meets block b of every PE (release before, acquire after). With ``overlap``, the meet in
+        its two halves, barrier_arrive, ``overlap()``, barrier_wait: work on what no peer reads or writes
+        (this PE's own part of the result) runs while the peers arrive; the arrive publishes only what came
+        before it. Traced: "meet<k>" around the barrier (with its overlapped work), "step<k>" from the end of
+        meet k - 1 to the start of meet k (the pulls or sums between)."""
+        s, k, b = self.spec, self.meets, self.b
         if self.open_step is not None:
             self.trace(f"step{k}", "end")
         self.trace(f"meet{k}", "begin")
-        self.barrier(self.slots, self.epochs, world_size=s.world_size, max_blocks=s.max_blocks, **self.b.at())
+        if overlap is None:
+            self.barrier(self.slots, self.epochs, world_size=s.world_size, max_blocks=s.max_blocks, **b.at())
+        else:
+            epoch = mori_comm.barrier_arrive(self.slots, self.epochs, world_size=s.world_size, max_blocks=s.max_blocks,
+                                             scope=self.scope, **b.at())  # fmt: skip
+            overlap()
+            mori_comm.barrier_wait(self.slots, epoch, world_size=s.world_size, scope=self.scope, **b.at())
         self.trace(f"meet{k}", "end")
         self.meets = k + 1
         if k == 0 and self.spec.op != "all_to_all_v":
@@ -182,10 +197,17 @@ class Collective:
         return mori_shmem.ptr(base, pe, **self.b.at())
 
     def each_peer(self, body: Callable[[ir.Value], None]) -> None:
-        """``body(pe)`` for pe = me + 1, me + 2, ... (mod W), me last: the PEs' reads spread over the peers."""
+        """``body(pe)`` for the other PEs, pe = me + 1, me + 2, ... (mod W): the PEs' reads spread over the
+        peers (this PE's own part is copied in the closing meet's overlap: ``own_part``)."""
         b, w = self.b, self.spec.world_size
-        with b.for_(b.const_index(1), b.const_index(w + 1), b.const_index(1)) as i:
+        with b.for_(b.const_index(1), b.const_index(w), b.const_index(1)) as i:
             body(b.remui(b.addi(self.me, b.index_cast(b.i32, i)), b.const_i32(w)))
+
+    def own_part(self, dest: ir.Value, offset, nbytes: int) -> None:
+        """This PE's own part of the result: ``nbytes`` of its placed bytes at ``offset`` into ``dest``
+        (the work the closing meet overlaps). Sliced as the placing cut them, so a unit copies what it
+        staged itself (no other block's stores to wait for)."""
+        self.copy(dest, self.at(self.own_place(), offset), nbytes)
 
     def reduce(self, dest: ir.Value, sources: list[ir.Value], nbytes: ir.Value) -> None:
         """This unit's slice of ``dest = sum(sources)`` over ``nbytes`` bytes, in whole 16-byte vectors (the
@@ -237,9 +259,16 @@ def _share(c: Collective, pe: ir.Value) -> tuple[ir.Value, ir.Value]:
     return off, b.minui(b.subi(n, off), cb)
 
 
+def _mine(c: Collective, nbytes: int) -> ir.Value:
+    """``me * nbytes`` (i64): where this PE's part starts."""
+    return c.b.muli(c.b.extui(c.b.i64, c.me), c.i64(nbytes))
+
+
 def all_gather(c: Collective) -> None:
-    """Place the input; meet; pull every PE's placed bytes into ``out[p * n]``; meet (they are free again)."""
+    """Place the input; meet; pull every peer's placed bytes into ``out[p * n]``; meet (overlapped: this
+    PE's own part, from its placed bytes into ``out[me * n]``; then every place is free again)."""
     n, b = _bytes(c), c.b
+    own = c.at(c.output, _mine(c, n))
 
     def pull(pe):
         c.copy(c.at(c.output, b.muli(b.extui(b.i64, pe), c.i64(n))), c.source(pe), n)
@@ -247,24 +276,33 @@ def all_gather(c: Collective) -> None:
     c.place_input()
     c.meet()
     c.each_peer(pull)
-    c.meet()
+    c.meet(lambda: c.own_part(own, 0, n))
 
 
 def broadcast(c: Collective) -> None:
-    """The root places its input; meet; every PE pulls the root's placed bytes into its output; meet."""
-    b, root = c.b, c.b.const_i32(c.spec.root)
-    with b.if_(b.cmpi("eq", c.me, root)):
+    """The root places its input; meet; every other PE pulls the root's placed bytes into its output; meet
+    (overlapped: the root copies its placed bytes into its own output)."""
+    b, root, n = c.b, c.b.const_i32(c.spec.root), _bytes(c)
+    is_root = b.cmpi("eq", c.me, root)
+    with b.if_(is_root):
         c.place_input()
+
+    def root_part():
+        with b.if_(is_root):
+            c.own_part(c.output, 0, n)
+
     c.meet()
-    c.copy(c.output, c.source(root), _bytes(c))
-    c.meet()
+    with b.if_(b.xori(is_root, b.const_i1(True))):
+        c.copy(c.output, c.source(root), n)
+    c.meet(root_part)
 
 
 def all_to_all(c: Collective) -> None:
-    """Place the input (chunk q, for PE q, at ``q * stride``); meet; pull chunk ``me`` of every PE p into
-    ``out[p * n]``; meet."""
+    """Place the input (chunk q, for PE q, at ``q * stride``); meet; pull chunk ``me`` of every peer p into
+    ``out[p * n]``; meet (overlapped: this PE's own chunk ``me`` into ``out[me * n]``)."""
     n, b = _bytes(c), c.b
-    mine = b.muli(b.extui(b.i64, c.me), c.i64(c.spec.stage_stride))
+    mine = _mine(c, c.spec.stage_stride)
+    own = c.at(c.output, _mine(c, n))
 
     def pull(pe):
         c.copy(c.at(c.output, b.muli(b.extui(b.i64, pe), c.i64(n))), c.at(c.source(pe), mine), n)
@@ -272,7 +310,7 @@ def all_to_all(c: Collective) -> None:
     c.place_input()
     c.meet()
     c.each_peer(pull)
-    c.meet()
+    c.meet(lambda: c.own_part(own, mine, n))
 
 
 def reduce_scatter(c: Collective) -> None:
@@ -296,18 +334,19 @@ def all_reduce_one_shot(c: Collective) -> None:
 
 def all_reduce_two_shot(c: Collective) -> None:
     """Reduce-scatter then all-gather: place the input (share q at ``q * stride``); meet; sum share ``me``
-    of every PE into ``reduced``; meet (release: the sums; acquire: every PE's); pull share p from PE p's
-    ``reduced`` into the output; meet. Each PE reads 2 x the bytes once, not W x."""
+    of every PE into ``reduced``; meet (release: the sums; acquire: every PE's; overlapped: this PE's own
+    share from its ``reduced`` into the output); pull share p from every peer p's ``reduced`` into the
+    output; meet. Each PE reads 2 x the bytes once, not W x."""
     off, nbytes = _share(c, c.me)
     c.place_input()
     c.meet()
     c.reduce(c.reduced, c.sources_at(off), nbytes)
-    c.meet()
 
     def pull(pe):
         at, count = _share(c, pe)
         c.copy(c.at(c.output, at), c.peer(c.reduced, pe), count)
 
+    c.meet(lambda: c.copy(c.at(c.output, off), c.reduced, nbytes))
     c.each_peer(pull)
     c.meet()
 

@@ -460,6 +460,60 @@ def _node_base(b: Builder, me: ir.Value, group: int) -> ir.Value:
     return b.muli(b.divui(me, g), g)
 
 
+class _BarrierSide:
+    """The pieces of device_barrier's protocol, shared by it and by its split form (barrier_arrive, then
+    barrier_wait), emitted in device_barrier's order: thread p < W of block b talks to PE p (group G:
+    PE (me / G) * G + p)."""
+
+    def __init__(self, b: Builder, world: int, group: int | None, syncscope: str | None):
+        self.b, self.world, self.group, self.syncscope = b, world, group, syncscope
+        self.qp = b.const_i32(0)
+        self.block = b.index_cast(b.i64, b.block_id())
+        self.one = self.tid = self.world64 = None
+
+    def epoch(self, epochs: ir.Value) -> ir.Value:
+        """Every thread reads e0 = epochs[b], the block meets, thread 0 stores e = e0 + 1 back; returns e."""
+        b = self.b
+        epp = b.gep(epochs, self.block, b.i64)
+        e0 = b.load(b.i64, epp)
+        b.barrier()
+        self.one = b.const_i64(1)
+        e = b.addi(e0, self.one)
+        self.tid = b.index_cast(b.i32, b.thread_id())
+        with b.if_(b.cmpi("eq", self.tid, b.const_i32(0))):
+            b.store(e, epp)
+        return e
+
+    def talking(self):
+        """``with``: the body runs in threads p < W (G with a group)."""
+        b = self.b
+        if self.tid is None:  # (barrier_wait: no epoch step before)
+            self.one, self.tid = b.const_i64(1), b.index_cast(b.i32, b.thread_id())
+        world_size = b.const_i32(self.world if self.group is None else self.group)
+        self.world64 = b.const_i64(self.world)
+        return b.if_(b.cmpi("ult", self.tid, world_size))
+
+    def signal(self, slots: ir.Value, e: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """Fence (release), then e into slots[b][me] on PE p (relaxed, system scope); returns (row, p)."""
+        b = self.b
+        me = mori_shmem.my_pe(**b.at())
+        me64 = b.extui(b.i64, me)
+        peer = self.tid if self.group is None else b.addi(_node_base(b, me, self.group), self.tid)
+        p64 = b.extui(b.i64, peer)
+        row = b.muli(self.block, self.world64)
+        outslot = b.gep(slots, b.addi(row, me64), b.i64)
+        b.fence("release", self.syncscope)
+        mori_shmem.p(outslot, e, peer, c_type="uint64", qp=self.qp, **b.at())
+        return row, p64
+
+    def poll(self, slots: ir.Value, e: ir.Value, row: ir.Value, p64: ir.Value) -> None:
+        """Poll our slots[b][p] until it is >= e (relaxed polls), then fence (acquire)."""
+        b = self.b
+        inslot = b.gep(slots, b.addi(row, p64), b.i64)
+        mori_shmem.wait_until(inslot, b.subi(e, self.one), cmp="greater_than", elem="uint64", **b.at())
+        b.fence("acquire", self.syncscope)
+
+
 def device_barrier(symbol: str, world: int, group: int | None = None, syncscope: str | None = None) -> Helper:
     # Protocol (block b of PE me meets block b of every PE): every thread reads epoch e0 = epochs[b]
     # (this PE's private counter for block b), the block meets, thread 0 stores e = e0 + 1 back (no one
@@ -471,30 +525,38 @@ def device_barrier(symbol: str, world: int, group: int | None = None, syncscope:
     # count_signal's; with ``syncscope`` (one_gpu_barrier: every PE on this GPU) at that scope.
     @_function(symbol, "ptr ptr")
     def helper(b, slots, epochs):
-        qp = b.const_i32(0)
-        block = b.index_cast(b.i64, b.block_id())
-        epp = b.gep(epochs, block, b.i64)
-        e0 = b.load(b.i64, epp)
+        side = _BarrierSide(b, world, group, syncscope)
+        e = side.epoch(epochs)
+        with side.talking():
+            side.poll(slots, e, *side.signal(slots, e))
         b.barrier()
-        one = b.const_i64(1)
-        e = b.addi(e0, one)
-        tid = b.index_cast(b.i32, b.thread_id())
-        with b.if_(b.cmpi("eq", tid, b.const_i32(0))):
-            b.store(e, epp)
-        world_size = b.const_i32(world if group is None else group)
-        world64 = b.const_i64(world)
-        with b.if_(b.cmpi("ult", tid, world_size)):  # thread p talks to PE p (group G: PE (me / G) * G + p)
-            me = mori_shmem.my_pe(**b.at())
-            me64 = b.extui(b.i64, me)
-            peer = tid if group is None else b.addi(_node_base(b, me, group), tid)
-            p64 = b.extui(b.i64, peer)
-            row = b.muli(block, world64)
-            outslot = b.gep(slots, b.addi(row, me64), b.i64)
-            b.fence("release", syncscope)
-            mori_shmem.p(outslot, e, peer, c_type="uint64", qp=qp, **b.at())
-            inslot = b.gep(slots, b.addi(row, p64), b.i64)
-            mori_shmem.wait_until(inslot, b.subi(e, one), cmp="greater_than", elem="uint64", **b.at())
-            b.fence("acquire", syncscope)
+        b.return_()
+
+    return helper
+
+
+def barrier_arrive(symbol: str, world: int, syncscope: str | None) -> Helper:
+    # device_barrier's first half: the epoch step and the signal (release fence, e into slots[b][me] on
+    # every PE p); returns e. The block may then work on what no peer reads or writes before barrier_wait.
+    @_function(symbol, "ptr ptr", "i64")
+    def helper(b, slots, epochs):
+        side = _BarrierSide(b, world, None, syncscope)
+        e = side.epoch(epochs)
+        with side.talking():
+            side.signal(slots, e)
+        b.return_([e])
+
+    return helper
+
+
+def barrier_wait(symbol: str, world: int, syncscope: str | None) -> Helper:
+    # device_barrier's second half: thread p polls slots[b][p] until >= e (the epoch barrier_arrive
+    # returned), fences (acquire); the block meets.
+    @_function(symbol, "ptr i64")
+    def helper(b, slots, e):
+        side = _BarrierSide(b, world, None, syncscope)
+        with side.talking():
+            side.poll(slots, e, b.muli(side.block, side.world64), b.extui(b.i64, side.tid))
         b.barrier()
         b.return_()
 
@@ -703,6 +765,22 @@ def _lower_one_gpu_barrier(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
     return device_barrier(f"{PREFIX}one_gpu_barrier_w{world}", world, syncscope=_target_of(op, p).device_syncscope)
 
 
+def _split_barrier_scope(op: ir.Operation, p: "MoriCommToCalls") -> tuple[int, str, str | None]:
+    """(world, scope, LLVM syncscope) of barrier_arrive / barrier_wait."""
+    scope = op.attributes["scope"].value
+    return _int_attr(op, "world_size"), scope, (_target_of(op, p).device_syncscope if scope == "gpu" else None)
+
+
+def _lower_barrier_arrive(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
+    world, scope, syncscope = _split_barrier_scope(op, p)
+    return barrier_arrive(f"{PREFIX}barrier_arrive_w{world}_{scope}", world, syncscope)
+
+
+def _lower_barrier_wait(op: ir.Operation, p: "MoriCommToCalls") -> Helper:
+    world, scope, syncscope = _split_barrier_scope(op, p)
+    return barrier_wait(f"{PREFIX}barrier_wait_w{world}_{scope}", world, syncscope)
+
+
 def _target_of(op: ir.Operation, p: "MoriCommToCalls") -> targets.GPUTarget:
     """The pass's ``chip`` as a target (ops whose lowering depends on it: an error at the op without it)."""
     if p.chip not in targets.TARGETS:
@@ -767,6 +845,8 @@ LOWERINGS: dict[str, Callable[[ir.Operation, "MoriCommToCalls"], Helper]] = {
     "mori_comm.grid_barrier": lambda op, p: grid_barrier(f"{PREFIX}grid_barrier", p.global_address_space),
     "mori_comm.device_barrier": _lower_device_barrier,
     "mori_comm.one_gpu_barrier": _lower_one_gpu_barrier,
+    "mori_comm.barrier_arrive": _lower_barrier_arrive,
+    "mori_comm.barrier_wait": _lower_barrier_wait,
     "mori_comm.grid_last_arrival": lambda op, p: grid_last_arrival(f"{PREFIX}grid_last_arrival", p.global_address_space,
                                                                     p.wave_size),
     "mori_comm.accumulate_rows": _lower_accumulate_rows,

@@ -128,6 +128,8 @@ _EVERY_BLOCK = """module attributes {gpu.container_module} {
       %last = "mori_comm.grid_last_arrival"(%d) : (!llvm.ptr) -> i1
       "mori_comm.device_barrier"(%d, %s) {world_size = 8 : i64, max_blocks = 80 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
       "mori_comm.one_gpu_barrier"(%d, %s) {world_size = 8 : i64, max_blocks = 80 : i64} : (!llvm.ptr, !llvm.ptr) -> ()
+      %ep = "mori_comm.barrier_arrive"(%d, %s) {world_size = 8 : i64, max_blocks = 80 : i64, scope = "system"} : (!llvm.ptr, !llvm.ptr) -> i64
+      "mori_comm.barrier_wait"(%d, %ep) {world_size = 8 : i64, scope = "gpu"} : (!llvm.ptr, i64) -> ()
       "mori_comm.accumulate_rows"(%d, %n, %s, %d) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr) -> ()
       %npe = "mori_comm.node_pe"(%pe) {group_size = 4 : i64} : (i32) -> i32
       "mori_comm.node_count_signal"(%d, %s, %d) {world_size = 8 : i64, group_size = 4 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()

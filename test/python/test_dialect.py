@@ -548,6 +548,8 @@ _COMM_SIGNATURES = {
     "mori_comm.grid_barrier": (["counter"], [], []),
     "mori_comm.device_barrier": (["slots", "epochs"], [], ["max_blocks", "world_size"]),
     "mori_comm.one_gpu_barrier": (["slots", "epochs"], [], ["max_blocks", "world_size"]),
+    "mori_comm.barrier_arrive": (["slots", "epochs"], ["epoch"], ["max_blocks", "scope", "world_size"]),
+    "mori_comm.barrier_wait": (["slots", "epoch"], [], ["scope", "world_size"]),
     "mori_comm.accumulate_rows": (["out", "elems", "sources"], [], ["dtype"]),
     "mori_comm.node_pe": (["pe"], ["result"], ["group_size"]),
     "mori_comm.node_count_signal": (["signals", "counts", "total"], [], ["group_size", "world_size"]),
@@ -592,6 +594,9 @@ def test_comm_builders_verify_and_print(all_ctx):
         mori_comm.grid_barrier(ptr)
         mori_comm.device_barrier(ptr, ptr, world_size=4, max_blocks=80)
         mori_comm.one_gpu_barrier(ptr, ptr, world_size=2, max_blocks=16)
+        epoch = mori_comm.barrier_arrive(ptr, ptr, world_size=3, max_blocks=16, scope="gpu")
+        assert str(epoch.type) == "i64"
+        mori_comm.barrier_wait(ptr, epoch, world_size=3, scope="gpu")
         mori_comm.accumulate_rows(ptr, n, [ptr, ptr, ptr], dtype="bf16")
         npe = mori_comm.node_pe(pe, group_size=4)
         assert str(npe.type) == "i32"
@@ -613,6 +618,7 @@ def test_comm_builders_verify_and_print(all_ctx):
         assert f'"{name}"' in text, name
     assert "{max_blocks = 80 : i64, world_size = 4 : i64}" in text and '{dtype = "bf16"}' in text
     assert "{max_blocks = 16 : i64, world_size = 2 : i64}" in text
+    assert '{max_blocks = 16 : i64, scope = "gpu", world_size = 3 : i64}' in text and '{scope = "gpu", world_size = 3 : i64}' in text
     assert "{group_size = 8 : i64, world_size = 16 : i64}" in text and "{group_size = 4 : i64}" in text
     assert "{group_size = 2 : i64, max_blocks = 64 : i64, world_size = 16 : i64}" in text
     with all_ctx:

@@ -12,14 +12,18 @@
 // The phases carry trace points (compiled out here by mori-trace-to-timer{enabled=false}; kept by the TRACE
 // run): "stage", then per barrier k "meet<k>", between barriers "step<k>", nothing after the closing one.
 
-// With one-gpu (virtual PEs: every PE on this GPU) every meet is a one_gpu_barrier (fences at the GPU's
-// scope), of the same operands; no device_barrier is left.
+// With one-gpu (virtual PEs: every PE on this GPU) every meet is a one_gpu_barrier or a barrier_arrive /
+// barrier_wait of scope "gpu" (fences at the GPU's scope), of the same operands; no device_barrier is left.
 // ONEGPU-LABEL: gpu.func @coll_all_gather_u8_w4_n100(
 // ONEGPU:         "mori_comm.one_gpu_barrier"(%arg2, %{{.+}}) {max_blocks = 32 : i64, world_size = 4 : i64}
-// ONEGPU:         "mori_comm.one_gpu_barrier"(%arg2, %{{.+}}) {max_blocks = 32 : i64, world_size = 4 : i64}
+// ONEGPU:         "mori_comm.barrier_arrive"(%arg2, %{{.+}}) {max_blocks = 32 : i64, scope = "gpu", world_size = 4 : i64}
+// ONEGPU:         "mori_comm.barrier_wait"(%arg2, %{{.+}}) {scope = "gpu", world_size = 4 : i64}
 // ONEGPU:         gpu.return
 // ONEGPU-LABEL: gpu.func @coll_all_reduce_two_shot_bf16_w4_n100(
-// ONEGPU-COUNT-3: "mori_comm.one_gpu_barrier"
+// ONEGPU:         "mori_comm.one_gpu_barrier"
+// ONEGPU:         "mori_comm.barrier_arrive"({{.+}}scope = "gpu"
+// ONEGPU:         "mori_comm.barrier_wait"({{.+}}scope = "gpu"
+// ONEGPU:         "mori_comm.one_gpu_barrier"
 
 // TRACE-LABEL: gpu.func @coll_all_gather_u8_w4_n100(
 // TRACE:         "mori_comm.trace"() {event = "stage", phase = "begin"}
@@ -35,7 +39,9 @@
 // TRACE:         }
 // TRACE:         "mori_comm.trace"() {event = "step1", phase = "end"}
 // TRACE-NEXT:    "mori_comm.trace"() {event = "meet1", phase = "begin"}
-// TRACE-NEXT:    "mori_comm.device_barrier"
+// TRACE-NEXT:    "mori_comm.barrier_arrive"
+// TRACE:         "mori_comm.copy_bytes"
+// TRACE:         "mori_comm.barrier_wait"
 // TRACE-NEXT:    "mori_comm.trace"() {event = "meet1", phase = "end"}
 // TRACE-NEXT:    gpu.return
 
@@ -75,8 +81,8 @@ module attributes {gpu.container_module} {
     // Lane l reads PE (l mod 4)'s sources[b] once.
     // CHECK:         %[[THEIRS:.+]] = "mori_shmem.ptr"(%[[SOURCES]], %{{.+}})
     // CHECK-NEXT:    %[[WORD:.+]] = llvm.load %[[THEIRS]] {alignment = 8 : i64} : !llvm.ptr -> i64
-    // Pull: PE (me + i) % 4 for i = 1 .. 4: its word from its lane, its place, into out[p * 100].
-    // CHECK:         scf.for %{{.+}} = %c1 to %c5 step
+    // Pull: PE (me + i) % 4 for i = 1 .. 3 (the peers): its word from its lane, its place, into out[p * 100].
+    // CHECK:         scf.for %{{.+}} = %c1 to %c4 step
     // CHECK:           %[[P:.+]] = arith.remui
     // CHECK:           gpu.shuffle  idx %{{.+}}, %[[P]]
     // CHECK:           gpu.shuffle  idx %{{.+}}, %[[P]]
@@ -87,13 +93,20 @@ module attributes {gpu.container_module} {
     // CHECK:             %[[FROM_SLICE:.+]] = llvm.getelementptr %[[FROM]][
     // CHECK-NEXT:        "mori_comm.copy_bytes"(%{{.+}}, %[[FROM_SLICE]], %{{.+}})
     // CHECK:         }
-    // CHECK:         "mori_comm.device_barrier"(%[[WS]], %[[EPOCHS]])
+    // The closing meet in halves: arrive (publishes the end of the pulls), this PE's own part from its
+    // place (its sources[b] word, read back) into out[me * 100], wait.
+    // CHECK:         %[[E:.+]] = "mori_comm.barrier_arrive"(%[[WS]], %[[EPOCHS]]) {max_blocks = 32 : i64, scope = "system", world_size = 4 : i64}
+    // CHECK:         %[[OWN_AT:.+]] = llvm.load %[[SOURCES]] {alignment = 8 : i64} : !llvm.ptr -> i64
+    // CHECK-NEXT:    %[[OWN:.+]] = llvm.getelementptr %[[WS]][%[[OWN_AT]]]
+    // CHECK:         "mori_comm.copy_bytes"
+    // CHECK:         "mori_comm.barrier_wait"(%[[WS]], %[[E]]) {scope = "system", world_size = 4 : i64}
     // CHECK-NEXT:    gpu.return
     gpu.func @coll_all_gather_u8_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
       "mori_coll.all_gather"(%input, %output, %workspace) {dtype = "u8", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
-    // Only the root (PE 3) places its input; every PE pulls from the root's place.
+    // Only the root (PE 3) places its input; the other PEs pull from the root's place; the root copies its
+    // own in the closing meet's halves.
     // CHECK-LABEL: gpu.func @coll_broadcast_root3_f32_w4_n100(
     // CHECK:         %[[ME:.+]] = "mori_shmem.my_pe"()
     // CHECK:         %[[ROOT:.+]] = arith.constant 3 : i32
@@ -106,7 +119,10 @@ module attributes {gpu.container_module} {
     // CHECK:         gpu.shuffle  idx %{{.+}}, %[[ROOT]]
     // CHECK:         "mori_shmem.ptr"(%{{.+}}, %[[ROOT]])
     // CHECK:         "mori_comm.copy_bytes"
-    // CHECK:         "mori_comm.device_barrier"
+    // CHECK:         "mori_comm.barrier_arrive"
+    // CHECK-NEXT:    scf.if %[[IS_ROOT]] {
+    // CHECK:           "mori_comm.copy_bytes"
+    // CHECK:         "mori_comm.barrier_wait"
     // CHECK-NEXT:    gpu.return
     gpu.func @coll_broadcast_root3_f32_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
       "mori_coll.broadcast"(%input, %output, %workspace) {dtype = "f32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64, root = 3 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
@@ -122,7 +138,9 @@ module attributes {gpu.container_module} {
     // CHECK:           "mori_shmem.ptr"
     // CHECK:           "mori_comm.copy_bytes"
     // CHECK:         }
-    // CHECK:         "mori_comm.device_barrier"
+    // CHECK:         "mori_comm.barrier_arrive"
+    // CHECK:         "mori_comm.copy_bytes"
+    // CHECK:         "mori_comm.barrier_wait"
     gpu.func @coll_all_to_all_i32_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
       "mori_coll.all_to_all"(%input, %output, %workspace) {dtype = "i32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
@@ -201,8 +219,8 @@ module attributes {gpu.container_module} {
       gpu.return
     }
     // Two shots: four shares of 32 elements (64 bytes; the last one 8 bytes) staged (200 bytes: not whole
-    // vectors); meet; sum share `me` into `reduced`; meet (publishes the sums); pull share p from PE p's
-    // `reduced`; meet. Three barriers.
+    // vectors); meet; sum share `me` into `reduced`; meet in halves (arrive publishes the sums; this PE's
+    // own share from `reduced` into the output; wait); pull share p from every peer p's `reduced`; meet.
     // CHECK-LABEL: gpu.func @coll_all_reduce_two_shot_bf16_w4_n100(
     // CHECK:         %[[RED2:.+]] = llvm.getelementptr %{{.+}}[%c1792_i64]
     // CHECK:         %c64_i64 = arith.constant 64 : i64
@@ -210,7 +228,9 @@ module attributes {gpu.container_module} {
     // CHECK:         "mori_comm.device_barrier"
     // CHECK:         "mori_comm.accumulate_rows"(%{{.+}}) {dtype = "bf16"}
     // CHECK:         }
-    // CHECK-NEXT:    "mori_comm.device_barrier"
+    // CHECK-NEXT:    %[[E2:.+]] = "mori_comm.barrier_arrive"
+    // CHECK:         "mori_comm.copy_bytes"
+    // CHECK:         "mori_comm.barrier_wait"(%{{.+}}, %[[E2]])
     // CHECK:         scf.for
     // CHECK:           "mori_shmem.ptr"(%[[RED2]], %{{.+}})
     // CHECK:           "mori_comm.copy_bytes"

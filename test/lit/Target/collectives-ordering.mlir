@@ -10,7 +10,10 @@
 // flat_load sc0 sc1), fences (acquire: fence.acq_rel.sys / buffer_inv sc0 sc1) and meets the block
 // (bar.sync / s_barrier). No load from a peer (on sm_90 a generic ld: the peers' addresses come from
 // mori_shmem.ptr) comes before that acquire and block barrier; the pulls come after it, and a closing barrier of the same
-// shape (the workspace is free for the next call) ends every kernel.
+// shape (the workspace is free for the next call) ends every kernel. all_gather, broadcast and all_to_all close
+// with the barrier in halves (as two-shot's middle one): between the release's slot store and the polls only
+// this PE's own part is copied (a global-space load: sm_90 ld.global, gfx942 SGPR-based global_load), no
+// peer load (generic ld / flat) follows the release.
 
 // all_gather: the stage's byte stores, the barrier (release, slot store, polls, acquire, block barrier), only then the loads from the peers' stages (generic ld: peer addresses), then the closing barrier.
 // PTX-LABEL: .visible .entry coll_all_gather_u8_w4_n100(
@@ -35,6 +38,9 @@
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      ld.global.v4.b32
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
@@ -59,7 +65,7 @@
 // ISA-NEXT: s_waitcnt vmcnt(0)
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
-// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
+// ISA:      global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, s[{{[0-9]+:[0-9]+}}]{{$}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
@@ -84,6 +90,9 @@
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      ld.global.v4.b32
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
@@ -107,7 +116,7 @@
 // ISA-NEXT: s_waitcnt vmcnt(0)
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
-// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
+// ISA:      global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, s[{{[0-9]+:[0-9]+}}]{{$}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
@@ -132,6 +141,9 @@
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      ld.global.v4.b32
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
@@ -155,7 +167,7 @@
 // ISA-NEXT: s_waitcnt vmcnt(0)
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
-// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
+// ISA:      global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, s[{{[0-9]+:[0-9]+}}]{{$}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
@@ -267,7 +279,7 @@
 // ISA-NOT:  s_barrier
 // ISA:      s_endpgm
 
-// two-shot all_reduce: stage (the last share at 1536 + 3 x 64), barrier, the peers' share loads, the barrier that publishes the sums, the loads of the peers' sums, the closing barrier.
+// two-shot all_reduce: stage (the last share at 1536 + 3 x 64), barrier, the peers' share loads, the barrier that publishes the sums (in halves: this PE's own share read from its `reduced`, 1792, between its slot store and polls), the loads of the peers' sums, the closing barrier.
 // PTX-LABEL: .visible .entry coll_all_reduce_two_shot_bf16_w4_n100(
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      st.global.b8 [%rd{{[0-9]+}}+1728]
@@ -284,6 +296,9 @@
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      ld.global.v4.b32
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
@@ -316,7 +331,7 @@
 // ISA-NEXT: s_waitcnt vmcnt(0)
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
-// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
+// ISA:      global_load_dwordx4 {{.*}} offset:1792
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1

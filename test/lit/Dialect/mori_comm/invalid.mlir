@@ -204,6 +204,15 @@ func.func @one_gpu_barrier_attrs(%d: !llvm.ptr) {
 
 // -----
 
+// barrier_arrive / barrier_wait: scope is "system" or "gpu".
+func.func @barrier_scope(%d: !llvm.ptr, %e: i64) {
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.barrier_wait' attribute 'scope' must be one of "system", "gpu", got "node"
+  "mori_comm.barrier_wait"(%d, %e) {world_size = 4 : i64, scope = "node"} : (!llvm.ptr, i64) -> ()
+  return
+}
+
+// -----
+
 // device_barrier: slots and epochs are pointers.
 func.func @device_barrier_operand(%d: !llvm.ptr, %n: i64) {
   // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: 'mori_comm.device_barrier' operand 'epochs' must be !llvm.ptr, got i64
@@ -214,7 +223,7 @@ func.func @device_barrier_operand(%d: !llvm.ptr, %n: i64) {
 // -----
 // An op the dialect does not have: the message lists the ops it has.
 func.func @unknown(%d: !llvm.ptr) {
-  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: unknown op 'mori_comm.broadcast'; the mori_comm dialect has: accumulate_quantized_rows, accumulate_rows, chunk_send, chunk_wait, copy_bytes, count_signal, device_barrier, grid_barrier, grid_last_arrival, node_count_signal, node_device_barrier, node_pe, one_gpu_barrier, quantize_row, reserve_slot, row_copy, row_copy_to_peers, trace{{$}}
+  // CHECK: error: {{.*}}invalid.mlir:[[# @LINE + 1]]:3: unknown op 'mori_comm.broadcast'; the mori_comm dialect has: accumulate_quantized_rows, accumulate_rows, barrier_arrive, barrier_wait, chunk_send, chunk_wait, copy_bytes, count_signal, device_barrier, grid_barrier, grid_last_arrival, node_count_signal, node_device_barrier, node_pe, one_gpu_barrier, quantize_row, reserve_slot, row_copy, row_copy_to_peers, trace{{$}}
   "mori_comm.broadcast"(%d) : (!llvm.ptr) -> ()
   return
 }
