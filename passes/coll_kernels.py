@@ -24,13 +24,15 @@ Shared protocol (every collective is one or more rounds of it):
   PE p's slot; polls its own slot of PE p until it reaches the epoch; fences (acquire); the block meets.
   After it, every PE's ``sources[b]`` and staged slices of this block are visible to this block (an input
   read in place was written before the kernel, in its PE's stream order, so before the release too).
-* **Pull / reduce** (each unit its slices): lane l reads ``sources[b]`` of PE ``l mod W`` once (one round
-  trip for all peers; a peer's word is shuffled from its lane when needed), then ``copy_bytes`` from a
-  peer's placed bytes (its address: ``mori_shmem.ptr`` of the workspace plus that offset) into the user's
-  output, or ``accumulate_rows`` of the W peers' slices (fp32 sums, rounded once) into the output (whole
+* **Pull / reduce** (each unit its slices): lane l reads ``sources[b]`` of PE ``l mod W`` once and makes
+  the address of that PE's placed bytes (``mori_shmem.ptr`` of the workspace plus the offset): one round
+  of translations and loads for all peers, each address shuffled from its lane where it is used (a
+  translation per peer inside the loop would be a dependent round trip before each peer's copy); then
+  ``copy_bytes`` from a peer's placed bytes into the user's output, or ``accumulate_rows`` of the W peers' slices (fp32 sums, rounded once) into the output (whole
   vectors, aligned output: ``CollSpec.sums_into_output``) or into this PE's ``reduced`` and then (after a
   ``gpu.barrier``: the lanes that copy are not the lanes that summed) ``copy_bytes`` into the output.
-* **Release** (a final ``device_barrier``): no PE returns (its input may then change) or places the next
+* **Release** (a final ``device_barrier``; for the movers in its two halves, ``barrier_arrive`` and
+  ``barrier_wait``, with this PE's own part, which no peer touches, copied in between): no PE returns (its input may then change) or places the next
   call's input into its ``stage``, ``sources`` (or overwrites ``reduced``) before every peer's block
   finished reading this call's. With it, calls follow each other on the stream with no host sync: the
   epochs live on the device and only grow (graph replay is correct; nothing is reset).
@@ -42,7 +44,7 @@ from collections.abc import Callable
 
 from mori_compiler._mlir import ir
 from mori_compiler.dialects import mori_comm, mori_shmem
-from mori_compiler.dialects.builder import Builder
+from mori_compiler.dialects.builder import Builder, GeneratorError
 from mori_compiler.dialects.mori_coll_schema import VECTOR, CollSpec
 
 GENERATOR = "coll_kernels"
@@ -68,7 +70,7 @@ class Collective:
         self.reduced = self.at(workspace, spec.reduced_offset)
         self.my_source = self.at(workspace, b.muli(b.index_cast(b.i64, b.block_id()), self.i64(8)))
         self.my_source = self.at(self.my_source, spec.sources_offset)  # this block's sources[b]
-        self.placed = None  # (lo, hi) i32 halves of PE (lane mod W)'s sources[b], read after the first meet
+        self._source_of = None  # PE -> its placed bytes (lane_addresses, after the first meet)
         self.scope = "gpu" if one_gpu else "system"  # the split meets' (barrier_arrive / barrier_wait)
         self.splits = splits  # all_to_all_v: (splits, recv_counts)
         self.meets = 0  # device barriers so far (meet k is traced as "meet<k>")
@@ -143,13 +145,28 @@ class Collective:
             b.store(offset, self.my_source, alignment=8)
         self.trace("stage", "end")
 
-    def _read_places(self) -> None:
-        """After the first meet: lane l reads PE (l mod W)'s sources[b], kept as two i32 halves (a shuffle
-        moves 32 bits)."""
+    def lane_addresses(self, address_of: Callable[[ir.Value], ir.Value]) -> Callable[[ir.Value], ir.Value]:
+        """Lane l computes ``address_of(l mod W)`` once (every PE's address in one round of translations and
+        loads, not one dependent round per peer inside a loop); the function returned gives PE ``pe``'s
+        (warp-uniform) by shuffling it from its lane, as two i32 halves (a shuffle moves 32 bits). Built at
+        the kernel's top level, before the loops that use it."""
         b = self.b
-        pe = b.remui(b.index_cast(b.i32, b.lane_id()), b.const_i32(self.spec.world_size))
-        word = b.load(b.i64, self.peer(self.my_source, pe), alignment=8)
-        self.placed = (b.trunci(b.i32, word), b.trunci(b.i32, b.shrui(word, self.i64(32))))
+        mine = b.ptrtoint(b.i64, address_of(b.remui(b.index_cast(b.i32, b.lane_id()), b.const_i32(self.spec.world_size))))
+        halves = (b.trunci(b.i32, mine), b.trunci(b.i32, b.shrui(mine, self.i64(32))))
+
+        def of(pe: ir.Value) -> ir.Value:
+            width = b.const_i32(self.wave)
+            lo, hi = (b.extui(b.i64, b.shuffle("idx", half, pe, width)[0]) for half in halves)
+            return b.inttoptr(b.ptr, b.ori(b.shli(hi, self.i64(32)), lo))
+
+        return of
+
+    def _read_places(self) -> None:
+        """After the first meet: lane l reads PE (l mod W)'s sources[b] and makes the address of its placed
+        bytes (``source``)."""
+        b = self.b
+        self._source_of = self.lane_addresses(lambda pe: self.at(self.peer(self.slots, pe),
+                                                                 b.load(b.i64, self.peer(self.my_source, pe), alignment=8)))
 
     def own_place(self) -> ir.Value:
         """This PE's own placed bytes (its input or its stage), from its sources[b]: readable by the whole
@@ -157,12 +174,12 @@ class Collective:
         return self.at(self.slots, self.b.load(self.b.i64, self.my_source, alignment=8))
 
     def source(self, pe: ir.Value) -> ir.Value:
-        """This PE's address of the bytes PE ``pe`` (warp-uniform) placed this call: its input or its stage."""
-        b = self.b
-        width = b.const_i32(self.wave)
-        lo, hi = (b.extui(b.i64, b.shuffle("idx", half, pe, width)[0]) for half in self.placed)
-        offset = b.ori(b.shli(hi, self.i64(32)), lo)
-        return self.at(self.peer(self.slots, pe), offset)
+        """This PE's address of the bytes PE ``pe`` (warp-uniform) placed this call, its input or its stage
+        (shuffled from the lane that computed it after the first meet: ``_read_places``)."""
+        if self._source_of is None:
+            raise GeneratorError(GENERATOR, "source() before the first meet: the places are read after it")
+        return self._source_of(pe)
+
     def meet(self, overlap: Callable[[], None] | None = None) -> None:
         """Block b meets block b of every PE (release before, acquire after). With ``overlap``, the meet in
         its two halves, barrier_arrive, ``overlap()``, barrier_wait: work on what no peer reads or writes
@@ -342,11 +359,13 @@ def all_reduce_two_shot(c: Collective) -> None:
     c.meet()
     c.reduce(c.reduced, c.sources_at(off), nbytes)
 
+    c.meet(lambda: c.copy(c.at(c.output, off), c.reduced, nbytes))
+    reduced_of = c.lane_addresses(lambda pe: c.peer(c.reduced, pe))
+
     def pull(pe):
         at, count = _share(c, pe)
-        c.copy(c.at(c.output, at), c.peer(c.reduced, pe), count)
+        c.copy(c.at(c.output, at), reduced_of(pe), count)
 
-    c.meet(lambda: c.copy(c.at(c.output, off), c.reduced, nbytes))
     c.each_peer(pull)
     c.meet()
 

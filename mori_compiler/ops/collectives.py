@@ -201,6 +201,9 @@ class Collective:
             if s.op == "broadcast" and pe != s.root:
                 found.append(None)
                 continue
+            if not s.in_place_layout:  # never read in place (all_to_all_v, or chunks not whole vectors)
+                found.append("stage")
+                continue
             header = shmem.shmem_tensor(self._handle, (s.header_bytes // 8,), torch.int64,
                                         pe=pe if self.virtual else None)  # fmt: skip
             offset = int(header[s.sources_offset // 8].item())

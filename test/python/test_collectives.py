@@ -149,7 +149,8 @@ def _op_sequence(fn) -> list[str]:
 
 
 # The placement's steps: "check" (mori_shmem.ptr of the input's first and last byte: in the heap?) and the
-# staging copies in its branch; after the first meet, one ptr for the lanes' read of the peers' sources[b].
+# staging copies in its branch; after the first meet, two ptr for the lanes' read of the peers' sources[b]
+# and their workspaces (each lane one PE's: the loops shuffle them).
 CHECK = ["ptr", "ptr"]
 
 
@@ -166,19 +167,19 @@ SPLIT = ["barrier_arrive", "copy_bytes", "barrier_wait"]
     (CollSpec("all_to_all", "u8", 5, 3), ["copy_bytes"] * 3 + ["device_barrier", "ptr", "ptr", "copy_bytes"] + SPLIT),
     (CollSpec("all_to_all", "u8", 16, 3), CHECK + ["copy_bytes"] * 3 + ["device_barrier", "ptr", "ptr", "copy_bytes"]
      + SPLIT),
-    (CollSpec("reduce_scatter", "f32", 5, 3), ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 4
+    (CollSpec("reduce_scatter", "f32", 5, 3), ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 2
      + ["accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
     # whole vectors: the sums go into the output when it is aligned, through reduced otherwise
-    (CollSpec("reduce_scatter", "f32", 8, 3), CHECK + ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 4
+    (CollSpec("reduce_scatter", "f32", 8, 3), CHECK + ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 2
      + ["accumulate_rows", "accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
-    (CollSpec("all_reduce", "f32", 5, 3, "one_shot"), ["copy_bytes", "device_barrier"] + ["ptr"] * 4
+    (CollSpec("all_reduce", "f32", 5, 3, "one_shot"), ["copy_bytes", "device_barrier"] + ["ptr"] * 2
      + ["accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
-    (CollSpec("all_reduce", "f32", 8, 3, "one_shot"), CHECK + ["copy_bytes", "device_barrier"] + ["ptr"] * 4
+    (CollSpec("all_reduce", "f32", 8, 3, "one_shot"), CHECK + ["copy_bytes", "device_barrier"] + ["ptr"] * 2
      + ["accumulate_rows", "accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
     (CollSpec("all_to_all_v", "bf16", 5, 3), ["copy_bytes", "device_barrier", "ptr", "ptr", "copy_bytes",
                                               "device_barrier"]),
-    (CollSpec("all_reduce", "bf16", 40, 3, "two_shot"), CHECK + ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 4
-     + ["accumulate_rows"] + SPLIT + ["ptr", "copy_bytes", "device_barrier"]),
+    (CollSpec("all_reduce", "bf16", 40, 3, "two_shot"), CHECK + ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 2
+     + ["accumulate_rows"] + SPLIT + ["ptr", "copy_bytes", "device_barrier"]),  # (the ptr: each lane a peer's reduced)
 ])  # fmt: skip
 def test_each_collective_expands_into_its_protocol_steps(spec, steps):
     module = _expanded([spec])

@@ -78,17 +78,22 @@ module attributes {gpu.container_module} {
     // CHECK:         scf.if
     // CHECK-NEXT:      llvm.store %[[PLACE]], %[[SOURCES]] {alignment = 8 : i64} : i64, !llvm.ptr
     // CHECK:         "mori_comm.device_barrier"(%[[WS]], %[[EPOCHS]]) {max_blocks = 32 : i64, world_size = 4 : i64}
-    // Lane l reads PE (l mod 4)'s sources[b] once.
-    // CHECK:         %[[THEIRS:.+]] = "mori_shmem.ptr"(%[[SOURCES]], %{{.+}})
+    // Lane l, once: PE (l mod 4)'s workspace and sources[b], the address of its place (two i32 halves).
+    // CHECK:         %[[LANE_PE:.+]] = arith.remui
+    // CHECK-NEXT:    %[[THEIR_WS:.+]] = "mori_shmem.ptr"(%[[WS]], %[[LANE_PE]])
+    // CHECK-NEXT:    %[[THEIRS:.+]] = "mori_shmem.ptr"(%[[SOURCES]], %[[LANE_PE]])
     // CHECK-NEXT:    %[[WORD:.+]] = llvm.load %[[THEIRS]] {alignment = 8 : i64} : !llvm.ptr -> i64
-    // Pull: PE (me + i) % 4 for i = 1 .. 3 (the peers): its word from its lane, its place, into out[p * 100].
+    // CHECK-NEXT:    %[[PLACE_AT:.+]] = llvm.getelementptr %[[THEIR_WS]][%[[WORD]]]
+    // CHECK-NEXT:    llvm.ptrtoint %[[PLACE_AT]]
+    // Pull: PE (me + i) % 4 for i = 1 .. 3 (the peers): its place shuffled from its lane (no translation in
+    // the loop), into out[p * 100].
     // CHECK:         scf.for %{{.+}} = %c1 to %c4 step
     // CHECK:           %[[P:.+]] = arith.remui
+    // CHECK-NOT:       mori_shmem.ptr
     // CHECK:           gpu.shuffle  idx %{{.+}}, %[[P]]
     // CHECK:           gpu.shuffle  idx %{{.+}}, %[[P]]
-    // CHECK:           %[[OFF:.+]] = arith.ori
-    // CHECK-NEXT:      %[[PEER_WS:.+]] = "mori_shmem.ptr"(%[[WS]], %[[P]])
-    // CHECK-NEXT:      %[[FROM:.+]] = llvm.getelementptr %[[PEER_WS]][%[[OFF]]]
+    // CHECK-NOT:       mori_shmem.ptr
+    // CHECK:           %[[FROM:.+]] = llvm.inttoptr
     // CHECK:           scf.if
     // CHECK:             %[[FROM_SLICE:.+]] = llvm.getelementptr %[[FROM]][
     // CHECK-NEXT:        "mori_comm.copy_bytes"(%{{.+}}, %[[FROM_SLICE]], %{{.+}})
@@ -117,7 +122,6 @@ module attributes {gpu.container_module} {
     // CHECK:         }
     // CHECK:         "mori_comm.device_barrier"
     // CHECK:         gpu.shuffle  idx %{{.+}}, %[[ROOT]]
-    // CHECK:         "mori_shmem.ptr"(%{{.+}}, %[[ROOT]])
     // CHECK:         "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.barrier_arrive"
     // CHECK-NEXT:    scf.if %[[IS_ROOT]] {
@@ -134,8 +138,9 @@ module attributes {gpu.container_module} {
     // CHECK:         scf.if
     // CHECK-COUNT-4: "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.device_barrier"
+    // CHECK:         "mori_shmem.ptr"
     // CHECK:         scf.for
-    // CHECK:           "mori_shmem.ptr"
+    // CHECK:           gpu.shuffle
     // CHECK:           "mori_comm.copy_bytes"
     // CHECK:         }
     // CHECK:         "mori_comm.barrier_arrive"
@@ -181,10 +186,11 @@ module attributes {gpu.container_module} {
     // CHECK:         %[[RED:.+]] = llvm.getelementptr %{{.+}}[%c2560_i64]
     // CHECK-COUNT-4: "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.device_barrier"
-    // CHECK:         %[[P0:.+]] = "mori_shmem.ptr"(%{{.+}}, %c0_i32{{(_[0-9]+)?}})
-    // CHECK:         %[[P1:.+]] = "mori_shmem.ptr"(%{{.+}}, %c1_i32{{(_[0-9]+)?}})
-    // CHECK:         %[[P2:.+]] = "mori_shmem.ptr"(%{{.+}}, %c2_i32{{(_[0-9]+)?}})
-    // CHECK:         %[[P3:.+]] = "mori_shmem.ptr"(%{{.+}}, %c3_i32{{(_[0-9]+)?}})
+    // The four places: each from its lane (PE 0's first: the order of the sums).
+    // CHECK:         gpu.shuffle  idx %{{.+}}, %c0_i32{{(_[0-9]+)?}},
+    // CHECK:         gpu.shuffle  idx %{{.+}}, %c1_i32{{(_[0-9]+)?}},
+    // CHECK:         gpu.shuffle  idx %{{.+}}, %c2_i32{{(_[0-9]+)?}},
+    // CHECK:         gpu.shuffle  idx %{{.+}}, %c3_i32{{(_[0-9]+)?}},
     // CHECK:         scf.if
     // CHECK:           "mori_comm.accumulate_rows"({{.+}}) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
     // CHECK:         }
@@ -202,8 +208,7 @@ module attributes {gpu.container_module} {
     // CHECK-SAME:    %{{[a-z0-9]+}}: !llvm.ptr, %[[OUT1:[a-z0-9]+]]: !llvm.ptr,
     // CHECK:         "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.device_barrier"
-    // CHECK:         "mori_shmem.ptr"
-    // CHECK-COUNT-4: "mori_shmem.ptr"
+    // CHECK-COUNT-2: "mori_shmem.ptr"
     // CHECK:         %[[OUT_AT:.+]] = llvm.ptrtoint %[[OUT1]]
     // CHECK:         scf.if
     // CHECK:           "mori_comm.accumulate_rows"(%{{.+}}) {dtype = "f32"}
@@ -231,8 +236,11 @@ module attributes {gpu.container_module} {
     // CHECK-NEXT:    %[[E2:.+]] = "mori_comm.barrier_arrive"
     // CHECK:         "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.barrier_wait"(%{{.+}}, %[[E2]])
+    // Each lane a peer's `reduced` (translated once), shuffled in the loop.
+    // CHECK:         "mori_shmem.ptr"(%[[RED2]], %{{.+}})
     // CHECK:         scf.for
-    // CHECK:           "mori_shmem.ptr"(%[[RED2]], %{{.+}})
+    // CHECK-NOT:       mori_shmem.ptr
+    // CHECK:           gpu.shuffle
     // CHECK:           "mori_comm.copy_bytes"
     // CHECK:         }
     // CHECK:         "mori_comm.device_barrier"
