@@ -11,14 +11,19 @@ Every op: ``"mori_coll.<op>"(%input, %output, %workspace) {dtype, count, world_s
 * who: every thread of every block of the kernel's grid (block-uniform, grid-uniform: it contains device
   barriers); the kernel is one-dimensional (``known_block_size`` x a multiple of the wave size, y = z = 1),
   at most ``max_blocks`` blocks per PE, every PE launched with the same grid, all blocks co-resident;
-* ``input``/``output``: this PE's tensors (global memory, any alignment; not the workspace);
+* ``input``/``output``: this PE's tensors (global memory, any alignment; not the workspace). An input in
+  the symmetric heap, 16-byte aligned and apart from the output (all_gather, broadcast: or exactly this
+  PE's part of it) is read by the peers where it is when ``CollSpec.in_place_layout``; it must then not
+  change until the op returned on every PE (in stream order it does not). Any other input is staged.
   ``workspace``: this PE's address of a symmetric allocation of ``CollSpec.workspace_bytes``, its first
   ``header_bytes`` zeroed once at allocation (the device-barrier slots and epochs; never reset after);
 * ordering it gives: when the op returns in a block, that block's share of ``output`` is written (plain
   stores, visible to the block's later code after a ``gpu.barrier``; to others after the kernel ends);
-* what it ends in: the ABI functions of mori_comm's ``copy_bytes``, ``device_barrier`` and
-  ``accumulate_rows`` helpers (``mori_shmem_my_pe``, ``mori_shmem_ptr``, ``mori_shmem_uint64_p``,
-  ``mori_shmem_uint64_wait_until_greater_than``) plus ``mori_shmem.ptr`` for the peers' workspaces.
+* what it ends in: the ABI functions of mori_comm's ``copy_bytes``, ``device_barrier`` (or, with the pass
+  option one-gpu, ``one_gpu_barrier``), ``barrier_arrive`` / ``barrier_wait`` and ``accumulate_rows``
+  helpers (``mori_shmem_my_pe``, ``mori_shmem_ptr``, ``mori_shmem_uint64_p``,
+  ``mori_shmem_uint64_wait_until_greater_than``) plus ``mori_shmem.ptr`` for the peers' workspaces and
+  inputs.
 
 =============== ========================================================= ============================
 op              semantics (W = world_size, me = this PE)                   extra attributes

@@ -19,23 +19,26 @@ Shared protocol (every collective is one or more rounds of it):
   stores). Thread 0 of block b stores the chosen place's offset from the workspace into ``sources[b]``
   (plain store); each PE chooses for itself, at every call.
 * **Meet** (``device_barrier``; ``one_gpu_barrier`` when every PE runs on this GPU, virtual PEs: the
-  same with the fences at the GPU's scope; every thread of the block): thread p < W fences (release, system scope:
-  the block's staging stores, ordered before by the block barrier) and stores the block's new epoch into
-  PE p's slot; polls its own slot of PE p until it reaches the epoch; fences (acquire); the block meets.
+  same with the fences at the GPU's scope; every thread of the block): thread p < W fences (release,
+  system scope: the block's staging stores, ordered before by the block barrier) and stores the block's
+  new epoch into PE p's slot; polls its own slot of PE p until it reaches the epoch; fences (acquire); the
+  block meets.
   After it, every PE's ``sources[b]`` and staged slices of this block are visible to this block (an input
   read in place was written before the kernel, in its PE's stream order, so before the release too).
 * **Pull / reduce** (each unit its slices): lane l reads ``sources[b]`` of PE ``l mod W`` once and makes
   the address of that PE's placed bytes (``mori_shmem.ptr`` of the workspace plus the offset): one round
   of translations and loads for all peers, each address shuffled from its lane where it is used (a
   translation per peer inside the loop would be a dependent round trip before each peer's copy); then
-  ``copy_bytes`` from a peer's placed bytes into the user's output, or ``accumulate_rows`` of the W peers' slices (fp32 sums, rounded once) into the output (whole
-  vectors, aligned output: ``CollSpec.sums_into_output``) or into this PE's ``reduced`` and then (after a
-  ``gpu.barrier``: the lanes that copy are not the lanes that summed) ``copy_bytes`` into the output.
+  ``copy_bytes`` from a peer's placed bytes into the user's output, or ``accumulate_rows`` of the W peers'
+  slices (fp32 sums, rounded once) into the output (whole vectors, aligned output:
+  ``CollSpec.sums_into_output``) or into this PE's ``reduced`` and then (after a ``gpu.barrier``: the lanes
+  that copy are not the lanes that summed) ``copy_bytes`` into the output.
 * **Release** (a final ``device_barrier``; for the movers in its two halves, ``barrier_arrive`` and
-  ``barrier_wait``, with this PE's own part, which no peer touches, copied in between): no PE returns (its input may then change) or places the next
-  call's input into its ``stage``, ``sources`` (or overwrites ``reduced``) before every peer's block
-  finished reading this call's. With it, calls follow each other on the stream with no host sync: the
-  epochs live on the device and only grow (graph replay is correct; nothing is reset).
+  ``barrier_wait``, with this PE's own part, which no peer touches, copied in between): no PE returns (its
+  input may then change) or places the next call's input into its ``stage``, ``sources`` (or overwrites
+  ``reduced``) before every peer's block finished reading this call's. With it, calls follow each other
+  on the stream with no host sync: the epochs live on the device and only grow (graph replay is correct;
+  nothing is reset).
 """
 
 from __future__ import annotations
@@ -151,7 +154,8 @@ class Collective:
         (warp-uniform) by shuffling it from its lane, as two i32 halves (a shuffle moves 32 bits). Built at
         the kernel's top level, before the loops that use it."""
         b = self.b
-        mine = b.ptrtoint(b.i64, address_of(b.remui(b.index_cast(b.i32, b.lane_id()), b.const_i32(self.spec.world_size))))
+        lane_pe = b.remui(b.index_cast(b.i32, b.lane_id()), b.const_i32(self.spec.world_size))
+        mine = b.ptrtoint(b.i64, address_of(lane_pe))
         halves = (b.trunci(b.i32, mine), b.trunci(b.i32, b.shrui(mine, self.i64(32))))
 
         def of(pe: ir.Value) -> ir.Value:
@@ -165,8 +169,10 @@ class Collective:
         """After the first meet: lane l reads PE (l mod W)'s sources[b] and makes the address of its placed
         bytes (``source``)."""
         b = self.b
-        self._source_of = self.lane_addresses(lambda pe: self.at(self.peer(self.slots, pe),
-                                                                 b.load(b.i64, self.peer(self.my_source, pe), alignment=8)))
+        def place_of(pe):
+            return self.at(self.peer(self.slots, pe), b.load(b.i64, self.peer(self.my_source, pe), alignment=8))
+
+        self._source_of = self.lane_addresses(place_of)
 
     def own_place(self) -> ir.Value:
         """This PE's own placed bytes (its input or its stage), from its sources[b]: readable by the whole
