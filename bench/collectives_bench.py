@@ -14,7 +14,8 @@ and each input kind, on N virtual PEs (default 8):
   (``CollSpec.in_place_layout``) every PE (broadcast: the root) must have been read in place; a row where one
   staged says so in its ``read`` column and a warning follows the table (its time is not the in-place path's).
 * **blocks**: blocks per PE of every launch: ``--blocks N`` or the collective's own (``CollSpec.blocks``: one
-  per 64 KiB a PE moves, at most 128 / W with virtual PEs); every row says the blocks it ran with.
+  per 64 KiB a PE moves, at most 256 / W with virtual PEs, 128 / W for all_to_all); every row says the
+  blocks it ran with.
 * **size** is nccl-tests' ``S``: the bytes of the larger of a PE's input and output buffer (all_gather: the
   output, W x n; reduce_scatter and all_to_all: the input, W x n; all_reduce and broadcast: the buffer, n;
   n = the bytes of ``count`` elements). A size must be a multiple of 2 x W bytes (whole bf16 chunks).

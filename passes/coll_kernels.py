@@ -1,6 +1,6 @@
 """The expansions of the ``mori_coll`` ops (dialects/mori_coll.py): each collective built in place, before
-its op, from ``Builder`` and the mori_comm blocks ``copy_bytes``, ``device_barrier`` and
-``accumulate_rows``. Sizes and the workspace layout: dialects/mori_coll_schema.py. docs/collectives.md has
+its op, from ``Builder`` and the mori_comm blocks ``copy_bytes``, ``device_barrier`` (``one_gpu_barrier``
+with the option one-gpu), ``barrier_arrive`` / ``barrier_wait`` and ``accumulate_rows``. Sizes and the workspace layout: dialects/mori_coll_schema.py. docs/collectives.md has
 the protocols with a figure per collective; each generator below states its own.
 
 Shared protocol (every collective is one or more rounds of it):
@@ -205,9 +205,9 @@ class Collective:
             mori_comm.barrier_wait(self.slots, epoch, world_size=s.world_size, scope=self.scope, **b.at())
         self.trace(f"meet{k}", "end")
         self.meets = k + 1
-        if k == 0 and self.spec.op != "all_to_all_v":
-            self._read_places()
         self.open_step = self.trace(f"step{k + 1}", "begin")
+        if k == 0 and self.spec.op != "all_to_all_v":
+            self._read_places()  # (the peers' addresses: the first work of step 1)
 
     def finish(self) -> None:
         """After the expansion: the step begun after the closing meet holds nothing; its trace point goes."""

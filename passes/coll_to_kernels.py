@@ -43,7 +43,8 @@ class MoriCollToKernels:
 
     Input: mori_coll ops in gpu.func kernels (``known_block_size`` one-dimensional, a multiple of the wave
     size). Output: in place of each op, its collective's steps (mori_comm ``copy_bytes``,
-    ``device_barrier``, ``accumulate_rows``; mori_shmem ``my_pe``, ``ptr``; gpu, scf, arith, llvm), located
+    ``device_barrier`` or, with one-gpu, ``one_gpu_barrier``, ``barrier_arrive`` / ``barrier_wait``,
+    ``accumulate_rows``; mori_shmem ``my_pe``, ``ptr``; gpu, scf, arith, llvm), located
     at the op. Options: wave-size (32 or 64: the target's; the warps that own the slices); one-gpu (every PE
     runs on this one GPU, virtual PEs: the meets are ``one_gpu_barrier``, fencing at the GPU's scope, not
     ``device_barrier``, at the system's; the pipeline sets it with virtual PEs). An op outside a

@@ -10,8 +10,9 @@ process, one launch for all PEs: every tensor argument and result is a list per 
 or any tensor over ``shmem_malloc``), 16-byte aligned and apart from its output (all_gather and broadcast:
 or exactly this PE's part of the output, in place), its peers read it where it is; any other input is
 first copied into the workspace (the stage). Each PE decides for itself at every call; ``placement()``
-says which it was. In place saves a copy of the input: the bandwidth-bound sizes run up to ~1.3x faster
-(bench/NOTES.md, session 13). The input must then stay unchanged until the call is done (stream order).
+says which it was. In place saves a copy of the input (and the staged path's extra traffic): on an H200
+with 8 virtual PEs at 64 MiB, 1.1x (all_gather) to 2.8x (reduce_scatter) faster (bench/NOTES.md, session
+13). The input must then stay unchanged until the call is done (stream order).
 
 Each ``Collective`` is compiled once per (op, dtype, count, world size, algorithm/root) into a bundle from
 the kernel cache (``coll_bundle``: keyed by the mori_coll module's text, dialects/mori_coll_schema.py, so a
@@ -162,6 +163,7 @@ class Collective:
         self.kernels = KernelSet(bundle, wait_limit=wait_limit)
         self.dtype = torch_dtype(self.spec.dtype)
         self._heap_inputs: list[int] = []  # heap_input()'s allocations, freed by close()
+        self._called = False  # placement() has a last call to report
         self._handle = shmem.shmem_malloc_align(HEADER_ALIGN, self.spec.workspace_bytes)
         for pe in self.pes:  # the device-barrier slots and epochs start at 0 (the kernels never reset them)
             shmem.shmem_tensor(self._handle, (self.spec.header_bytes,), torch.uint8,
@@ -195,6 +197,8 @@ class Collective:
 
         if self.kernels is None:
             raise RuntimeError(f"{self.spec.op}: the collective was closed")
+        if not self._called:
+            raise RuntimeError(f"{self.spec.op}: placement() reports the last call, and there was none yet")
         self.kernels.synchronize()
         s, found = self.spec, []
         for pe in self.pes:
@@ -279,6 +283,7 @@ class Collective:
                 raise ValueError(f"all_to_all_v: the output of PE {pe} overlaps its input (in place is not offered: "
                                  f"the packed output offsets differ from the input's)")  # fmt: skip
         args = [(inputs[i].data_ptr(), outputs[i].data_ptr(), self._workspace[i]) for i in range(len(self.pes))]
+        self._called = True
         if variable:
             counts = self._split_tensors(splits, recv_counts, device)
             args = [a + (sp.data_ptr(), rc.data_ptr()) for a, (sp, rc) in zip(args, counts)]

@@ -19,9 +19,8 @@ Where the peers read a PE's input (``Collective.placement()``, after every call)
   aligned), broadcast's root with input == output ("input"); all_reduce with input == output and
   reduce_scatter into its own chunk of the input overlap their outputs: "stage". The outputs are poisoned
   first and the inputs written after (they alias them);
-* broadcast: only the root places its input; a non-root's ``sources`` word keeps whatever the last placing
-  call left (in a broadcast Collective none ever does: the zeroed header's 0, which ``placement()`` reads as
-  "input"), so only the root's placement is asserted.
+* broadcast: only the root places its input (``placement()`` gives None for the others), so only the
+  root's placement is asserted.
 
 Also: ``blocks=`` (1, max_blocks // 4, the default: all correct; bad values refused), the automatic
 all_reduce algorithm (``algorithm=""``: one_shot up to ONE_SHOT_MAX_BYTES, two_shot above), two
