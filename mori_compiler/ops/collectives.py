@@ -283,7 +283,6 @@ class Collective:
                 raise ValueError(f"all_to_all_v: the output of PE {pe} overlaps its input (in place is not offered: "
                                  f"the packed output offsets differ from the input's)")  # fmt: skip
         args = [(inputs[i].data_ptr(), outputs[i].data_ptr(), self._workspace[i]) for i in range(len(self.pes))]
-        self._called = True
         if variable:
             counts = self._split_tensors(splits, recv_counts, device)
             args = [a + (sp.data_ptr(), rc.data_ptr()) for a, (sp, rc) in zip(args, counts)]
@@ -293,6 +292,7 @@ class Collective:
         else:
             self.kernels.launch(s.kernel_name, list(args[0]), grid=(self.blocks, 1, 1), block=block, stream=stream,
                                 cooperative=True)  # fmt: skip
+        self._called = True
         if variable:
             received = [rc for _, rc in counts]
             return (outputs, received) if self.virtual else (outputs[0], received[0])
