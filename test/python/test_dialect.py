@@ -476,6 +476,9 @@ from mori_compiler.dialects import input_checks  # noqa: E402
         ('"test.op"() {s = "ok", t = "\\c3\\28"} : () -> ()\n', "f.mlir:1:28: this string is not valid UTF-8"),
         ('func.func @f() attributes {a = #rocdl.target<abi = "7">}\n', "#rocdl.target 'abi' must be"),
         ("module {}\n\ud800\n", "f.mlir:2:1: the input holds a character that is not valid UTF-8"),
+        # (fuzzing, session 13: MLIR aborted on this one)
+        ('llvm.mlir.zero:!llvm.ptr"', 'f.mlir:1:25: a string literal is not closed before the end of its line'),
+        ('"a.b"() {s = "x\\"} : () -> ()\n', "f.mlir:1:14: a string literal is not closed"),
     ],
 )  # fmt: skip
 def test_lexical_problems(text, needle):
