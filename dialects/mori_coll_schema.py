@@ -25,13 +25,12 @@ all_to_all_v's ``splits`` (this PE's i32 [W], device memory) and ``recv_counts``
 more kernel parameters; a split above ``count`` is clamped to it on the device (no host sync to refuse it).
 
 Workspace (one symmetric allocation per collective, 256-byte aligned; only the header is zeroed, once):
-``[device-barrier slots: max_blocks x W u64 | epochs: max_blocks u64 | sources: max_blocks i64 | tickets:
-u64]`` (the header), then the staging area (``stage``: the input's chunks, chunk c at ``c * stage_stride``), then the
+``[device-barrier slots: max_blocks x W u64 | epochs: max_blocks u64 | sources: max_blocks i64]`` (the
+header), then the staging area (``stage``: the input's chunks, chunk c at ``c * stage_stride``), then the
 reduced area (``reduced``: the sums this PE computed). Chunks and slices are 16-byte aligned, so
 accumulate_rows reads whole vectors. ``sources[b]``: where block b of this PE placed the bytes its peers
 read this call, as an offset from the workspace (the stage's, or the input's when it is read in place:
-``in_place_layout`` and passes/coll_kernels.py). ``tickets``: all_to_all's count of the pieces its units took
-(``PIECE_BYTES`` each, in turns; it only grows: ``turn_tickets`` per call).
+``in_place_layout`` and passes/coll_kernels.py).
 """
 
 from __future__ import annotations
@@ -60,7 +59,6 @@ ALL_TO_ALL_GRID_BLOCKS = 128
 ONE_SHOT_MAX_BYTES = 512 << 10  # all_reduce's automatic algorithm: one_shot up to this many bytes, two_shot above
 VECTOR = 16
 HEADER_ALIGN = 256
-PIECE_BYTES = 16 << 10  # all_to_all's pulls in turns: a warp takes this many bytes of one peer's chunk at a time
 KERNEL_PARAMS = ("input", "output", "workspace")  # all pointers: the PE's own tensors, its workspace address
 SPLIT_PARAMS = ("splits", "recv_counts")  # all_to_all_v's: this PE's i32 [W] split sizes, and the received ones
 
@@ -179,26 +177,9 @@ class CollSpec:
 
     # ---- workspace --------------------------------------------------------------------------------
     @property
-    def tickets_offset(self) -> int:
-        """The u64 ticket counter of the pulls taken in turns (all_to_all; zeroed once, only grows)."""
-        return self.sources_offset + 8 * self.max_blocks
-
-    @property
     def header_bytes(self) -> int:
-        """Device-barrier slots, epochs, the ticket counter (zeroed once at allocation, never reset) and
-        sources."""
-        return _round_up(self.tickets_offset + 8, HEADER_ALIGN)
-
-    @property
-    def pieces_per_peer(self) -> int:
-        """all_to_all's pulls in turns: the pieces of one peer's chunk (``count`` elements), PIECE_BYTES each
-        (the last shorter)."""
-        return max(1, -(-(self.count * self.elem_bytes) // PIECE_BYTES))
-
-    @property
-    def meets(self) -> int:
-        """Device barriers per call (each advances every block's epoch by one)."""
-        return 3 if self.two_shot else 2
+        """Device-barrier slots, epochs (zeroed once at allocation, never reset) and sources."""
+        return _round_up(self.sources_offset + 8 * self.max_blocks, HEADER_ALIGN)
 
     @property
     def slots_offset(self) -> int:

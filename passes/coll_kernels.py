@@ -1,8 +1,7 @@
 """The expansions of the ``mori_coll`` ops (dialects/mori_coll.py): each collective built in place, before
 its op, from ``Builder`` and the mori_comm blocks ``copy_bytes``, ``device_barrier`` (``one_gpu_barrier``
-with the option one-gpu), ``barrier_arrive`` / ``barrier_wait`` and ``accumulate_rows``. Sizes and the
-workspace layout: dialects/mori_coll_schema.py. docs/collectives.md has the protocols with a figure per
-collective; each generator below states its own.
+with the option one-gpu), ``barrier_arrive`` / ``barrier_wait`` and ``accumulate_rows``. Sizes and the workspace layout: dialects/mori_coll_schema.py. docs/collectives.md has
+the protocols with a figure per collective; each generator below states its own.
 
 Shared protocol (every collective is one or more rounds of it):
 
@@ -49,7 +48,7 @@ from collections.abc import Callable
 from mori_compiler._mlir import ir
 from mori_compiler.dialects import mori_comm, mori_shmem
 from mori_compiler.dialects.builder import Builder, GeneratorError
-from mori_compiler.dialects.mori_coll_schema import PIECE_BYTES, VECTOR, CollSpec
+from mori_compiler.dialects.mori_coll_schema import VECTOR, CollSpec
 
 GENERATOR = "coll_kernels"
 
@@ -75,7 +74,6 @@ class Collective:
         self.my_source = self.at(workspace, b.muli(b.index_cast(b.i64, b.block_id()), self.i64(8)))
         self.my_source = self.at(self.my_source, spec.sources_offset)  # this block's sources[b]
         self._source_of = None  # PE -> its placed bytes (lane_addresses, after the first meet)
-        self._placed_in_place = None  # i1 per lane: PE (lane mod W) placed its input in place
         self.scope = "gpu" if one_gpu else "system"  # the split meets' (barrier_arrive / barrier_wait)
         self.splits = splits  # all_to_all_v: (splits, recv_counts)
         self.meets = 0  # device barriers so far (meet k is traced as "meet<k>")
@@ -171,12 +169,8 @@ class Collective:
         """After the first meet: lane l reads PE (l mod W)'s sources[b] and makes the address of its placed
         bytes (``source``)."""
         b = self.b
-        staged = self.i64(self.spec.stage_offset)
-
         def place_of(pe):
-            word = b.load(b.i64, self.peer(self.my_source, pe), alignment=8)
-            self._placed_in_place = b.cmpi("ne", word, staged)
-            return self.at(self.peer(self.slots, pe), word)
+            return self.at(self.peer(self.slots, pe), b.load(b.i64, self.peer(self.my_source, pe), alignment=8))
 
         self._source_of = self.lane_addresses(place_of)
 
@@ -231,73 +225,6 @@ class Collective:
         b, w = self.b, self.spec.world_size
         with b.for_(b.const_index(1), b.const_index(w), b.const_index(1)) as i:
             body(b.remui(b.addi(self.me, b.index_cast(b.i32, i)), b.const_i32(w)))
-
-    def all_in_place(self) -> ir.Value:
-        """i1, uniform over the grid: every PE placed its input in place this call (the lanes' words)."""
-        b = self.b
-        full = -1 if self.wave == 64 else (1 << self.wave) - 1
-        return b.cmpi("eq", b.ballot(self._placed_in_place, self.wave), self.i64(full))
-
-    def pull_in_turns(self, sliced: Callable[[ir.Value], None], piece: Callable[[ir.Value, ir.Value, ir.Value], None],
-                      nbytes: int) -> None:  # fmt: skip
-        """The pulls of ``nbytes`` from every peer. When every PE's input is read in place, in turns: each
-        warp takes the next piece (PIECE_BYTES of one peer's chunk; ``piece(pe, offset, length)`` copies
-        it with the whole warp) with a ticket, taking the next while it copies, so fast warps take more
-        and the slowest does not set the time. Else each unit its slices of every peer (``sliced(pe)``,
-        each_peer): a staged chunk must be read by the block that staged it.
-
-        Tickets (protocol: one u64 counter in this PE's workspace, zeroed once, taken by this PE's units
-        only, relaxed atomic adds by lane 0): call k owns tickets [k (T + U), (k + 1)(T + U)), T = (W - 1)
-        pieces per peer, U the grid's units; k = (the block's epoch after the call's first meet - 1) / meets
-        per call (the block's own counter: its thread 0 stored it before the meet's closing block barrier). Every
-        unit stops at its first ticket past T, so each call takes exactly T + U of them; a call that pulls
-        in slices adds T + U at once (unit 0). Calls on one PE do not overlap (stream order), so no ticket
-        of call k is taken by call k + 1. Safe without per-block ownership: nothing is staged, and a PE
-        returns only after every peer's every block arrived at the closing meet (each block meets its
-        peers' same block), so after every piece read from its input."""
-        b, s = self.b, self.spec
-        if not s.in_place_layout:  # always staged: always in slices, no tickets
-            self.each_peer(sliced)
-            return
-        w, pieces = s.world_size, s.pieces_per_peer
-        total = self.i64((w - 1) * pieces)
-        per_call = b.addi(total, self.units)
-        epoch = b.load(b.i64, b.gep(self.epochs, b.index_cast(b.i64, b.block_id()), b.i64))
-        base = b.muli(b.divui(b.subi(epoch, self.i64(1)), self.i64(s.meets)), per_call)
-        tickets = self.at(self.slots, s.tickets_offset)
-        lane0 = b.cmpi("eq", b.index_cast(b.i32, b.lane_id()), b.const_i32(0))
-
-        def take() -> ir.Value:
-            (mine,) = b.if_else(lane0, [b.i64], lambda: [b.atomicrmw("add", tickets, self.i64(1))],
-                                lambda: [self.i64(0)])  # fmt: skip
-            halves = (b.trunci(b.i32, mine), b.trunci(b.i32, b.shrui(mine, self.i64(32))))
-            zero, width = b.const_i32(0), b.const_i32(self.wave)
-            lo, hi = (b.extui(b.i64, b.shuffle("idx", half, zero, width)[0]) for half in halves)
-            return b.subi(b.ori(b.shli(hi, self.i64(32)), lo), base)
-
-        def in_turns():
-            def more(t):
-                return b.cmpi("ult", t, total), [t]
-
-            def copy_one(t):
-                following = take()
-                peer = b.trunci(b.i32, b.divui(t, self.i64(pieces)))
-                pe = b.remui(b.addi(self.me, b.addi(peer, b.const_i32(1))), b.const_i32(w))
-                offset = b.muli(b.remui(t, self.i64(pieces)), self.i64(PIECE_BYTES))
-                piece(pe, offset, b.minui(self.i64(PIECE_BYTES), b.subi(self.i64(nbytes), offset)))
-                return [following]
-
-            b.while_([take()], more, copy_one)
-            return []
-
-        def in_slices():
-            self.each_peer(sliced)
-            first = b.andi(lane0, b.cmpi("eq", self.unit, self.i64(0)))
-            with b.if_(first):
-                b.atomicrmw("add", tickets, per_call)
-            return []
-
-        b.if_else(self.all_in_place(), [], in_turns, in_slices)
 
     def own_part(self, dest: ir.Value, offset, nbytes: int) -> None:
         """This PE's own part of the result: ``nbytes`` of its placed bytes at ``offset`` into ``dest``
@@ -395,24 +322,17 @@ def broadcast(c: Collective) -> None:
 
 def all_to_all(c: Collective) -> None:
     """Place the input (chunk q, for PE q, at ``q * stride``); meet; pull chunk ``me`` of every peer p into
-    ``out[p * n]`` (in turns when every input is read in place: ``pull_in_turns``); meet (overlapped: this
-    PE's own chunk ``me`` into ``out[me * n]``)."""
+    ``out[p * n]``; meet (overlapped: this PE's own chunk ``me`` into ``out[me * n]``)."""
     n, b = _bytes(c), c.b
     mine = _mine(c, c.spec.stage_stride)
     own = c.at(c.output, _mine(c, n))
 
-    def out_of(pe):
-        return c.at(c.output, b.muli(b.extui(b.i64, pe), c.i64(n)))
-
     def pull(pe):
-        c.copy(out_of(pe), c.at(c.source(pe), mine), n)
-
-    def piece(pe, offset, length):
-        mori_comm.copy_bytes(c.at(out_of(pe), offset), c.at(c.at(c.source(pe), mine), offset), length, **b.at())
+        c.copy(c.at(c.output, b.muli(b.extui(b.i64, pe), c.i64(n))), c.at(c.source(pe), mine), n)
 
     c.place_input()
     c.meet()
-    c.pull_in_turns(pull, piece, n)
+    c.each_peer(pull)
     c.meet(lambda: c.own_part(own, mine, n))
 
 

@@ -165,9 +165,8 @@ SPLIT = ["barrier_arrive", "copy_bytes", "barrier_wait"]
      + SPLIT),
     # count bytes not a multiple of 16: always staged (the input's chunks do not start where the stage's do)
     (CollSpec("all_to_all", "u8", 5, 3), ["copy_bytes"] * 3 + ["device_barrier", "ptr", "ptr", "copy_bytes"] + SPLIT),
-    # whole vectors: the pulls in turns (pieces by ticket) when every PE is in place, else in slices
-    (CollSpec("all_to_all", "u8", 16, 3), CHECK + ["copy_bytes"] * 3 + ["device_barrier", "ptr", "ptr", "copy_bytes",
-                                                                        "copy_bytes"] + SPLIT),
+    (CollSpec("all_to_all", "u8", 16, 3), CHECK + ["copy_bytes"] * 3 + ["device_barrier", "ptr", "ptr", "copy_bytes"]
+     + SPLIT),
     (CollSpec("reduce_scatter", "f32", 5, 3), ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 2
      + ["accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
     # whole vectors: the sums go into the output when it is aligned, through reduced otherwise

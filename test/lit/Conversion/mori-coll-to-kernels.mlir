@@ -8,7 +8,7 @@
 // place's offset into sources[b]) -> device_barrier -> pull / reduce from the peers' places (mori_shmem.ptr
 // of the workspace + the offset each lane read) -> device_barrier (the places are free for the next call).
 // No mori_coll op is left (implicit-check-not); the slots are the workspace's start, the epochs at
-// 8 x max_blocks x W = 1024, sources[b] at 1280 + 8 b, the stage at 1792.
+// 8 x max_blocks x W = 1024, sources[b] at 1280 + 8 b, the stage at 1536.
 // The phases carry trace points (compiled out here by mori-trace-to-timer{enabled=false}; kept by the TRACE
 // run): "stage", then per barrier k "meet<k>", between barriers "step<k>", nothing after the closing one.
 
@@ -51,7 +51,7 @@ module attributes {gpu.container_module} {
     // CHECK-SAME:    %[[IN:[a-z0-9]+]]: !llvm.ptr, %[[OUT:[a-z0-9]+]]: !llvm.ptr, %[[WS:[a-z0-9]+]]: !llvm.ptr)
     // CHECK:         %[[ME:.+]] = "mori_shmem.my_pe"()
     // CHECK:         %[[EPOCHS:.+]] = llvm.getelementptr %[[WS]][%c1024_i64]
-    // CHECK:         %[[STAGE:.+]] = llvm.getelementptr %[[WS]][%c1792_i64]
+    // CHECK:         %[[STAGE:.+]] = llvm.getelementptr %[[WS]][%c1536_i64]
     // CHECK:         %[[ROW:.+]] = llvm.getelementptr %[[WS]][%{{[0-9]+}}]
     // CHECK:         %[[SOURCES:.+]] = llvm.getelementptr %[[ROW]][%c1280_i64]
     // In place? The input's first and last byte in the heap (translated to PE me + 1), 16-byte aligned,
@@ -74,16 +74,15 @@ module attributes {gpu.container_module} {
     // CHECK-NEXT:      "mori_comm.copy_bytes"(%{{.+}}, %[[SRC]], %{{.+}})
     // CHECK:         }
     // CHECK:         %[[IN_AT:.+]] = arith.subi
-    // CHECK-NEXT:    %[[PLACE:.+]] = arith.select %[[DIRECT]], %[[IN_AT]], %c1792_i64
+    // CHECK-NEXT:    %[[PLACE:.+]] = arith.select %[[DIRECT]], %[[IN_AT]], %c1536_i64
     // CHECK:         scf.if
     // CHECK-NEXT:      llvm.store %[[PLACE]], %[[SOURCES]] {alignment = 8 : i64} : i64, !llvm.ptr
     // CHECK:         "mori_comm.device_barrier"(%[[WS]], %[[EPOCHS]]) {max_blocks = 32 : i64, world_size = 4 : i64}
     // Lane l, once: PE (l mod 4)'s workspace and sources[b], the address of its place (two i32 halves).
     // CHECK:         %[[LANE_PE:.+]] = arith.remui
+    // CHECK-NEXT:    %[[THEIR_WS:.+]] = "mori_shmem.ptr"(%[[WS]], %[[LANE_PE]])
     // CHECK-NEXT:    %[[THEIRS:.+]] = "mori_shmem.ptr"(%[[SOURCES]], %[[LANE_PE]])
     // CHECK-NEXT:    %[[WORD:.+]] = llvm.load %[[THEIRS]] {alignment = 8 : i64} : !llvm.ptr -> i64
-    // CHECK-NEXT:    arith.cmpi ne, %[[WORD]], %c1792_i64
-    // CHECK-NEXT:    %[[THEIR_WS:.+]] = "mori_shmem.ptr"(%[[WS]], %[[LANE_PE]])
     // CHECK-NEXT:    %[[PLACE_AT:.+]] = llvm.getelementptr %[[THEIR_WS]][%[[WORD]]]
     // CHECK-NEXT:    llvm.ptrtoint %[[PLACE_AT]]
     // Pull: PE (me + i) % 4 for i = 1 .. 3 (the peers): its place shuffled from its lane (no translation in
@@ -134,28 +133,15 @@ module attributes {gpu.container_module} {
       gpu.return
     }
     // 400-byte chunks (whole vectors): in place or four chunks staged (one per destination PE), then chunk
-    // `me` of every peer pulled: when every PE's lane word says "in place" (a ballot), in turns: lane 0 takes
-    // a ticket of the counter at 1536 (relaxed atomic add), the warp copies that piece while holding the next
-    // one; else in slices (each_peer), and unit 0 adds the call's T + U tickets at once (T = 3 peers x 1
-    // piece, U = the grid's units).
+    // `me` of every peer pulled.
     // CHECK-LABEL: gpu.func @coll_all_to_all_i32_w4_n100(
     // CHECK:         scf.if
     // CHECK-COUNT-4: "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.device_barrier"
-    // CHECK:         %[[DIRECT:.+]] = arith.cmpi ne, %{{.+}}, %c1792_i64
-    // CHECK:         %[[TICKETS:.+]] = llvm.getelementptr %{{.+}}[%c1536_i64]
-    // CHECK:         arith.cmpi eq, %{{.+}}, %c-1_i64 : i64
-    // CHECK-NEXT:    scf.if
-    // CHECK:           llvm.atomicrmw add %[[TICKETS]], %c1_i64{{(_[0-9]+)?}} monotonic
-    // CHECK:           scf.while
-    // CHECK:             arith.cmpi ult, %{{.+}}, %c3_i64
-    // CHECK:             llvm.atomicrmw add %[[TICKETS]], %c1_i64{{(_[0-9]+)?}} monotonic
-    // CHECK:             "mori_comm.copy_bytes"
-    // CHECK:         } else {
-    // CHECK:           scf.for
-    // CHECK:             gpu.shuffle
-    // CHECK:             "mori_comm.copy_bytes"
-    // CHECK:           llvm.atomicrmw add %[[TICKETS]], %{{.+}} monotonic
+    // CHECK:         "mori_shmem.ptr"
+    // CHECK:         scf.for
+    // CHECK:           gpu.shuffle
+    // CHECK:           "mori_comm.copy_bytes"
     // CHECK:         }
     // CHECK:         "mori_comm.barrier_arrive"
     // CHECK:         "mori_comm.copy_bytes"
@@ -165,12 +151,12 @@ module attributes {gpu.container_module} {
       gpu.return
     }
     // Variable sizes: threads p < 4 publish min(splits[p], 100) into this block's sizes[b] (the workspace at
-    // 2816); the units stage chunk q (splits[q] elements, packed) at 1792 + q * 208 (always staged); meet; walking p = 0..3,
+    // 2560); the units stage chunk q (splits[q] elements, packed) at 1536 + q * 208 (always staged); meet; walking p = 0..3,
     // read PE p's sizes[b][me] and pull that many elements of its chunk `me`; unit 0 lane 0 stores the count
     // into recv_counts[p]; meet.
     // CHECK-LABEL: gpu.func @coll_all_to_all_v_bf16_w4_n100(
     // CHECK-SAME:    %[[WSV:[a-z0-9]+]]: !llvm.ptr, %[[SPLITS:[a-z0-9]+]]: !llvm.ptr, %[[RECV:[a-z0-9]+]]: !llvm.ptr)
-    // CHECK:         %[[SIZES:.+]] = llvm.getelementptr %[[WSV]][%c2816_i64]
+    // CHECK:         %[[SIZES:.+]] = llvm.getelementptr %[[WSV]][%c2560_i64]
     // CHECK:         scf.if
     // CHECK:           llvm.load %{{.+}} : !llvm.ptr -> i32
     // CHECK:           arith.minui
@@ -197,7 +183,7 @@ module attributes {gpu.container_module} {
     // chunk `me` of the places of PEs 0..3 (in that order: the rounding is torch's) into `reduced`; the block
     // meets (lanes hand the sums over); copy to the output; meet.
     // CHECK-LABEL: gpu.func @coll_reduce_scatter_bf16_w4_n100(
-    // CHECK:         %[[RED:.+]] = llvm.getelementptr %{{.+}}[%c2816_i64]
+    // CHECK:         %[[RED:.+]] = llvm.getelementptr %{{.+}}[%c2560_i64]
     // CHECK-COUNT-4: "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.device_barrier"
     // The four places: each from its lane (PE 0's first: the order of the sums).
@@ -241,7 +227,7 @@ module attributes {gpu.container_module} {
     // vectors); meet; sum share `me` into `reduced`; meet in halves (arrive publishes the sums; this PE's
     // own share from `reduced` into the output; wait); pull share p from every peer p's `reduced`; meet.
     // CHECK-LABEL: gpu.func @coll_all_reduce_two_shot_bf16_w4_n100(
-    // CHECK:         %[[RED2:.+]] = llvm.getelementptr %{{.+}}[%c2048_i64]
+    // CHECK:         %[[RED2:.+]] = llvm.getelementptr %{{.+}}[%c1792_i64]
     // CHECK:         %c64_i64 = arith.constant 64 : i64
     // CHECK-COUNT-4: "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.device_barrier"

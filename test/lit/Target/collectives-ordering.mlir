@@ -3,7 +3,7 @@
 // RUN: mori-compile %s --target=gfx942 --emit=isa -o - | FileCheck %s --check-prefix=ISA
 
 // The collectives' protocols in machine code (passes/coll_kernels.py, docs/collectives.md), world 4: each
-// kernel's stage stores (the stage at 1792; the path of an input outside the heap) and the store of
+// kernel's stage stores (the stage at 1536; the path of an input outside the heap) and the store of
 // its place into sources[b] come before its first device barrier, whose thread p fences (release, system scope:
 // sm_90 fence.acq_rel.sys, gfx942 buffer_wbl2 sc0 sc1 + s_waitcnt vmcnt(0)), stores the epoch into PE p's
 // slot (relaxed, system scope: st.relaxed.sys / flat_store sc0 sc1), polls its own slot (ld.relaxed.sys /
@@ -18,7 +18,7 @@
 // all_gather: the stage's byte stores, the barrier (release, slot store, polls, acquire, block barrier), only then the loads from the peers' stages (generic ld: peer addresses), then the closing barrier.
 // PTX-LABEL: .visible .entry coll_all_gather_u8_w4_n100(
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
-// PTX:      st.global.b8 [%rd{{[0-9]+}}+1792]
+// PTX:      st.global.b8 [%rd{{[0-9]+}}+1536]
 // The place's offset (stage or input) into sources[b], before the release; read back after the acquire
 // (lane l: PE l mod 4's word), each peer's shuffled from its lane before that peer's pull.
 // PTX:      st.global.b64 [%rd{{[0-9]+}}], %rd{{[0-9]+}};
@@ -48,7 +48,7 @@
 // PTX-NOT:  bar.sync
 // PTX:      ret;
 // ISA-LABEL: coll_all_gather_u8_w4_n100:
-// ISA:      global_store_byte {{.*}} offset:1792
+// ISA:      global_store_byte {{.*}} offset:1536
 // ISA:      global_store_dwordx2 v{{[0-9]+}}, v[{{[0-9]+:[0-9]+}}], s[{{[0-9]+:[0-9]+}}]{{$}}
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
@@ -76,7 +76,7 @@
 // broadcast: the root's stage stores, the barrier, the pull of the root's stage, the closing barrier.
 // PTX-LABEL: .visible .entry coll_broadcast_root3_f32_w4_n100(
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
-// PTX:      st.global.v4.b32 [%rd{{[0-9]+}}+1792]
+// PTX:      st.global.v4.b32 [%rd{{[0-9]+}}+1536]
 // PTX:      bar.sync 0;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
@@ -100,7 +100,7 @@
 // PTX-NOT:  bar.sync
 // PTX:      ret;
 // ISA-LABEL: coll_broadcast_root3_f32_w4_n100:
-// ISA:      global_store_dwordx4 {{.*}} offset:1792
+// ISA:      global_store_dwordx4 {{.*}} offset:1536
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
@@ -124,10 +124,10 @@
 // ISA-NOT:  s_barrier
 // ISA:      s_endpgm
 
-// all_to_all: the four chunks staged (the last at 1792 + 3 x 400), the barrier, the pulls, the closing barrier.
+// all_to_all: the four chunks staged (the last at 1536 + 3 x 400), the barrier, the pulls, the closing barrier.
 // PTX-LABEL: .visible .entry coll_all_to_all_i32_w4_n100(
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
-// PTX:      st.global.b8 [%rd{{[0-9]+}}+2192]
+// PTX:      st.global.b8 [%rd{{[0-9]+}}+1936]
 // PTX:      bar.sync 0;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
@@ -151,7 +151,7 @@
 // PTX-NOT:  bar.sync
 // PTX:      ret;
 // ISA-LABEL: coll_all_to_all_i32_w4_n100:
-// ISA:      global_store_byte {{.*}} offset:1792
+// ISA:      global_store_byte {{.*}} offset:1536
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
@@ -178,7 +178,7 @@
 // reduce_scatter: the four chunks staged (stride 208), the barrier, the four peers' loads, the block barrier before the copy of the sums, the closing barrier.
 // PTX-LABEL: .visible .entry coll_reduce_scatter_bf16_w4_n100(
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
-// PTX:      st.global.b8 [%rd{{[0-9]+}}+2416]
+// PTX:      st.global.b8 [%rd{{[0-9]+}}+2160]
 // PTX:      bar.sync 0;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
@@ -200,7 +200,7 @@
 // PTX-NOT:  bar.sync
 // PTX:      ret;
 // ISA-LABEL: coll_reduce_scatter_bf16_w4_n100:
-// ISA:      global_store_byte {{.*}} offset:1792
+// ISA:      global_store_byte {{.*}} offset:1536
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
@@ -225,10 +225,10 @@
 // ISA-NOT:  s_barrier
 // ISA:      s_endpgm
 
-// one-shot all_reduce: stage, barrier, the four peers' vectors, the sum stored to `reduced` (2048), the block barrier, the copy out of `reduced`, the closing barrier.
+// one-shot all_reduce: stage, barrier, the four peers' vectors, the sum stored to `reduced` (1792), the block barrier, the copy out of `reduced`, the closing barrier.
 // PTX-LABEL: .visible .entry coll_all_reduce_one_shot_f32_w4_n100(
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
-// PTX:      st.global.v4.b32 [%rd{{[0-9]+}}+1792]
+// PTX:      st.global.v4.b32 [%rd{{[0-9]+}}+1536]
 // PTX:      bar.sync 0;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
@@ -238,9 +238,9 @@
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      bar.sync 0;
 // PTX:      ld.v4.b32
-// PTX:      st.global.v4.b32 [%rd{{[0-9]+}}+2304]
+// PTX:      st.global.v4.b32 [%rd{{[0-9]+}}+2048]
 // PTX:      bar.sync 0;
-// PTX:      ld.global.v4.b32 {{.*}}+2304]
+// PTX:      ld.global.v4.b32 {{.*}}+2048]
 // PTX:      bar.sync 0;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
@@ -252,7 +252,7 @@
 // PTX-NOT:  bar.sync
 // PTX:      ret;
 // ISA-LABEL: coll_all_reduce_one_shot_f32_w4_n100:
-// ISA:      global_store_dwordx4 {{.*}} offset:1792
+// ISA:      global_store_dwordx4 {{.*}} offset:1536
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
@@ -263,9 +263,9 @@
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
 // ISA:      s_barrier
-// ISA:      global_store_dwordx4 {{.*}} offset:2304
+// ISA:      global_store_dwordx4 {{.*}} offset:2048
 // ISA:      s_barrier
-// ISA:      global_load_dwordx4 {{.*}} offset:2304
+// ISA:      global_load_dwordx4 {{.*}} offset:2048
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
@@ -279,10 +279,10 @@
 // ISA-NOT:  s_barrier
 // ISA:      s_endpgm
 
-// two-shot all_reduce: stage (the last share at 1792 + 3 x 64), barrier, the peers' share loads, the barrier that publishes the sums (in halves: this PE's own share read from its `reduced`, 2048, between its slot store and polls), the loads of the peers' sums, the closing barrier.
+// two-shot all_reduce: stage (the last share at 1536 + 3 x 64), barrier, the peers' share loads, the barrier that publishes the sums (in halves: this PE's own share read from its `reduced`, 1792, between its slot store and polls), the loads of the peers' sums, the closing barrier.
 // PTX-LABEL: .visible .entry coll_all_reduce_two_shot_bf16_w4_n100(
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
-// PTX:      st.global.b8 [%rd{{[0-9]+}}+1984]
+// PTX:      st.global.b8 [%rd{{[0-9]+}}+1728]
 // PTX:      bar.sync 0;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
@@ -315,7 +315,7 @@
 // PTX-NOT:  bar.sync
 // PTX:      ret;
 // ISA-LABEL: coll_all_reduce_two_shot_bf16_w4_n100:
-// ISA:      global_store_byte {{.*}} offset:1792
+// ISA:      global_store_byte {{.*}} offset:1536
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
 // ISA-NEXT: s_waitcnt vmcnt(0)
@@ -331,7 +331,7 @@
 // ISA-NEXT: s_waitcnt vmcnt(0)
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
-// ISA:      global_load_dwordx4 {{.*}} offset:2048
+// ISA:      global_load_dwordx4 {{.*}} offset:1792
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
@@ -349,11 +349,11 @@
 // ISA-NOT:  s_barrier
 // ISA:      s_endpgm
 
-// all_to_all_v: the published split (its store into the workspace's sizes[b] at 2816) and the staged chunks come
+// all_to_all_v: the published split (its store into the workspace's sizes[b] at 2560) and the staged chunks come
 // before the barrier's release; the peers' sizes (generic 64-bit loads) and chunks are read after its acquire.
 // PTX-LABEL: .visible .entry coll_all_to_all_v_bf16_w4_n100(
 // PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
-// PTX:      st.global.b32 [%rd{{[0-9]+}}+2816]
+// PTX:      st.global.b32 [%rd{{[0-9]+}}+2560]
 // PTX:      st.global.v4.b32
 // PTX:      bar.sync 0;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
@@ -376,7 +376,7 @@
 // PTX-NOT:  bar.sync
 // PTX:      ret;
 // ISA-LABEL: coll_all_to_all_v_bf16_w4_n100:
-// ISA:      global_store_dwordx2 {{.*}} offset:2816
+// ISA:      global_store_dwordx2 {{.*}} offset:2560
 // ISA:      global_store_dwordx4
 // ISA:      s_barrier
 // ISA:      buffer_wbl2 sc0 sc1
