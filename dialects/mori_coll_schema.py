@@ -159,6 +159,11 @@ class CollSpec:
         return _round_up(self.chunk_elems * self.elem_bytes, VECTOR)
 
     @property
+    def whole_vectors(self) -> bool:
+        """``count`` elements are whole 16-byte vectors."""
+        return (self.count * self.elem_bytes) % VECTOR == 0
+
+    @property
     def in_place_layout(self) -> bool:
         """Whether the peers may read this PE's input where it is (no staging copy), when at run time it
         lies in the symmetric heap, 16-byte aligned, apart from the output: its chunks start where the
@@ -166,14 +171,14 @@ class CollSpec:
         past its end (the same condition). all_to_all_v always stages (its chunks are packed)."""
         if self.op in ("all_gather", "broadcast"):
             return True
-        return self.op != "all_to_all_v" and (self.count * self.elem_bytes) % VECTOR == 0
+        return self.op != "all_to_all_v" and self.whole_vectors
 
     @property
     def sums_into_output(self) -> bool:
         """reduce_scatter and one-shot all_reduce: the sums go straight into the output (no ``reduced`` and
         second copy) when its bytes are whole 16-byte vectors (and, at run time, the output is aligned)."""
         one_shot = self.op == "all_reduce" and self.algorithm == "one_shot"
-        return (one_shot or self.op == "reduce_scatter") and (self.count * self.elem_bytes) % VECTOR == 0
+        return (one_shot or self.op == "reduce_scatter") and self.whole_vectors
 
     # ---- workspace --------------------------------------------------------------------------------
     @property

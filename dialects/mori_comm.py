@@ -228,9 +228,6 @@ def one_gpu_barrier(slots, epochs, *, world_size: int, max_blocks: int, loc=None
     return _create("one_gpu_barrier", [slots, epochs], attrs, loc=loc, ip=ip)
 
 
-BARRIER_SCOPES = ("system", "gpu")
-
-
 def barrier_arrive(slots, epochs, *, world_size: int, max_blocks: int, scope: str, loc=None, ip=None) -> ir.Value:
     """``mori_comm.barrier_arrive(slots, epochs) {world_size, max_blocks, scope} -> i64``: the first half of
     a device barrier (``device_barrier``'s operands and contract; ``scope`` "system": its fences, "gpu":

@@ -71,8 +71,8 @@ class Collective:
         self.epochs = self.at(workspace, spec.epochs_offset)
         self.stage = self.at(workspace, spec.stage_offset)
         self.reduced = self.at(workspace, spec.reduced_offset)
-        self.my_source = self.at(workspace, b.muli(b.index_cast(b.i64, b.block_id()), self.i64(8)))
-        self.my_source = self.at(self.my_source, spec.sources_offset)  # this block's sources[b]
+        row = self.at(workspace, b.muli(b.index_cast(b.i64, b.block_id()), self.i64(8)))
+        self.my_source = self.at(row, spec.sources_offset)  # this block's sources[b]
         self._source_of = None  # PE -> its placed bytes (lane_addresses, after the first meet)
         self.scope = "gpu" if one_gpu else "system"  # the split meets' (barrier_arrive / barrier_wait)
         self.splits = splits  # all_to_all_v: (splits, recv_counts)
@@ -264,8 +264,12 @@ class Collective:
         if not self.spec.sums_into_output:
             via_reduced()
             return
+        def into_output():
+            self.reduce(self.output, sources, self.i64(n))
+            return []
+
         aligned = b.cmpi("eq", b.andi(b.ptrtoint(b.i64, self.output), self.i64(VECTOR - 1)), self.i64(0))
-        b.if_else(aligned, [], lambda: self.reduce(self.output, sources, self.i64(n)) or [], via_reduced)
+        b.if_else(aligned, [], into_output, via_reduced)
 
 
 # ---- the collectives (each: its protocol, then its code) ------------------------------------------------
