@@ -43,8 +43,9 @@ def mlir_stage_pipelines(options: CompileOptions) -> list[tuple[str, str]]:
     blocks += f" chip={t.name}"  # the wire quantization's conversion instructions
     trace = f"mori-trace-to-timer{{enabled={'true' if options.trace else 'false'} wave-size={wave}}}"
     stages = [
-        # Virtual PEs all run on this one GPU: the collectives' meets fence at its scope (one_gpu_barrier).
-        ("ep", f"mori-coll-to-kernels{{wave-size={wave}{' one-gpu=true' if options.virtual_pes else ''}}},"
+        # Virtual PEs all run on this one GPU, in one launch: the collectives' meets fence at its scope
+        # (one_gpu_barrier) and the launch's end closes each call (no closing meet).
+        ("ep", f"mori-coll-to-kernels{{wave-size={wave}{' one-gpu=true one-launch=true' if options.virtual_pes else ''}}},"
                f"mori-ep-to-kernels{{{kernels}}},"
                f"mori-comm-to-calls{{{blocks}}},{trace}"),
         ("abi", "mori-virtual-pe-args,mori-shmem-to-abi" if options.virtual_pes else "mori-shmem-to-abi"),

@@ -1,7 +1,8 @@
 """The expansions of the ``mori_coll`` ops (dialects/mori_coll.py): each collective built in place, before
 its op, from ``Builder`` and the mori_comm blocks ``copy_bytes``, ``device_barrier`` (``one_gpu_barrier``
-with the option one-gpu), ``barrier_arrive`` / ``barrier_wait`` and ``accumulate_rows``. Sizes and the workspace layout: dialects/mori_coll_schema.py. docs/collectives.md has
-the protocols with a figure per collective; each generator below states its own.
+with the option one-gpu), ``barrier_arrive`` / ``barrier_wait`` and ``accumulate_rows``. Sizes and the
+workspace layout: dialects/mori_coll_schema.py. docs/collectives.md has the protocols with a figure per
+collective; each generator below states its own.
 
 Shared protocol (every collective is one or more rounds of it):
 
@@ -33,12 +34,16 @@ Shared protocol (every collective is one or more rounds of it):
   slices (fp32 sums, rounded once) into the output (whole vectors, aligned output:
   ``CollSpec.sums_into_output``) or into this PE's ``reduced`` and then (after a ``gpu.barrier``: the lanes
   that copy are not the lanes that summed) ``copy_bytes`` into the output.
-* **Release** (a final ``device_barrier``; for the movers in its two halves, ``barrier_arrive`` and
-  ``barrier_wait``, with this PE's own part, which no peer touches, copied in between): no PE returns (its
-  input may then change) or places the next call's input into its ``stage``, ``sources`` (or overwrites
-  ``reduced``) before every peer's block finished reading this call's. With it, calls follow each other
-  on the stream with no host sync: the epochs live on the device and only grow (graph replay is correct;
-  nothing is reset).
+* **Own part** (the movers: all_gather, broadcast's root, all_to_all): this PE's own part of the result,
+  which no peer reads or writes, is copied inside the first meet, between its halves (``barrier_arrive``,
+  the copy, ``barrier_wait``): it needs no peer, so it fills the wait for them.
+* **Close** (``Collective.close``: a final ``device_barrier``): no PE returns (its input may then change)
+  or places the next call's input into its ``stage``, ``sources`` (or overwrites ``reduced``) before every
+  peer's block finished reading this call's. With it, calls follow each other on the stream with no host
+  sync: the epochs live on the device and only grow (graph replay is correct; nothing is reset). With the
+  option one-launch (virtual PEs: every PE is a part of one launch) the launch's end is that point, so
+  there is no closing barrier: a call's kernel ends only after every PE's every block finished reading,
+  and whatever follows it on the stream starts after that.
 """
 
 from __future__ import annotations
@@ -57,8 +62,8 @@ class Collective:
     """The values and steps a collective's expansion shares, built before its op with ``b``."""
 
     def __init__(self, b: Builder, spec: CollSpec, input_: ir.Value, output: ir.Value, workspace: ir.Value,
-                 *splits: ir.Value, wave: int, one_gpu: bool = False):  # fmt: skip
-        self.b, self.spec, self.wave = b, spec, wave
+                 *splits: ir.Value, wave: int, one_gpu: bool = False, one_launch: bool = False):  # fmt: skip
+        self.b, self.spec, self.wave, self.one_launch = b, spec, wave, one_launch
         self.barrier = mori_comm.one_gpu_barrier if one_gpu else mori_comm.device_barrier
         wave_c = b.const_index(wave)
         warps = b.divui(b.block_dim(), wave_c)
@@ -209,6 +214,23 @@ class Collective:
         if k == 0 and self.spec.op != "all_to_all_v":
             self._read_places()  # (the peers' addresses: the first work of step 1)
 
+    def close(self, overlap: Callable[[], None] | None = None) -> None:
+        """The closing meet (``meet(overlap)``): no PE returns before every peer's block finished reading
+        this call's places. With ``one_launch`` (every PE is a part of this one launch: virtual PEs) there is
+        none: the launch ends only when every PE's every block has, and that orders the reads before anything
+        that follows on the stream (the next call's placing, the user's next write to an input); only
+        ``overlap()`` runs (traced "own")."""
+        if not self.one_launch:
+            self.meet(overlap)
+            return
+        if self.open_step is not None:
+            self.trace(f"step{self.meets}", "end")
+            self.open_step = None
+        if overlap is not None:
+            self.trace("own", "begin")
+            overlap()
+            self.trace("own", "end")
+
     def finish(self) -> None:
         """After the expansion: the step begun after the closing meet holds nothing; its trace point goes."""
         if self.open_step is not None:
@@ -292,8 +314,8 @@ def _mine(c: Collective, nbytes: int) -> ir.Value:
 
 
 def all_gather(c: Collective) -> None:
-    """Place the input; meet; pull every peer's placed bytes into ``out[p * n]``; meet (overlapped: this
-    PE's own part, from its placed bytes into ``out[me * n]``; then every place is free again)."""
+    """Place the input; meet (overlapped: this PE's own part, from its placed bytes into ``out[me * n]``);
+    pull every peer's placed bytes into ``out[p * n]``; close (then every place is free again)."""
     n, b = _bytes(c), c.b
     own = c.at(c.output, _mine(c, n))
 
@@ -301,14 +323,14 @@ def all_gather(c: Collective) -> None:
         c.copy(c.at(c.output, b.muli(b.extui(b.i64, pe), c.i64(n))), c.source(pe), n)
 
     c.place_input()
-    c.meet()
-    c.each_peer(pull)
     c.meet(lambda: c.own_part(own, 0, n))
+    c.each_peer(pull)
+    c.close()
 
 
 def broadcast(c: Collective) -> None:
-    """The root places its input; meet; every other PE pulls the root's placed bytes into its output; meet
-    (overlapped: the root copies its placed bytes into its own output)."""
+    """The root places its input; meet (overlapped: the root copies its placed bytes into its own output);
+    every other PE pulls the root's placed bytes into its output; close."""
     b, root, n = c.b, c.b.const_i32(c.spec.root), _bytes(c)
     is_root = b.cmpi("eq", c.me, root)
     with b.if_(is_root):
@@ -318,15 +340,15 @@ def broadcast(c: Collective) -> None:
         with b.if_(is_root):
             c.own_part(c.output, 0, n)
 
-    c.meet()
+    c.meet(root_part)
     with b.if_(b.xori(is_root, b.const_i1(True))):
         c.copy(c.output, c.source(root), n)
-    c.meet(root_part)
+    c.close()
 
 
 def all_to_all(c: Collective) -> None:
-    """Place the input (chunk q, for PE q, at ``q * stride``); meet; pull chunk ``me`` of every peer p into
-    ``out[p * n]``; meet (overlapped: this PE's own chunk ``me`` into ``out[me * n]``)."""
+    """Place the input (chunk q, for PE q, at ``q * stride``); meet (overlapped: this PE's own chunk ``me``
+    into ``out[me * n]``); pull chunk ``me`` of every peer p into ``out[p * n]``; close."""
     n, b = _bytes(c), c.b
     mine = _mine(c, c.spec.stage_stride)
     own = c.at(c.output, _mine(c, n))
@@ -335,9 +357,9 @@ def all_to_all(c: Collective) -> None:
         c.copy(c.at(c.output, b.muli(b.extui(b.i64, pe), c.i64(n))), c.at(c.source(pe), mine), n)
 
     c.place_input()
-    c.meet()
-    c.each_peer(pull)
     c.meet(lambda: c.own_part(own, mine, n))
+    c.each_peer(pull)
+    c.close()
 
 
 def reduce_scatter(c: Collective) -> None:
@@ -347,7 +369,7 @@ def reduce_scatter(c: Collective) -> None:
     c.place_input()
     c.meet()
     c.sum_into_output(b.muli(b.extui(b.i64, c.me), c.i64(c.spec.stage_stride)))
-    c.meet()
+    c.close()
 
 
 def all_reduce_one_shot(c: Collective) -> None:
@@ -356,7 +378,7 @@ def all_reduce_one_shot(c: Collective) -> None:
     c.place_input()
     c.meet()
     c.sum_into_output(0)
-    c.meet()
+    c.close()
 
 
 def all_reduce_two_shot(c: Collective) -> None:
@@ -377,7 +399,7 @@ def all_reduce_two_shot(c: Collective) -> None:
         c.copy(c.at(c.output, at), reduced_of(pe), count)
 
     c.each_peer(pull)
-    c.meet()
+    c.close()
 
 
 def all_to_all_v(c: Collective) -> None:
@@ -420,7 +442,7 @@ def all_to_all_v(c: Collective) -> None:
     each_pe(stage)
     c.meet()
     each_pe(pull)
-    c.meet()
+    c.close()
 
 
 # (op, algorithm) -> its expansion.

@@ -47,7 +47,9 @@ class MoriCollToKernels:
     ``accumulate_rows``; mori_shmem ``my_pe``, ``ptr``; gpu, scf, arith, llvm), located
     at the op. Options: wave-size (32 or 64: the target's; the warps that own the slices); one-gpu (every PE
     runs on this one GPU, virtual PEs: the meets are ``one_gpu_barrier``, fencing at the GPU's scope, not
-    ``device_barrier``, at the system's; the pipeline sets it with virtual PEs). An op outside a
+    ``device_barrier``, at the system's); one-launch (every PE is a part of this one launch, virtual PEs:
+    the launch's end closes each call, so there is no closing barrier; coll_kernels.py, "Close"). The
+    pipeline sets both with virtual PEs. An op outside a
     kernel or in a kernel of an unsuitable block size is the user's error (at the op); a kernel that does
     not verify after the expansion is a GeneratorError naming ``coll_kernels`` (an internal error).
     """
@@ -55,6 +57,7 @@ class MoriCollToKernels:
     name: ClassVar[str] = "mori-coll-to-kernels"
     wave_size: int = 64
     one_gpu: bool = False
+    one_launch: bool = False
 
     def __call__(self, op: ir.Operation, pass_=None) -> None:
         if self.wave_size not in (32, 64):
@@ -88,7 +91,8 @@ class MoriCollToKernels:
         expand = EXPANSIONS[(spec.op, spec.algorithm)]
         try:
             b = Builder(op.block, before=op, loc=op.location)
-            collective = Collective(b, spec, *op.operands, wave=self.wave_size, one_gpu=self.one_gpu)
+            collective = Collective(b, spec, *op.operands, wave=self.wave_size, one_gpu=self.one_gpu,
+                                    one_launch=self.one_launch)
             expand(collective)
             collective.finish()
         except (GeneratorError, MoriCompilerError):

@@ -122,14 +122,14 @@ def test_kernel_source_parses_and_the_builder_makes_the_same_op():
             mori_coll.collective(*entry.arguments, CollSpec("all_gather", "u8", 0, 2))
 
 
-def _expanded(specs, wave=64):
+def _expanded(specs, wave=64, **options):
     from mori_compiler.dialects import registry
     from mori_compiler.passes.coll_to_kernels import MoriCollToKernels
 
     ctx = _context()
     module = registry.parse_source(kernel_source(specs), ctx)
     with ctx:
-        MoriCollToKernels(wave_size=wave)(module.operation)
+        MoriCollToKernels(wave_size=wave, **options)(module.operation)
         module.operation.verify()
     return module
 
@@ -154,19 +154,19 @@ def _op_sequence(fn) -> list[str]:
 CHECK = ["ptr", "ptr"]
 
 
-# The closing meet of the movers (and two-shot's middle one) in halves: barrier_arrive, this PE's own part
+# The first meet of the movers (and two-shot's middle one) in halves: barrier_arrive, this PE's own part
 # (copy_bytes), barrier_wait.
 SPLIT = ["barrier_arrive", "copy_bytes", "barrier_wait"]
+# A mover's pulls after its split first meet: the lanes' two ptr, the pull loop's copy_bytes.
+PULLS = ["ptr", "ptr", "copy_bytes"]
 
 
 @pytest.mark.parametrize("spec, steps", [
-    (CollSpec("all_gather", "u8", 5, 3), CHECK + ["copy_bytes", "device_barrier", "ptr", "ptr", "copy_bytes"] + SPLIT),
-    (CollSpec("broadcast", "u8", 5, 3, root=2), CHECK + ["copy_bytes", "device_barrier", "ptr", "ptr", "copy_bytes"]
-     + SPLIT),
+    (CollSpec("all_gather", "u8", 5, 3), CHECK + ["copy_bytes"] + SPLIT + PULLS + ["device_barrier"]),
+    (CollSpec("broadcast", "u8", 5, 3, root=2), CHECK + ["copy_bytes"] + SPLIT + PULLS + ["device_barrier"]),
     # count bytes not a multiple of 16: always staged (the input's chunks do not start where the stage's do)
-    (CollSpec("all_to_all", "u8", 5, 3), ["copy_bytes"] * 3 + ["device_barrier", "ptr", "ptr", "copy_bytes"] + SPLIT),
-    (CollSpec("all_to_all", "u8", 16, 3), CHECK + ["copy_bytes"] * 3 + ["device_barrier", "ptr", "ptr", "copy_bytes"]
-     + SPLIT),
+    (CollSpec("all_to_all", "u8", 5, 3), ["copy_bytes"] * 3 + SPLIT + PULLS + ["device_barrier"]),
+    (CollSpec("all_to_all", "u8", 16, 3), CHECK + ["copy_bytes"] * 3 + SPLIT + PULLS + ["device_barrier"]),
     (CollSpec("reduce_scatter", "f32", 5, 3), ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 2
      + ["accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
     # whole vectors: the sums go into the output when it is aligned, through reduced otherwise
@@ -185,6 +185,22 @@ def test_each_collective_expands_into_its_protocol_steps(spec, steps):
     module = _expanded([spec])
     fn = module.body.operations[0].regions[0].blocks[0].operations[0]
     assert _op_sequence(fn) == steps
+
+
+@pytest.mark.parametrize("spec", [CollSpec("all_gather", "u8", 5, 3), CollSpec("all_to_all", "u8", 16, 3),
+                                  CollSpec("reduce_scatter", "f32", 8, 3), CollSpec("all_reduce", "f32", 5, 3, "one_shot"),
+                                  CollSpec("all_reduce", "bf16", 40, 3, "two_shot"), CollSpec("all_to_all_v", "bf16", 5, 3),
+                                  CollSpec("broadcast", "u8", 5, 3, root=2)])  # fmt: skip
+def test_one_launch_expansions_have_no_closing_barrier(spec):
+    """one-launch (virtual PEs: the launch's end closes a call): the same steps as without it, less the
+    closing device_barrier; the meets before it stay."""
+    def steps(**options):
+        module = _expanded([spec], **options)
+        return _op_sequence(module.body.operations[0].regions[0].blocks[0].operations[0])
+
+    closed = steps()
+    assert closed[-1] == "device_barrier"
+    assert steps(one_launch=True) == closed[:-1]
 
 
 def _trace_points(fn) -> list[str]:
@@ -373,7 +389,6 @@ def test_a_traced_bundle_lists_the_phases_and_an_untraced_one_none(tmp_path):
     assert plain.key != traced.key
     assert plain.kernels[spec.kernel_name].trace_events == ()
     assert traced.kernels[spec.kernel_name].trace_events == (
-        "stage:begin", "stage:end", "meet0:begin", "meet0:end", "step1:begin", "step1:end", "meet1:begin",
-        "meet1:end")  # fmt: skip
+        "stage:begin", "stage:end", "meet0:begin", "meet0:end", "step1:begin", "step1:end")  # fmt: skip
     with pytest.raises(MoriCompilerError, match="coll_bundle: trace must be a bool, got 1"):
         coll_bundle([spec], "sm_90", virtual_pes=True, cache_root=tmp_path, trace=1)

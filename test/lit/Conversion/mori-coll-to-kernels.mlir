@@ -2,11 +2,14 @@
 // RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=64}' | FileCheck %s --check-prefix=TRACE
 // RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=32},mori-comm-to-calls{wave-size=32}' | FileCheck %s --check-prefix=CALLS
 // RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=64 one-gpu=true}' | FileCheck %s --check-prefix=ONEGPU --implicit-check-not=mori_comm.device_barrier
+// RUN: mori-opt %s -p 'mori-coll-to-kernels{wave-size=64 one-gpu=true one-launch=true}' | FileCheck %s --check-prefix=ONELAUNCH --implicit-check-not=mori_comm.device_barrier
 
 // The expansion of each collective (passes/coll_kernels.py; protocols: docs/collectives.md), world 4:
 // place (the input read in place, or staged: copy_bytes into this PE's workspace; thread 0 stores the
 // place's offset into sources[b]) -> device_barrier -> pull / reduce from the peers' places (mori_shmem.ptr
 // of the workspace + the offset each lane read) -> device_barrier (the places are free for the next call).
+// The movers (all_gather, broadcast, all_to_all) split their first meet: barrier_arrive, this PE's own
+// part, barrier_wait.
 // No mori_coll op is left (implicit-check-not); the slots are the workspace's start, the epochs at
 // 8 x max_blocks x W = 1024, sources[b] at 1280 + 8 b, the stage at 1536.
 // The phases carry trace points (compiled out here by mori-trace-to-timer{enabled=false}; kept by the TRACE
@@ -15,15 +18,34 @@
 // With one-gpu (virtual PEs: every PE on this GPU) every meet is a one_gpu_barrier or a barrier_arrive /
 // barrier_wait of scope "gpu" (fences at the GPU's scope), of the same operands; no device_barrier is left.
 // ONEGPU-LABEL: gpu.func @coll_all_gather_u8_w4_n100(
-// ONEGPU:         "mori_comm.one_gpu_barrier"(%arg2, %{{.+}}) {max_blocks = 32 : i64, world_size = 4 : i64}
 // ONEGPU:         "mori_comm.barrier_arrive"(%arg2, %{{.+}}) {max_blocks = 32 : i64, scope = "gpu", world_size = 4 : i64}
 // ONEGPU:         "mori_comm.barrier_wait"(%arg2, %{{.+}}) {scope = "gpu", world_size = 4 : i64}
+// ONEGPU:         "mori_comm.one_gpu_barrier"(%arg2, %{{.+}}) {max_blocks = 32 : i64, world_size = 4 : i64}
 // ONEGPU:         gpu.return
 // ONEGPU-LABEL: gpu.func @coll_all_reduce_two_shot_bf16_w4_n100(
 // ONEGPU:         "mori_comm.one_gpu_barrier"
 // ONEGPU:         "mori_comm.barrier_arrive"({{.+}}scope = "gpu"
 // ONEGPU:         "mori_comm.barrier_wait"({{.+}}scope = "gpu"
 // ONEGPU:         "mori_comm.one_gpu_barrier"
+
+// With one-launch too (virtual PEs: every PE is a part of one launch, whose end closes the call): no
+// closing barrier; the kernel ends after the last step (its trace point kept: no mori-trace-to-timer here).
+// ONELAUNCH-LABEL: gpu.func @coll_all_gather_u8_w4_n100(
+// ONELAUNCH-NOT:     "mori_comm.one_gpu_barrier"
+// ONELAUNCH:         "mori_comm.barrier_arrive"(%arg2, %{{.+}}) {max_blocks = 32 : i64, scope = "gpu", world_size = 4 : i64}
+// ONELAUNCH:         "mori_comm.barrier_wait"(%arg2, %{{.+}}) {scope = "gpu", world_size = 4 : i64}
+// ONELAUNCH-NOT:     "mori_comm.one_gpu_barrier"
+// ONELAUNCH:         scf.for
+// ONELAUNCH-NOT:     "mori_comm.one_gpu_barrier"
+// ONELAUNCH:         "mori_comm.trace"() {event = "step1", phase = "end"}
+// ONELAUNCH-NEXT:    gpu.return
+// ONELAUNCH-LABEL: gpu.func @coll_all_reduce_two_shot_bf16_w4_n100(
+// ONELAUNCH:         "mori_comm.one_gpu_barrier"
+// ONELAUNCH:         "mori_comm.barrier_arrive"({{.+}}scope = "gpu"
+// ONELAUNCH:         "mori_comm.barrier_wait"({{.+}}scope = "gpu"
+// ONELAUNCH-NOT:     "mori_comm.one_gpu_barrier"
+// ONELAUNCH:         "mori_comm.trace"() {event = "step2", phase = "end"}
+// ONELAUNCH-NEXT:    gpu.return
 
 // TRACE-LABEL: gpu.func @coll_all_gather_u8_w4_n100(
 // TRACE:         "mori_comm.trace"() {event = "stage", phase = "begin"}
@@ -32,16 +54,16 @@
 // TRACE-NEXT:    }
 // TRACE-NEXT:    "mori_comm.trace"() {event = "stage", phase = "end"}
 // TRACE-NEXT:    "mori_comm.trace"() {event = "meet0", phase = "begin"}
-// TRACE-NEXT:    "mori_comm.device_barrier"
+// TRACE-NEXT:    "mori_comm.barrier_arrive"
+// TRACE:         "mori_comm.copy_bytes"
+// TRACE:         "mori_comm.barrier_wait"
 // TRACE-NEXT:    "mori_comm.trace"() {event = "meet0", phase = "end"}
 // TRACE:         "mori_comm.trace"() {event = "step1", phase = "begin"}
 // TRACE:         scf.for
 // TRACE:         }
 // TRACE:         "mori_comm.trace"() {event = "step1", phase = "end"}
 // TRACE-NEXT:    "mori_comm.trace"() {event = "meet1", phase = "begin"}
-// TRACE-NEXT:    "mori_comm.barrier_arrive"
-// TRACE:         "mori_comm.copy_bytes"
-// TRACE:         "mori_comm.barrier_wait"
+// TRACE-NEXT:    "mori_comm.device_barrier"
 // TRACE-NEXT:    "mori_comm.trace"() {event = "meet1", phase = "end"}
 // TRACE-NEXT:    gpu.return
 
@@ -77,7 +99,13 @@ module attributes {gpu.container_module} {
     // CHECK-NEXT:    %[[PLACE:.+]] = arith.select %[[DIRECT]], %[[IN_AT]], %c1536_i64
     // CHECK:         scf.if
     // CHECK-NEXT:      llvm.store %[[PLACE]], %[[SOURCES]] {alignment = 8 : i64} : i64, !llvm.ptr
-    // CHECK:         "mori_comm.device_barrier"(%[[WS]], %[[EPOCHS]]) {max_blocks = 32 : i64, world_size = 4 : i64}
+    // The first meet in halves: arrive (publishes the place and the staged slices), this PE's own part from
+    // its place (its sources[b] word, read back after the arrive's block barrier) into out[me * 100], wait.
+    // CHECK:         %[[E:.+]] = "mori_comm.barrier_arrive"(%[[WS]], %[[EPOCHS]]) {max_blocks = 32 : i64, scope = "system", world_size = 4 : i64}
+    // CHECK:         %[[OWN_AT:.+]] = llvm.load %[[SOURCES]] {alignment = 8 : i64} : !llvm.ptr -> i64
+    // CHECK-NEXT:    %[[OWN_PLACE:.+]] = llvm.getelementptr %[[WS]][%[[OWN_AT]]]
+    // CHECK:         "mori_comm.copy_bytes"
+    // CHECK:         "mori_comm.barrier_wait"(%[[WS]], %[[E]]) {scope = "system", world_size = 4 : i64}
     // Lane l, once: PE (l mod 4)'s workspace and sources[b], the address of its place (two i32 halves).
     // CHECK:         %[[LANE_PE:.+]] = arith.remui
     // CHECK-NEXT:    %[[THEIR_WS:.+]] = "mori_shmem.ptr"(%[[WS]], %[[LANE_PE]])
@@ -98,20 +126,15 @@ module attributes {gpu.container_module} {
     // CHECK:             %[[FROM_SLICE:.+]] = llvm.getelementptr %[[FROM]][
     // CHECK-NEXT:        "mori_comm.copy_bytes"(%{{.+}}, %[[FROM_SLICE]], %{{.+}})
     // CHECK:         }
-    // The closing meet in halves: arrive (publishes the end of the pulls), this PE's own part from its
-    // place (its sources[b] word, read back) into out[me * 100], wait.
-    // CHECK:         %[[E:.+]] = "mori_comm.barrier_arrive"(%[[WS]], %[[EPOCHS]]) {max_blocks = 32 : i64, scope = "system", world_size = 4 : i64}
-    // CHECK:         %[[OWN_AT:.+]] = llvm.load %[[SOURCES]] {alignment = 8 : i64} : !llvm.ptr -> i64
-    // CHECK-NEXT:    %[[OWN:.+]] = llvm.getelementptr %[[WS]][%[[OWN_AT]]]
-    // CHECK:         "mori_comm.copy_bytes"
-    // CHECK:         "mori_comm.barrier_wait"(%[[WS]], %[[E]]) {scope = "system", world_size = 4 : i64}
+    // The closing meet: every peer has read this PE's place (free for the next call).
+    // CHECK:         "mori_comm.device_barrier"(%[[WS]], %[[EPOCHS]]) {max_blocks = 32 : i64, world_size = 4 : i64}
     // CHECK-NEXT:    gpu.return
     gpu.func @coll_all_gather_u8_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
       "mori_coll.all_gather"(%input, %output, %workspace) {dtype = "u8", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
-    // Only the root (PE 3) places its input; the other PEs pull from the root's place; the root copies its
-    // own in the closing meet's halves.
+    // Only the root (PE 3) places its input; the root copies its own in the first meet's halves; the other
+    // PEs pull from the root's place.
     // CHECK-LABEL: gpu.func @coll_broadcast_root3_f32_w4_n100(
     // CHECK:         %[[ME:.+]] = "mori_shmem.my_pe"()
     // CHECK:         %[[ROOT:.+]] = arith.constant 3 : i32
@@ -120,32 +143,32 @@ module attributes {gpu.container_module} {
     // CHECK:           "mori_comm.copy_bytes"
     // CHECK:           llvm.store
     // CHECK:         }
-    // CHECK:         "mori_comm.device_barrier"
-    // CHECK:         gpu.shuffle  idx %{{.+}}, %[[ROOT]]
-    // CHECK:         "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.barrier_arrive"
     // CHECK-NEXT:    scf.if %[[IS_ROOT]] {
     // CHECK:           "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.barrier_wait"
+    // CHECK:         gpu.shuffle  idx %{{.+}}, %[[ROOT]]
+    // CHECK:         "mori_comm.copy_bytes"
+    // CHECK:         "mori_comm.device_barrier"
     // CHECK-NEXT:    gpu.return
     gpu.func @coll_broadcast_root3_f32_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
       "mori_coll.broadcast"(%input, %output, %workspace) {dtype = "f32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64, root = 3 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return
     }
-    // 400-byte chunks (whole vectors): in place or four chunks staged (one per destination PE), then chunk
-    // `me` of every peer pulled.
+    // 400-byte chunks (whole vectors): in place or four chunks staged (one per destination PE), the own
+    // chunk copied in the first meet's halves, then chunk `me` of every peer pulled.
     // CHECK-LABEL: gpu.func @coll_all_to_all_i32_w4_n100(
     // CHECK:         scf.if
     // CHECK-COUNT-4: "mori_comm.copy_bytes"
-    // CHECK:         "mori_comm.device_barrier"
+    // CHECK:         "mori_comm.barrier_arrive"
+    // CHECK:         "mori_comm.copy_bytes"
+    // CHECK:         "mori_comm.barrier_wait"
     // CHECK:         "mori_shmem.ptr"
     // CHECK:         scf.for
     // CHECK:           gpu.shuffle
     // CHECK:           "mori_comm.copy_bytes"
     // CHECK:         }
-    // CHECK:         "mori_comm.barrier_arrive"
-    // CHECK:         "mori_comm.copy_bytes"
-    // CHECK:         "mori_comm.barrier_wait"
+    // CHECK:         "mori_comm.device_barrier"
     gpu.func @coll_all_to_all_i32_w4_n100(%input: !llvm.ptr, %output: !llvm.ptr, %workspace: !llvm.ptr) kernel attributes {known_block_size = array<i32: 256, 1, 1>} {
       "mori_coll.all_to_all"(%input, %output, %workspace) {dtype = "i32", count = 100 : i64, world_size = 4 : i64, max_blocks = 32 : i64} : (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
       gpu.return

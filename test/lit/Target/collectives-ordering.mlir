@@ -10,10 +10,11 @@
 // flat_load sc0 sc1), fences (acquire: fence.acq_rel.sys / buffer_inv sc0 sc1) and meets the block
 // (bar.sync / s_barrier). No load from a peer (on sm_90 a generic ld: the peers' addresses come from
 // mori_shmem.ptr) comes before that acquire and block barrier; the pulls come after it, and a closing barrier of the same
-// shape (the workspace is free for the next call) ends every kernel. all_gather, broadcast and all_to_all close
-// with the barrier in halves (as two-shot's middle one): between the release's slot store and the polls only
-// this PE's own part is copied (a global-space load: sm_90 ld.global, gfx942 SGPR-based global_load), no
-// peer load (generic ld / flat) follows the release.
+// shape (the workspace is free for the next call) ends every kernel (these are compiled without virtual PEs:
+// with them, one launch, the launch's end closes the call: mori-coll-to-kernels.mlir's ONELAUNCH run).
+// all_gather, broadcast and all_to_all meet first with the barrier in halves (as two-shot's middle one):
+// between the release's slot store and the polls only this PE's own part is copied (a global-space load:
+// sm_90 ld.global, gfx942 SGPR-based global_load), no peer load (generic ld / flat) follows the release.
 
 // all_gather: the stage's byte stores, the barrier (release, slot store, polls, acquire, block barrier), only then the loads from the peers' stages (generic ld: peer addresses), then the closing barrier.
 // PTX-LABEL: .visible .entry coll_all_gather_u8_w4_n100(
@@ -26,6 +27,9 @@
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      ld.global.v4.b32
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
@@ -38,9 +42,6 @@
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
-// PTX:      ld.global.v4.b32
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
@@ -55,7 +56,7 @@
 // ISA-NEXT: s_waitcnt vmcnt(0)
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
-// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
+// ISA:      global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, s[{{[0-9]+:[0-9]+}}]{{$}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
@@ -65,7 +66,7 @@
 // ISA-NEXT: s_waitcnt vmcnt(0)
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
-// ISA:      global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, s[{{[0-9]+:[0-9]+}}]{{$}}
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
@@ -81,6 +82,9 @@
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      ld.global.v4.b32
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
@@ -90,9 +94,6 @@
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
-// PTX:      ld.global.v4.b32
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
@@ -106,7 +107,7 @@
 // ISA-NEXT: s_waitcnt vmcnt(0)
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
-// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
+// ISA:      global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, s[{{[0-9]+:[0-9]+}}]{{$}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
@@ -116,7 +117,7 @@
 // ISA-NEXT: s_waitcnt vmcnt(0)
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
-// ISA:      global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, s[{{[0-9]+:[0-9]+}}]{{$}}
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
@@ -132,6 +133,9 @@
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
+// PTX:      ld.global.v4.b32
+// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
@@ -141,9 +145,6 @@
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
 // PTX:      fence.acq_rel.sys;
 // PTX:      st.relaxed.sys.b64
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
-// PTX:      ld.global.v4.b32
-// PTX-NOT:  {{ld(\.v4)?\.b(8|32)}} 
 // PTX:      ld.relaxed.sys.global.b64
 // PTX:      fence.acq_rel.sys;
 // PTX-NOT:  {{ld(\.global)?(\.v4)?\.b(8|32)}} 
@@ -157,7 +158,7 @@
 // ISA-NEXT: s_waitcnt vmcnt(0)
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
-// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
+// ISA:      global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, s[{{[0-9]+:[0-9]+}}]{{$}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
@@ -167,7 +168,7 @@
 // ISA-NEXT: s_waitcnt vmcnt(0)
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_store_dwordx2 {{.*}} sc0 sc1
-// ISA:      global_load_dwordx4 v[{{[0-9]+:[0-9]+}}], v{{[0-9]+}}, s[{{[0-9]+:[0-9]+}}]{{$}}
+// ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      flat_load_dwordx2 {{.*}} sc0 sc1
 // ISA-NOT:  {{(global|flat)_load_(ubyte|dwordx4)}}
 // ISA:      buffer_inv sc0 sc1
