@@ -14,7 +14,8 @@ Every op: ``"mori_coll.<op>"(%input, %output, %workspace) {dtype, count, world_s
 * ``input``/``output``: this PE's tensors (global memory, any alignment; not the workspace). An input in
   the symmetric heap, 16-byte aligned and apart from the output (all_gather, broadcast: or exactly this
   PE's part of it) is read by the peers where it is when ``CollSpec.in_place_layout``; it must then not
-  change until the op returned on every PE (in stream order it does not). Any other input is staged.
+  change until the kernel has ended on every PE (in stream order it does not; with the pass option
+  one-launch a PE's blocks may return before its peers have read it). Any other input is staged.
   ``workspace``: this PE's address of a symmetric allocation of ``CollSpec.workspace_bytes``, its first
   ``header_bytes`` zeroed once at allocation (the device-barrier slots and epochs; never reset after);
 * ordering it gives: when the op returns in a block, that block's share of ``output`` is written (plain

@@ -243,14 +243,14 @@ class Collective:
 
     def each_peer(self, body: Callable[[ir.Value], None]) -> None:
         """``body(pe)`` for the other PEs, pe = me + 1, me + 2, ... (mod W): the PEs' reads spread over the
-        peers (this PE's own part is copied in the closing meet's overlap: ``own_part``)."""
+        peers (this PE's own part is copied inside the first meet: ``own_part``)."""
         b, w = self.b, self.spec.world_size
         with b.for_(b.const_index(1), b.const_index(w), b.const_index(1)) as i:
             body(b.remui(b.addi(self.me, b.index_cast(b.i32, i)), b.const_i32(w)))
 
     def own_part(self, dest: ir.Value, offset, nbytes: int) -> None:
         """This PE's own part of the result: ``nbytes`` of its placed bytes at ``offset`` into ``dest``
-        (the work the closing meet overlaps). Sliced as the placing cut them, so a unit copies what it
+        (the work the first meet overlaps). Sliced as the placing cut them, so a unit copies what it
         staged itself (no other block's stores to wait for)."""
         self.copy(dest, self.at(self.own_place(), offset), nbytes)
 

@@ -115,10 +115,29 @@ def expected(spec: CollSpec, inputs: list, splits: list | None = None):
     return [total(flat) for _ in range(W)]  # all_reduce (either algorithm: the same order of the sums)
 
 
-def _overlap(a, b) -> bool:
-    """Whether the bytes of tensors ``a`` and ``b`` (contiguous) overlap."""
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+def aliasing_problem(spec: CollSpec, pe: int, input_at: int, output_at: int) -> str | None:
+    """Why PE ``pe``'s input (``input_elems`` elements at address ``input_at``) may not overlap its output
+    (``output_elems`` at ``output_at``) as it does; None when they are apart or overlap in one of the in-place
+    forms: all_reduce, broadcast, all_to_all with input == output, all_gather with the input exactly this PE's
+    part of the output, reduce_scatter with the output exactly this PE's chunk of the input. In those each
+    unit rewrites only the bytes it staged itself; any other overlap would let one PE's pulls overwrite input
+    bytes another of its blocks has not staged yet (silently wrong results). all_to_all_v: no overlap."""
+    eb = spec.elem_bytes
+    in_end, out_end = input_at + spec.input_elems * eb, output_at + spec.output_elems * eb
+    if in_end <= output_at or out_end <= input_at:
+        return None
+    if spec.op == "all_gather":
+        allowed, form = input_at == output_at + pe * spec.input_elems * eb, "the input exactly this PE's part of the output"
+    elif spec.op == "reduce_scatter":
+        allowed, form = output_at == input_at + pe * spec.output_elems * eb, "the output exactly this PE's chunk of the input"
+    elif spec.op == "all_to_all_v":
+        allowed, form = False, "none (the packed output offsets differ from the input's)"
+    else:
+        allowed, form = input_at == output_at, "input == output"
+    if allowed:
+        return None
+    return (f"{spec.op}: the output of PE {pe} overlaps its input other than in place (allowed: {form}; "
+            f"input at {input_at:#x}, output at {output_at:#x})")
 
 
 class Collective:
@@ -249,7 +268,8 @@ class Collective:
     def __call__(self, input, output=None, *, splits=None, recv_counts=None, stream=None):
         """Run the collective: ``input`` (a list per PE with virtual PEs; for broadcast only the root's is
         read, the others may be None) into ``output`` (same form; default: new tensors of
-        ``output_shape``). Returns the outputs. Nothing is synchronized: the result is ready in stream order.
+        ``output_shape``). Returns the outputs. A PE's input and output may overlap only in place
+        (``aliasing_problem``: a ValueError otherwise). Nothing is synchronized: the result is ready in stream order.
         The calls of one Collective share its workspace and epochs: keep them in one stream order (concurrent
         collectives on two streams: one Collective per stream, each has its own workspace).
 
@@ -277,11 +297,10 @@ class Collective:
             self._check(outputs[i], f"output of PE {pe}", s.output_elems, device)
             if inputs[i] is None:  # a broadcast's non-root input is never read: any valid address
                 inputs[i] = outputs[i]
-            if variable and _overlap(inputs[i], outputs[i]):
-                # Its pulls write at packed output offsets that another block of this PE may not have staged
-                # from yet (the blocks of one PE never wait for each other): in place would read overwritten bytes.
-                raise ValueError(f"all_to_all_v: the output of PE {pe} overlaps its input (in place is not offered: "
-                                 f"the packed output offsets differ from the input's)")  # fmt: skip
+            if s.op != "broadcast" or pe == s.root:  # (a non-root's input is never read)
+                problem = aliasing_problem(s, pe, inputs[i].data_ptr(), outputs[i].data_ptr())
+                if problem:
+                    raise ValueError(problem)
         args = [(inputs[i].data_ptr(), outputs[i].data_ptr(), self._workspace[i]) for i in range(len(self.pes))]
         if variable:
             counts = self._split_tensors(splits, recv_counts, device)

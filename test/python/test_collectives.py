@@ -392,3 +392,34 @@ def test_a_traced_bundle_lists_the_phases_and_an_untraced_one_none(tmp_path):
         "stage:begin", "stage:end", "meet0:begin", "meet0:end", "step1:begin", "step1:end")  # fmt: skip
     with pytest.raises(MoriCompilerError, match="coll_bundle: trace must be a bool, got 1"):
         coll_bundle([spec], "sm_90", virtual_pes=True, cache_root=tmp_path, trace=1)
+
+
+@pytest.mark.parametrize("spec, pe, input_at, output_at, allowed", [
+    # apart (either side, touching): always allowed
+    (CollSpec("all_to_all", "f32", 4, 2), 0, 0x1000, 0x1000 + 32, True),
+    (CollSpec("all_to_all", "f32", 4, 2), 0, 0x1000 + 32, 0x1000, True),
+    # the in-place forms
+    (CollSpec("all_reduce", "bf16", 8, 4, "two_shot"), 3, 0x2000, 0x2000, True),
+    (CollSpec("all_to_all", "f32", 4, 2), 1, 0x1000, 0x1000, True),
+    (CollSpec("broadcast", "u8", 5, 3, root=2), 2, 0x1000, 0x1000, True),
+    (CollSpec("all_gather", "u8", 5, 3), 2, 0x1000 + 10, 0x1000, True),
+    (CollSpec("reduce_scatter", "f32", 4, 3), 1, 0x1000, 0x1000 + 16, True),
+    # any other overlap: refused
+    (CollSpec("all_reduce", "bf16", 8, 4, "one_shot"), 0, 0x2000 + 2, 0x2000, False),
+    (CollSpec("all_to_all", "f32", 4, 2), 0, 0x1000 + 16, 0x1000, False),
+    (CollSpec("all_gather", "u8", 5, 3), 1, 0x1000 + 10, 0x1000, False),  # PE 2's part, not PE 1's
+    (CollSpec("all_gather", "u8", 5, 3), 0, 0x1000 + 1, 0x1000, False),
+    (CollSpec("reduce_scatter", "f32", 4, 3), 2, 0x1000, 0x1000 + 16, False),
+    (CollSpec("all_to_all_v", "bf16", 5, 3), 0, 0x1000, 0x1000, False),
+])  # fmt: skip
+def test_input_and_output_may_overlap_only_in_place(spec, pe, input_at, output_at, allowed):
+    """aliasing_problem (Collective refuses a call with it): apart or an exact in-place form, else an error
+    naming the op, the PE and the allowed form."""
+    from mori_compiler.ops.collectives import aliasing_problem
+
+    problem = aliasing_problem(spec, pe, input_at, output_at)
+    if allowed:
+        assert problem is None
+    else:
+        assert problem.startswith(f"{spec.op}: the output of PE {pe} overlaps its input other than in place (allowed: ")
+        assert f"input at {input_at:#x}, output at {output_at:#x}" in problem

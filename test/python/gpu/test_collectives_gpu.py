@@ -699,6 +699,9 @@ def test_collective_refuses_bad_arguments(pes, bundle_root):
             coll([t.float() for t in x])
         with pytest.raises(ValueError, match="must be on the GPU"):
             coll([t.cpu() for t in x])
+        shared = torch.zeros(4 * pes + 1, dtype=torch.uint8, device="cuda")  # input one byte into the output
+        with pytest.raises(ValueError, match="all_gather: the output of PE 0 overlaps its input other than in place"):
+            coll([shared[1:5]] * pes, [shared[: 4 * pes]] * pes)
     finally:
         coll.close()
 
