@@ -127,9 +127,11 @@ def aliasing_problem(spec: CollSpec, pe: int, input_at: int, output_at: int) -> 
     if in_end <= output_at or out_end <= input_at:
         return None
     if spec.op == "all_gather":
-        allowed, form = input_at == output_at + pe * spec.input_elems * eb, "the input exactly this PE's part of the output"
+        allowed = input_at == output_at + pe * spec.input_elems * eb
+        form = "the input exactly this PE's part of the output"
     elif spec.op == "reduce_scatter":
-        allowed, form = output_at == input_at + pe * spec.output_elems * eb, "the output exactly this PE's chunk of the input"
+        allowed = output_at == input_at + pe * spec.output_elems * eb
+        form = "the output exactly this PE's chunk of the input"
     elif spec.op == "all_to_all_v":
         allowed, form = False, "none (the packed output offsets differ from the input's)"
     else:
