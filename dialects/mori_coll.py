@@ -10,7 +10,8 @@ Every op: ``"mori_coll.<op>"(%input, %output, %workspace) {dtype, count, world_s
 
 * who: every thread of every block of the kernel's grid (block-uniform, grid-uniform: it contains device
   barriers); the kernel is one-dimensional (``known_block_size`` x a multiple of the wave size, y = z = 1),
-  at most ``max_blocks`` blocks per PE, every PE launched with the same grid, all blocks co-resident;
+  at most ``max_blocks`` blocks per PE, every PE launched with the same grid, all blocks co-resident (the
+  kernel is marked ``mori.max_blocks``; the launcher refuses any other grid);
 * ``input``/``output``: this PE's tensors (global memory, any alignment; not the workspace). An input in
   the symmetric heap, 16-byte aligned and apart from the output (all_gather, broadcast: or exactly this
   PE's part of it) is read by the peers where it is when ``CollSpec.in_place_layout``; it must then not

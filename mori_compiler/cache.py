@@ -92,7 +92,7 @@ def bundle_key(source: str, options: CompileOptions, bitcode_paths, extra: dict 
 def kernel_info(signature) -> KernelInfo:
     """The runtime's KernelInfo of a compiled kernel's signature (passes.gpu_kernels.CompiledKernel)."""
     params = tuple(KernelParam(p.name, p.type, p.named) for p in signature.params)
-    return KernelInfo(signature.name, params, signature.block, signature.trace_events)
+    return KernelInfo(signature.name, params, signature.block, signature.trace_events, signature.max_blocks)
 
 
 def bundle_request(source: str, options: CompileOptions, config: dict | None = None) -> str:

@@ -17,6 +17,7 @@ from mori_compiler.dialects.builder import Builder, GeneratorError, verify_gener
 from mori_compiler.errors import MoriCompilerError
 
 from .coll_kernels import EXPANSIONS, GENERATOR, Collective
+from .gpu_kernels import MAX_BLOCKS_ATTR
 
 
 def _kernel_of(op: ir.Operation) -> ir.Operation | None:
@@ -49,7 +50,9 @@ class MoriCollToKernels:
     runs on this one GPU, virtual PEs: the meets are ``one_gpu_barrier``, fencing at the GPU's scope, not
     ``device_barrier``, at the system's); one-launch (every PE is a part of this one launch, virtual PEs:
     the launch's end closes each call, so there is no closing barrier; coll_kernels.py, "Close"). The
-    pipeline sets both with virtual PEs. An op outside a
+    pipeline sets both with virtual PEs. Each kernel holding a collective gets the attribute
+    ``mori.max_blocks`` (the least ``max_blocks`` of its ops; the bundle records it and the launcher refuses a
+    grid wider than it, or with y or z > 1 per PE: blocks would share device-barrier slots). An op outside a
     kernel or in a kernel of an unsuitable block size is the user's error (at the op); a kernel that does
     not verify after the expansion is a GeneratorError naming ``coll_kernels`` (an internal error).
     """
@@ -100,4 +103,8 @@ class MoriCollToKernels:
         except Exception as exc:  # a generator bug (a wrong builder call): internal, named
             raise GeneratorError(GENERATOR, f"{type(exc).__name__}: {exc}") from exc
         op.erase()
+        limit = spec.max_blocks
+        if MAX_BLOCKS_ATTR in kernel.attributes:
+            limit = min(limit, ir.IntegerAttr(kernel.attributes[MAX_BLOCKS_ATTR]).value)
+        kernel.attributes[MAX_BLOCKS_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), limit)
         return kernel

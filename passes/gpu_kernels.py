@@ -13,6 +13,9 @@ from mori_compiler.errors import MoriCompilerError
 from mori_compiler.lib_bitcode.kernel_abi import MLIR_PARAM_TYPES
 
 TRACE_EVENTS_ATTR = "mori.trace_events"  # set on traced kernels by mori-trace-to-timer
+# Set by mori-coll-to-kernels on a kernel holding collectives: the most blocks (x) its launch grid may have per
+# PE, with y = z = 1 (each block owns a device-barrier slot row; grid y or z would make blocks share one).
+MAX_BLOCKS_ATTR = "mori.max_blocks"
 
 
 class ParamSignature(NamedTuple):
@@ -28,6 +31,7 @@ class CompiledKernel(NamedTuple):
     params: tuple[ParamSignature, ...]
     block: tuple[int, int, int] | None
     trace_events: tuple[str, ...] = ()  # the kernel's trace slots, "event:phase" (mori-trace-to-timer)
+    max_blocks: int | None = None  # MAX_BLOCKS_ATTR: the launch grid's limit, (max_blocks, 1, 1); None: any
 
 
 def gpu_kernels(module_op: ir.Operation) -> Iterator[ir.Operation]:
@@ -102,5 +106,8 @@ def signatures_of_module(module, *, strict: bool = True, problems: dict | None =
         events = ()
         if TRACE_EVENTS_ATTR in fn.attributes:
             events = tuple(string_value(a) for a in ir.ArrayAttr(fn.attributes[TRACE_EVENTS_ATTR]))
-        kernels[name] = CompiledKernel(name, params, block, events)
+        max_blocks = None
+        if MAX_BLOCKS_ATTR in fn.attributes:
+            max_blocks = ir.IntegerAttr(fn.attributes[MAX_BLOCKS_ATTR]).value
+        kernels[name] = CompiledKernel(name, params, block, events, max_blocks)
     return kernels

@@ -97,6 +97,7 @@ class KernelInfo:
     params: tuple[KernelParam, ...]
     block: tuple[int, int, int] | None = None
     trace_events: tuple[str, ...] = ()  # "<event>:<phase>" per trace slot; empty: not traced
+    max_blocks: int | None = None  # a kernel with collectives: grid (at most this, 1, 1) per PE; None: any grid
 
     @property
     def param_types(self) -> tuple[str, ...]:
@@ -191,7 +192,8 @@ def _metadata_dict(key, target, backend, binary_file, binary_sha256, kernels, st
         "kernels": {
             k.name: {"params": [{"name": p.name, "named": p.named, "type": p.type, "size": p.size} for p in k.params],
                      "block": list(k.block) if k.block else None,
-                     **({"trace": list(k.trace_events)} if k.trace_events else {})}
+                     **({"trace": list(k.trace_events)} if k.trace_events else {}),
+                     **({"max_blocks": k.max_blocks} if k.max_blocks is not None else {})}
             for k in kernels
         },  # fmt: skip
         "state_globals": list(state_globals),
@@ -261,7 +263,11 @@ def _parse_kernel(path: Path, name, k) -> KernelInfo:
         trace = check_trace_events(name, k.get("trace", []))
     except ValueError as exc:
         raise BundleError(f"bundle {path}: {exc}", path) from None
-    return KernelInfo(name, tuple(params), tuple(block) if block else None, trace)
+    max_blocks = k.get("max_blocks")
+    if max_blocks is not None and not (_is_int(max_blocks) and max_blocks > 0):
+        raise BundleError(f"bundle {path}: kernel '{name}' field max_blocks must be a positive integer, got "
+                          f"{max_blocks!r}", path)  # fmt: skip
+    return KernelInfo(name, tuple(params), tuple(block) if block else None, trace, max_blocks)
 
 
 def _check_state_globals(path: Path, state) -> tuple[dict, ...]:
@@ -458,6 +464,9 @@ def publish_bundle(cache_root, key, *, target, backend, binary: bytes, kernels, 
             check_trace_events(k.name, k.trace_events)
         except ValueError as exc:
             raise BundleError(f"bundle {final}: refusing to publish: {exc}", final) from None
+        if k.max_blocks is not None and not (_is_int(k.max_blocks) and k.max_blocks > 0):
+            raise BundleError(f"bundle {final}: refusing to publish: kernel '{k.name}' max_blocks must be a "
+                              f"positive integer, got {k.max_blocks!r}", final)  # fmt: skip
     final.parent.mkdir(parents=True, exist_ok=True)
     binary_file = BINARY_FILES[backend]
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{key[:12]}-"))

@@ -87,6 +87,16 @@ def _dim3(value, what: str, kernel: str, *, dims: int = 3) -> tuple[int, ...]:
     return out + (1,) * (dims - len(out))
 
 
+def _check_collective_grid(kernel: KernelInfo, grid3, what: str) -> None:
+    """A kernel with collectives (``kernel.max_blocks``: mori-coll-to-kernels) launches (at most max_blocks, 1,
+    1) blocks per PE: block x owns row x of the device barrier's slots, so a wider grid, or one with y or z,
+    would make blocks share slots and write past them (a hang or wrong results, not an error)."""
+    limit = kernel.max_blocks
+    if limit is not None and (grid3[0] > limit or grid3[1] != 1 or grid3[2] != 1):
+        raise ValueError(f"kernel '{kernel.name}' holds collectives: its {what} must be (x, 1, 1) with x in "
+                         f"[1, {limit}] (its max_blocks: one device-barrier slot row per block), got {tuple(grid3)}")
+
+
 def convert_args(kernel: KernelInfo, args, *, pe: int | None = None) -> list[tuple[str, object]]:
     """``args`` checked against ``kernel``'s parameters, as (type_name, value) pairs; ValueError naming the
     kernel, the parameter index and its expected type on any mismatch."""
@@ -223,6 +233,7 @@ class KernelSet:
                              f"use launch_virtual(kernel, per_pe_args, grid=(gx, gy))")  # fmt: skip
         params = convert_args(info, args)
         grid3 = _dim3(grid, "grid", info.name)
+        _check_collective_grid(info, grid3, "grid")
         block3 = self._block(info, block)
         self._refresh_state()
         fn = self.module.function(info.name)
@@ -253,6 +264,7 @@ class KernelSet:
                              f"shmem has {s.n_pes} (shmem_npes())")  # fmt: skip
         values = [[v for _, v in convert_args(info, a, pe=p)] for p, a in enumerate(per_pe_args)]
         gx, gy, _ = _dim3(grid, "grid", info.name, dims=2) + (1,)
+        _check_collective_grid(info, (gx, gy, 1), "grid per PE")
         block3 = self._block(info, block)
         fn = self.module.function(info.name)
         self._check_coresident(info.name, fn, gx * gy * s.n_pes, block3, int(shared_mem))

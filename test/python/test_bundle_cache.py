@@ -283,6 +283,27 @@ def test_load_refuses_malformed_parameter_names(published, param, problem):
         load_bundle(published)
 
 
+@pytest.mark.parametrize("value", [0, -3, 2.5, "8", True, [8]])
+def test_load_refuses_a_malformed_max_blocks(published, value):
+    """A kernel's max_blocks (its launch grid's limit, kernels with collectives) must be a positive integer."""
+    _rewrite_meta(published, lambda m: m["kernels"]["k"].update(max_blocks=value))
+    with pytest.raises(BundleError, match=f"kernel 'k' field max_blocks must be a positive integer, got {value!r}"
+                       .replace("[", r"\[").replace("]", r"\]")):  # fmt: skip
+        load_bundle(published)
+
+
+def test_max_blocks_round_trips_through_the_bundle(tmp_path):
+    import dataclasses
+
+    assert _publish(tmp_path / "none").kernel("k").max_blocks is None  # none recorded: any grid
+    limited = dataclasses.replace(KERNEL, max_blocks=12)
+    bundle = _publish(tmp_path / "cache", kernels=[limited])
+    assert json.loads((bundle.path / "bundle.json").read_text())["kernels"]["k"]["max_blocks"] == 12
+    assert load_bundle(bundle.path).kernel("k").max_blocks == 12
+    with pytest.raises(BundleError, match="refusing to publish: kernel 'k' max_blocks must be a positive integer, got 0"):
+        _publish(tmp_path / "bad", kernels=[dataclasses.replace(KERNEL, max_blocks=0)])
+
+
 def test_load_refuses_a_name_given_twice(published):
     twice = [{"name": "x", "type": "ptr", "named": True}, {"name": "x", "type": "i64", "named": True}]
     _rewrite_meta(published, lambda m: m["kernels"]["k"].update(params=twice))

@@ -423,3 +423,23 @@ def test_input_and_output_may_overlap_only_in_place(spec, pe, input_at, output_a
     else:
         assert problem.startswith(f"{spec.op}: the output of PE {pe} overlaps its input other than in place (allowed: ")
         assert f"input at {input_at:#x}, output at {output_at:#x}" in problem
+
+
+def test_a_kernel_with_collectives_records_its_grid_limit(tmp_path):
+    """mori-coll-to-kernels marks a kernel with mori.max_blocks, the least max_blocks of its collectives; the
+    bundle keeps it (KernelInfo.max_blocks), so the launcher can refuse a wider grid."""
+    from mori_compiler.dialects import registry
+    from mori_compiler.ops.collectives import coll_bundle
+    from mori_compiler.passes.coll_to_kernels import MoriCollToKernels
+
+    spec = CollSpec("all_gather", "u8", 5, 3, max_blocks=8)
+    bundle = coll_bundle([spec], "sm_90", virtual_pes=True, cache_root=tmp_path)
+    assert bundle.kernels[spec.kernel_name].max_blocks == 8
+    second = CollSpec("broadcast", "u8", 5, 3, root=1, max_blocks=5)
+    source = kernel_source([spec]).replace("      gpu.return", f"      {second.op_source()}\n      gpu.return")
+    ctx = _context()
+    module = registry.parse_source(source, ctx)
+    with ctx:
+        MoriCollToKernels(wave_size=64)(module.operation)
+        fn = module.body.operations[0].regions[0].blocks[0].operations[0]
+        assert str(fn.attributes["mori.max_blocks"]) == "5 : i64"

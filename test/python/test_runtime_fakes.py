@@ -1051,6 +1051,35 @@ def test_virtual_launch_refuses_more_blocks_than_fit(fake_cuda, gpu, tmp_path):
     assert ("cuOccupancyMaxActiveBlocksPerMultiprocessor", "vk", 256, 0) in gpu.calls
 
 
+def test_a_kernel_with_collectives_launches_at_most_max_blocks_in_x_only(fake_cuda, gpu, tmp_path):
+    """KernelInfo.max_blocks (mori-coll-to-kernels' mori.max_blocks, kept by the bundle): grids (x <= it, 1, 1)
+    launch, both direct and virtual; a wider x, or any y or z, is refused before the driver is called."""
+    from mori_compiler.runtime.launcher import KernelSet
+
+    gpu.kernels["ck"] = ("ptr",)
+    gpu.kernels["vck"] = ("ptr",)
+    limited = KernelInfo("ck", (KernelParam("arg0", "ptr"),), (64, 1, 1), (), 4)
+    direct = KernelSet(_bundle(tmp_path, [limited], state=False))
+    assert direct.bundle.kernel("ck").max_blocks == 4  # through bundle.json
+    direct.launch("ck", [0], grid=(4, 1, 1))
+    direct.launch("ck", [0], grid=1)
+    for grid in ((5, 1, 1), (2, 2, 1), (1, 1, 3)):
+        with pytest.raises(ValueError) as info:
+            direct.launch("ck", [0], grid=grid)
+        assert str(info.value) == (f"kernel 'ck' holds collectives: its grid must be (x, 1, 1) with x in [1, 4] (its "
+                                   f"max_blocks: one device-barrier slot row per block), got {grid}")  # fmt: skip
+    assert len(gpu.launches) == 2
+    shmem.shmem_init_virtual(2, heap_size=HEAP, driver=get_driver("nvvm"))
+    vk = KernelInfo("vck", (KernelParam("arg0", "ptr"),), (64, 1, 1), (), 3)
+    virtual = KernelSet(_bundle(tmp_path, [vk], virtual=True, key="e" * 64))
+    virtual.launch_virtual("vck", [[0], [0]], grid=(3, 1))
+    with pytest.raises(ValueError, match=r"kernel 'vck' holds collectives: its grid per PE must be .* got \(4, 1, 1\)"):
+        virtual.launch_virtual("vck", [[0], [0]], grid=(4, 1))
+    with pytest.raises(ValueError, match=r"got \(1, 2, 1\)"):
+        virtual.launch_virtual("vck", [[0], [0]], grid=(1, 2))
+    assert len(gpu.launches) == 3
+
+
 def test_bundle_kinds_must_match_shmem_mode(fake_cuda, gpu, tmp_path):
     from mori_compiler.runtime.launcher import KernelSet
 

@@ -71,6 +71,8 @@ module attributes {gpu.container_module} {
   gpu.module @mori_coll {
     // CHECK-LABEL: gpu.func @coll_all_gather_u8_w4_n100(
     // CHECK-SAME:    %[[IN:[a-z0-9]+]]: !llvm.ptr, %[[OUT:[a-z0-9]+]]: !llvm.ptr, %[[WS:[a-z0-9]+]]: !llvm.ptr)
+    // The kernel's grid limit (its op's max_blocks; the bundle records it, the launcher checks it).
+    // CHECK-SAME:    kernel attributes {known_block_size = array<i32: 256, 1, 1>, mori.max_blocks = 32 : i64}
     // CHECK:         %[[ME:.+]] = "mori_shmem.my_pe"()
     // CHECK:         %[[EPOCHS:.+]] = llvm.getelementptr %[[WS]][%c1024_i64]
     // CHECK:         %[[STAGE:.+]] = llvm.getelementptr %[[WS]][%c1536_i64]
