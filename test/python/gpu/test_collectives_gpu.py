@@ -702,6 +702,11 @@ def test_collective_refuses_bad_arguments(pes, bundle_root):
         shared = torch.zeros(4 * pes + 1, dtype=torch.uint8, device="cuda")  # input one byte into the output
         with pytest.raises(ValueError, match="all_gather: the output of PE 0 overlaps its input other than in place"):
             coll([shared[1:5]] * pes, [shared[: 4 * pes]] * pes)
+        # A launch by hand with more blocks than the kernel's max_blocks (its device-barrier slot rows): refused.
+        assert coll.kernels.bundle.kernel(coll.spec.kernel_name).max_blocks == coll.spec.max_blocks
+        with pytest.raises(ValueError, match="holds collectives: its grid per PE must be"):
+            coll.kernels.launch_virtual(coll.spec.kernel_name, [[0, 0, 0]] * pes, grid=(coll.spec.max_blocks + 1, 1),
+                                        block=(BLOCK_THREADS, 1, 1))  # fmt: skip
     finally:
         coll.close()
 
