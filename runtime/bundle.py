@@ -235,6 +235,11 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _valid_max_blocks(value) -> bool:
+    """A kernel's ``max_blocks``: None (any grid) or a positive integer."""
+    return value is None or (_is_int(value) and value > 0)
+
+
 def _parse_kernel(path: Path, name, k) -> KernelInfo:
     if not isinstance(name, str) or not name or "\0" in name:
         raise BundleError(f"bundle {path}: kernel name {name!r} is not a symbol name", path)
@@ -264,7 +269,7 @@ def _parse_kernel(path: Path, name, k) -> KernelInfo:
     except ValueError as exc:
         raise BundleError(f"bundle {path}: {exc}", path) from None
     max_blocks = k.get("max_blocks")
-    if max_blocks is not None and not (_is_int(max_blocks) and max_blocks > 0):
+    if not _valid_max_blocks(max_blocks):
         raise BundleError(f"bundle {path}: kernel '{name}' field max_blocks must be a positive integer, got "
                           f"{max_blocks!r}", path)  # fmt: skip
     return KernelInfo(name, tuple(params), tuple(block) if block else None, trace, max_blocks)
@@ -464,7 +469,7 @@ def publish_bundle(cache_root, key, *, target, backend, binary: bytes, kernels, 
             check_trace_events(k.name, k.trace_events)
         except ValueError as exc:
             raise BundleError(f"bundle {final}: refusing to publish: {exc}", final) from None
-        if k.max_blocks is not None and not (_is_int(k.max_blocks) and k.max_blocks > 0):
+        if not _valid_max_blocks(k.max_blocks):
             raise BundleError(f"bundle {final}: refusing to publish: kernel '{k.name}' max_blocks must be a "
                               f"positive integer, got {k.max_blocks!r}", final)  # fmt: skip
     final.parent.mkdir(parents=True, exist_ok=True)
