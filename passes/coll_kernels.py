@@ -214,22 +214,17 @@ class Collective:
         if k == 0 and self.spec.op != "all_to_all_v":
             self._read_places()  # (the peers' addresses: the first work of step 1)
 
-    def close(self, overlap: Callable[[], None] | None = None) -> None:
-        """The closing meet (``meet(overlap)``): no PE returns before every peer's block finished reading
-        this call's places. With ``one_launch`` (every PE is a part of this one launch: virtual PEs) there is
-        none: the launch ends only when every PE's every block has, and that orders the reads before anything
-        that follows on the stream (the next call's placing, the user's next write to an input); only
-        ``overlap()`` runs (traced "own")."""
+    def close(self) -> None:
+        """The closing meet: no PE returns before every peer's block finished reading this call's places.
+        With ``one_launch`` (every PE is a part of this one launch: virtual PEs) there is none: the launch ends
+        only when every PE's every block has, and that orders the reads before anything that follows on the
+        stream (the next call's placing, the user's next write to an input); the last step's trace ends."""
         if not self.one_launch:
-            self.meet(overlap)
+            self.meet()
             return
         if self.open_step is not None:
             self.trace(f"step{self.meets}", "end")
             self.open_step = None
-        if overlap is not None:
-            self.trace("own", "begin")
-            overlap()
-            self.trace("own", "end")
 
     def finish(self) -> None:
         """After the expansion: the step begun after the closing meet holds nothing; its trace point goes."""
