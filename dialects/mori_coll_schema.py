@@ -27,7 +27,7 @@ more kernel parameters; a split above ``count`` is clamped to it on the device (
 Workspace (one symmetric allocation per collective, 256-byte aligned; only the header is zeroed, once):
 ``[device-barrier slots: max_blocks x W u64 | epochs: max_blocks u64 | sources: max_blocks i64]`` (the
 header), then the staging area (``stage``: the input's chunks, chunk c at ``c * stage_stride``), then the
-reduced area (``reduced``: the sums this PE computed). Chunks and slices are 16-byte aligned, so
+reduced area (``reduced``: the sums this PE computed). Chunks and pieces are 16-byte aligned, so
 accumulate_rows reads whole vectors. ``sources[b]``: where block b of this PE placed the bytes its peers
 read this call, as an offset from the workspace (the stage's, or the input's when it is read in place:
 ``in_place_layout`` and passes/coll_kernels.py).
@@ -235,7 +235,7 @@ class CollSpec:
     def blocks(self) -> int:
         """Blocks per PE of a launch: one per BYTES_PER_BLOCK the PE moves, at most max_blocks and
         VIRTUAL_GRID_BLOCKS // W (ALL_TO_ALL_GRID_BLOCKS for the all_to_alls); every call of a collective
-        uses this grid: its slices depend on it."""
+        uses this grid: its pieces depend on it."""
         moved = max(self.input_elems, self.output_elems) * self.elem_bytes
         grid = ALL_TO_ALL_GRID_BLOCKS if self.op in ("all_to_all", "all_to_all_v") else VIRTUAL_GRID_BLOCKS
         return max(1, min(self.max_blocks, grid // self.world_size, -(-moved // BYTES_PER_BLOCK)))

@@ -74,6 +74,12 @@ from .irdl_spec import int_attributes
 # The lane-per-peer ops (count_signal, device_barrier, row_copy_to_peers) give each peer one lane of a
 # wave, and the smallest wave of the targets (gfx12's and sm_90's 32 lanes) bounds the peers.
 MAX_LANE_PEERS = MIN_WAVE_SIZE
+COPY_ROUND_VECTORS = 8  # 16-byte vectors per lane and round of the row copies: all loaded before any store
+
+
+def copy_round_bytes(wave: int) -> int:
+    """Bytes one round of copy_bytes (and the row copies) moves: COPY_ROUND_VECTORS x wave x 16."""
+    return COPY_ROUND_VECTORS * wave * 16
 
 
 def _i64(value: int) -> ir.Attribute:
@@ -130,8 +136,9 @@ def copy_bytes(dest, source, nbytes, *, loc=None, ip=None) -> ir.Operation:
     peer wrote it) and publishes the destination itself (a release fence or barrier before its signal).
 
     Helper: ``__mori_comm_copy_bytes`` (no ABI call): when both addresses are 16-byte aligned, the
-    16-byte-vector rounds of row_copy_vec16 for the whole vectors, then one byte per lane for the rest;
-    otherwise bytes only.
+    16-byte-vector rounds of row_copy_vec16 for the whole vectors (``COPY_ROUND_VECTORS`` per lane and
+    round: ``copy_round_bytes(wave)`` bytes a round; a remainder smaller than a round takes a slower
+    path, each vector's store guarded), then one byte per lane for the rest; otherwise bytes only.
     """
     return _create("copy_bytes", [dest, source, nbytes], loc=loc, ip=ip)
 

@@ -30,7 +30,7 @@ def _kernel_of(op: ir.Operation) -> ir.Operation | None:
 def _block_problem(kernel: ir.Operation, wave: int, world: int) -> str | None:
     """Why the kernel's launch bound does not suit a collective (None: it does)."""
     if "known_block_size" not in kernel.attributes:
-        return "needs its kernel to have known_block_size (the warps per block cut its slices)"
+        return "needs its kernel to have known_block_size (the warps per block cut its pieces)"
     x, y, z = list(ir.DenseI32ArrayAttr(kernel.attributes["known_block_size"]))
     if y != 1 or z != 1 or x % wave or x < max(wave, world):
         return (f"needs a one-dimensional block whose size is a multiple of the wave size {wave} and at least "
@@ -46,7 +46,7 @@ class MoriCollToKernels:
     size). Output: in place of each op, its collective's steps (mori_comm ``copy_bytes``,
     ``device_barrier`` or, with one-gpu, ``one_gpu_barrier``, ``barrier_arrive`` / ``barrier_wait``,
     ``accumulate_rows``; mori_shmem ``my_pe``, ``ptr``; gpu, scf, arith, llvm), located
-    at the op. Options: wave-size (32 or 64: the target's; the warps that own the slices); one-gpu (every PE
+    at the op. Options: wave-size (32 or 64: the target's; the warps that own the pieces); one-gpu (every PE
     runs on this one GPU, virtual PEs: the meets are ``one_gpu_barrier``, fencing at the GPU's scope, not
     ``device_barrier``, at the system's); one-launch (every PE is a part of this one launch, virtual PEs:
     the launch's end closes each call, so there is no closing barrier; coll_kernels.py, "Close"). The

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 from mori_compiler import targets, wire_quant
 from mori_compiler._mlir import ir, nested_ops
-from mori_compiler.dialects import mori_shmem
+from mori_compiler.dialects import mori_comm, mori_shmem
 from mori_compiler.dialects.builder import Builder, generated_location, new_function
 from mori_compiler.errors import MoriCompilerError
 
@@ -34,7 +34,7 @@ from . import comm_quant
 from .helper_functions import Helper, replace_by_helper_calls
 
 PREFIX = "__mori_comm_"
-_UNROLL = 8  # 16-byte vectors per lane and round of the row copies: all loaded before any store
+_UNROLL = mori_comm.COPY_ROUND_VECTORS
 
 
 def _function(symbol: str, params: str, results: str = "") -> Callable[[Callable[..., None]], Helper]:

@@ -174,7 +174,7 @@ class Collective:
             blocks = self.spec.blocks
         elif type(blocks) is not int or not 1 <= blocks <= self.spec.max_blocks:
             raise ValueError(f"{op}: blocks must be an int in [1, max_blocks = {self.spec.max_blocks}], got {blocks!r}")
-        self.blocks = blocks  # every call's grid (the slices depend on it)
+        self.blocks = blocks  # every call's grid (the pieces depend on it)
         self.pes = list(range(state.n_pes)) if self.virtual else [shmem.shmem_mype()]
         self.target = target or device_target(state)
         if not isinstance(trace, bool):

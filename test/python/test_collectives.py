@@ -148,38 +148,41 @@ def _op_sequence(fn) -> list[str]:
     return names
 
 
+# At the kernel's start, one ptr: each lane's translation of one PE's workspace (the loops shuffle the
+# places' addresses made from it: no translation after a meet).
+START = ["ptr"]
 # The placement's steps: "check" (mori_shmem.ptr of the input's first and last byte: in the heap?) and the
-# staging copies in its branch; after the first meet, two ptr for the lanes' read of the peers' sources[b]
-# and their workspaces (each lane one PE's: the loops shuffle them).
+# staging copies in its branch.
 CHECK = ["ptr", "ptr"]
 
 
-# The first meet of the movers (and two-shot's middle one) in halves: barrier_arrive, this PE's own part
-# (copy_bytes), barrier_wait.
-SPLIT = ["barrier_arrive", "copy_bytes", "barrier_wait"]
-# A mover's pulls after its split first meet: the lanes' two ptr, the pull loop's copy_bytes.
-PULLS = ["ptr", "ptr", "copy_bytes"]
+# The first meet of the movers in halves: barrier_arrive, the first half of this PE's own part (copy_bytes),
+# barrier_wait, its second half (after the loads of the places are issued).
+SPLIT = ["barrier_arrive", "copy_bytes", "barrier_wait", "copy_bytes"]
+# A mover's pulls after its split first meet: the pull loop's copy_bytes.
+PULLS = ["copy_bytes"]
 
 
 @pytest.mark.parametrize("spec, steps", [
-    (CollSpec("all_gather", "u8", 5, 3), CHECK + ["copy_bytes"] + SPLIT + PULLS + ["device_barrier"]),
-    (CollSpec("broadcast", "u8", 5, 3, root=2), CHECK + ["copy_bytes"] + SPLIT + PULLS + ["device_barrier"]),
+    (CollSpec("all_gather", "u8", 5, 3), START + CHECK + ["copy_bytes"] + SPLIT + PULLS + ["device_barrier"]),
+    (CollSpec("broadcast", "u8", 5, 3, root=2), START + CHECK + ["copy_bytes"] + SPLIT + PULLS + ["device_barrier"]),
     # count bytes not a multiple of 16: always staged (the input's chunks do not start where the stage's do)
-    (CollSpec("all_to_all", "u8", 5, 3), ["copy_bytes"] * 3 + SPLIT + PULLS + ["device_barrier"]),
-    (CollSpec("all_to_all", "u8", 16, 3), CHECK + ["copy_bytes"] * 3 + SPLIT + PULLS + ["device_barrier"]),
-    (CollSpec("reduce_scatter", "f32", 5, 3), ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 2
+    (CollSpec("all_to_all", "u8", 5, 3), START + ["copy_bytes"] * 3 + SPLIT + PULLS + ["device_barrier"]),
+    (CollSpec("all_to_all", "u8", 16, 3), START + CHECK + ["copy_bytes"] * 3 + SPLIT + PULLS + ["device_barrier"]),
+    (CollSpec("reduce_scatter", "f32", 5, 3), START + ["copy_bytes"] * 3 + ["device_barrier"]
      + ["accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
     # whole vectors: the sums go into the output when it is aligned, through reduced otherwise
-    (CollSpec("reduce_scatter", "f32", 8, 3), CHECK + ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 2
+    (CollSpec("reduce_scatter", "f32", 8, 3), START + CHECK + ["copy_bytes"] * 3 + ["device_barrier"]
      + ["accumulate_rows", "accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
-    (CollSpec("all_reduce", "f32", 5, 3, "one_shot"), ["copy_bytes", "device_barrier"] + ["ptr"] * 2
+    (CollSpec("all_reduce", "f32", 5, 3, "one_shot"), START + ["copy_bytes", "device_barrier"]
      + ["accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
-    (CollSpec("all_reduce", "f32", 8, 3, "one_shot"), CHECK + ["copy_bytes", "device_barrier"] + ["ptr"] * 2
+    (CollSpec("all_reduce", "f32", 8, 3, "one_shot"), START + CHECK + ["copy_bytes", "device_barrier"]
      + ["accumulate_rows", "accumulate_rows", "barrier", "copy_bytes", "device_barrier"]),
     (CollSpec("all_to_all_v", "bf16", 5, 3), ["copy_bytes", "device_barrier", "ptr", "ptr", "copy_bytes",
                                               "device_barrier"]),
-    (CollSpec("all_reduce", "bf16", 40, 3, "two_shot"), CHECK + ["copy_bytes"] * 3 + ["device_barrier"] + ["ptr"] * 2
-     + ["accumulate_rows"] + SPLIT + ["ptr", "copy_bytes", "device_barrier"]),  # (the ptr: each lane a peer's reduced)
+    # two-shot's middle meet in halves, its own share inside; the peers' reduced from the start's ptr
+    (CollSpec("all_reduce", "bf16", 40, 3, "two_shot"), START + CHECK + ["copy_bytes"] * 3 + ["device_barrier"]
+     + ["accumulate_rows", "barrier_arrive", "copy_bytes", "barrier_wait", "copy_bytes", "device_barrier"]),
 ])  # fmt: skip
 def test_each_collective_expands_into_its_protocol_steps(spec, steps):
     module = _expanded([spec])

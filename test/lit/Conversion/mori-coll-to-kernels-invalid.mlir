@@ -123,7 +123,7 @@ module attributes {gpu.container_module} {
 // -----
 
 // The expansion cuts slices by warps: the kernel must state its block size (pass error).
-// CHECK: error: {{.*}}mori-coll-to-kernels-invalid.mlir:[[# @LINE + 4]]:7: 'mori_coll.all_gather' needs its kernel to have known_block_size (the warps per block cut its slices)
+// CHECK: error: {{.*}}mori-coll-to-kernels-invalid.mlir:[[# @LINE + 4]]:7: 'mori_coll.all_gather' needs its kernel to have known_block_size (the warps per block cut its pieces)
 module attributes {gpu.container_module} {
   gpu.module @m {
     gpu.func @k(%i: !llvm.ptr, %o: !llvm.ptr, %w: !llvm.ptr) kernel {

@@ -76,8 +76,12 @@ module attributes {gpu.container_module} {
     // CHECK:         %[[ME:.+]] = "mori_shmem.my_pe"()
     // CHECK:         %[[EPOCHS:.+]] = llvm.getelementptr %[[WS]][%c1024_i64]
     // CHECK:         %[[STAGE:.+]] = llvm.getelementptr %[[WS]][%c1536_i64]
-    // CHECK:         %[[ROW:.+]] = llvm.getelementptr %[[WS]][%{{[0-9]+}}]
-    // CHECK:         %[[SOURCES:.+]] = llvm.getelementptr %[[ROW]][%c1280_i64]
+    // This block's sources[b] (the workspace at 1280 + 8 b); lane l translates the workspace to PE (l mod 4)
+    // once, at the start (with the placing's translations, before any wait).
+    // CHECK:         %[[ROW_AT:.+]] = arith.addi %{{.+}}, %c1280_i64 : i64
+    // CHECK-NEXT:    %[[SOURCES:.+]] = llvm.getelementptr %[[WS]][%[[ROW_AT]]]
+    // CHECK:         %[[LANE_PE:.+]] = arith.remui
+    // CHECK-NEXT:    %[[THEIR_WS:.+]] = "mori_shmem.ptr"(%[[WS]], %[[LANE_PE]])
     // In place? The input's first and last byte in the heap (translated to PE me + 1), 16-byte aligned,
     // apart from the output or exactly out[me * 100].
     // CHECK:         %[[LAST:.+]] = llvm.getelementptr %[[IN]][%c99_i64]
@@ -92,39 +96,54 @@ module attributes {gpu.container_module} {
     // CHECK-NEXT:    %[[DIRECT:.+]] = arith.andi
     // CHECK-NEXT:    %true = arith.constant true
     // CHECK-NEXT:    %[[STAGED:.+]] = arith.xori %[[DIRECT]], %true
-    // Not in place: this unit's slice of the input into this PE's stage.
+    // Not in place: this unit's pieces of the input into this PE's stage: pieces of min(512 vectors (one
+    // 64-lane round of copy_bytes), ceil(vectors / U)) vectors (32-bit divisions), unit u's u, u + U, ...
     // CHECK-NEXT:    scf.if %[[STAGED]] {
-    // CHECK:           %[[SRC:.+]] = llvm.getelementptr %[[IN]][
-    // CHECK-NEXT:      "mori_comm.copy_bytes"(%{{.+}}, %[[SRC]], %{{.+}})
+    // CHECK:           %[[PER:.+]] = arith.divui %{{.+}}, %[[UNITS:.+]] : i32
+    // CHECK:           %[[VECS:.+]] = arith.minui %{{.+}}, %c512_i32{{.*}} : i32
+    // CHECK:           %[[COUNT:.+]] = arith.divui %{{.+}}, %[[VECS]] : i32
+    // CHECK:           %[[FIRST:.+]] = arith.index_cast %{{.+}} : i32 to index
+    // CHECK-NEXT:      %[[END:.+]] = arith.index_cast %[[COUNT]] : i32 to index
+    // CHECK-NEXT:      %[[STEP:.+]] = arith.index_cast %[[UNITS]] : i32 to index
+    // CHECK-NEXT:      scf.for %{{.+}} = %[[FIRST]] to %[[END]] step %[[STEP]] {
+    // CHECK:             %[[SRC:.+]] = llvm.getelementptr %[[IN]][
+    // CHECK-NEXT:        "mori_comm.copy_bytes"(%{{.+}}, %[[SRC]], %{{.+}})
     // CHECK:         }
     // CHECK:         %[[IN_AT:.+]] = arith.subi
     // CHECK-NEXT:    %[[PLACE:.+]] = arith.select %[[DIRECT]], %[[IN_AT]], %c1536_i64
     // CHECK:         scf.if
     // CHECK-NEXT:      llvm.store %[[PLACE]], %[[SOURCES]] {alignment = 8 : i64} : i64, !llvm.ptr
-    // The first meet in halves: arrive (publishes the place and the staged slices), this PE's own part from
-    // its place (its sources[b] word, read back after the arrive's block barrier) into out[me * 100], wait.
+    // The first meet in halves: arrive (publishes the place and the staged pieces), the first half of this
+    // PE's own part (its input into out[me * 100]: the first ceil(J / 2) of the unit's J pieces, u + k U),
+    // wait.
     // CHECK:         %[[E:.+]] = "mori_comm.barrier_arrive"(%[[WS]], %[[EPOCHS]]) {max_blocks = 32 : i64, scope = "system", world_size = 4 : i64}
-    // CHECK:         %[[OWN_AT:.+]] = llvm.load %[[SOURCES]] {alignment = 8 : i64} : !llvm.ptr -> i64
-    // CHECK-NEXT:    %[[OWN_PLACE:.+]] = llvm.getelementptr %[[WS]][%[[OWN_AT]]]
-    // CHECK:         "mori_comm.copy_bytes"
+    // CHECK:         %[[HALF_J:.+]] = arith.shrui %{{.+}}, %c1_i32{{.*}} : i32
+    // CHECK-NEXT:    %[[HALF_SPAN:.+]] = arith.muli %[[HALF_J]], %{{.+}} : i32
+    // CHECK-NEXT:    %[[SPLIT:.+]] = arith.addi %{{.+}}, %[[HALF_SPAN]] : i32
+    // CHECK:         %[[TO_SPLIT:.+]] = arith.index_cast %[[SPLIT]] : i32 to index
+    // CHECK:         scf.for %{{.+}} = %{{.+}} to %[[TO_SPLIT]] step
+    // CHECK:           llvm.getelementptr %[[IN]][
+    // CHECK-NEXT:      "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.barrier_wait"(%[[WS]], %[[E]]) {scope = "system", world_size = 4 : i64}
-    // Lane l, once: PE (l mod 4)'s workspace and sources[b], the address of its place (two i32 halves).
-    // CHECK:         %[[LANE_PE:.+]] = arith.remui
-    // CHECK-NEXT:    %[[THEIR_WS:.+]] = "mori_shmem.ptr"(%[[WS]], %[[LANE_PE]])
-    // CHECK-NEXT:    %[[THEIRS:.+]] = "mori_shmem.ptr"(%[[SOURCES]], %[[LANE_PE]])
+    // Right after it lane l issues the load of PE (l mod 4)'s sources[b]; the own part's second half
+    // (the unit's other pieces) fills its round trip.
+    // CHECK-NEXT:    %[[THEIRS:.+]] = llvm.getelementptr %[[THEIR_WS]][%[[ROW_AT]]]
     // CHECK-NEXT:    %[[WORD:.+]] = llvm.load %[[THEIRS]] {alignment = 8 : i64} : !llvm.ptr -> i64
-    // CHECK-NEXT:    %[[PLACE_AT:.+]] = llvm.getelementptr %[[THEIR_WS]][%[[WORD]]]
-    // CHECK-NEXT:    llvm.ptrtoint %[[PLACE_AT]]
-    // Pull: PE (me + i) % 4 for i = 1 .. 3 (the peers): its place shuffled from its lane (no translation in
-    // the loop), into out[p * 100].
+    // CHECK:         scf.for
+    // CHECK:           llvm.getelementptr %[[IN]][
+    // CHECK-NEXT:      "mori_comm.copy_bytes"
+    // CHECK:         }
+    // Pull: PE (me + i) % 4 for i = 1 .. 3 (the peers): its place (its workspace plus the word, made where
+    // used) shuffled from its lane (no translation in the loop), into out[p * 100].
     // CHECK:         scf.for %{{.+}} = %c1 to %c4 step
     // CHECK:           %[[P:.+]] = arith.remui
     // CHECK-NOT:       mori_shmem.ptr
+    // CHECK:           llvm.getelementptr %[[THEIR_WS]][%[[WORD]]]
     // CHECK:           gpu.shuffle  idx %{{.+}}, %[[P]]
     // CHECK:           gpu.shuffle  idx %{{.+}}, %[[P]]
     // CHECK-NOT:       mori_shmem.ptr
     // CHECK:           %[[FROM:.+]] = llvm.inttoptr
-    // CHECK:           scf.if
+    // CHECK:           scf.for
     // CHECK:             %[[FROM_SLICE:.+]] = llvm.getelementptr %[[FROM]][
     // CHECK-NEXT:        "mori_comm.copy_bytes"(%{{.+}}, %[[FROM_SLICE]], %{{.+}})
     // CHECK:         }
@@ -165,7 +184,9 @@ module attributes {gpu.container_module} {
     // CHECK:         "mori_comm.barrier_arrive"
     // CHECK:         "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.barrier_wait"
-    // CHECK:         "mori_shmem.ptr"
+    // CHECK-NOT:     "mori_shmem.ptr"
+    // CHECK:         "mori_comm.copy_bytes"
+    // CHECK-NOT:     "mori_shmem.ptr"
     // CHECK:         scf.for
     // CHECK:           gpu.shuffle
     // CHECK:           "mori_comm.copy_bytes"
@@ -216,7 +237,7 @@ module attributes {gpu.container_module} {
     // CHECK:         gpu.shuffle  idx %{{.+}}, %c1_i32{{(_[0-9]+)?}},
     // CHECK:         gpu.shuffle  idx %{{.+}}, %c2_i32{{(_[0-9]+)?}},
     // CHECK:         gpu.shuffle  idx %{{.+}}, %c3_i32{{(_[0-9]+)?}},
-    // CHECK:         scf.if
+    // CHECK:         scf.for
     // CHECK:           "mori_comm.accumulate_rows"({{.+}}) {dtype = "bf16"} : (!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
     // CHECK:         }
     // CHECK-NEXT:    gpu.barrier
@@ -230,10 +251,13 @@ module attributes {gpu.container_module} {
     // 400 bytes (whole vectors): in place or staged; the sums go straight into the output when it is
     // 16-byte aligned, through `reduced` otherwise.
     // CHECK-LABEL: gpu.func @coll_all_reduce_one_shot_f32_w4_n100(
-    // CHECK-SAME:    %{{[a-z0-9]+}}: !llvm.ptr, %[[OUT1:[a-z0-9]+]]: !llvm.ptr,
+    // CHECK-SAME:    %{{[a-z0-9]+}}: !llvm.ptr, %[[OUT1:[a-z0-9]+]]: !llvm.ptr, %[[WS1:[a-z0-9]+]]: !llvm.ptr
+    // Lane l's workspace at PE (l mod 4): translated at the start; after the meet no translation, only
+    // the loads of the places' offsets.
+    // CHECK:         "mori_shmem.ptr"(%[[WS1]], %{{.+}})
     // CHECK:         "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.device_barrier"
-    // CHECK-COUNT-2: "mori_shmem.ptr"
+    // CHECK-NOT:     "mori_shmem.ptr"
     // CHECK:         %[[OUT_AT:.+]] = llvm.ptrtoint %[[OUT1]]
     // CHECK:         scf.if
     // CHECK:           "mori_comm.accumulate_rows"(%{{.+}}) {dtype = "f32"}
@@ -253,6 +277,7 @@ module attributes {gpu.container_module} {
     // own share from `reduced` into the output; wait); pull share p from every peer p's `reduced`; meet.
     // CHECK-LABEL: gpu.func @coll_all_reduce_two_shot_bf16_w4_n100(
     // CHECK:         %[[RED2:.+]] = llvm.getelementptr %{{.+}}[%c1792_i64]
+    // CHECK:         %[[THEIR_WS2:.+]] = "mori_shmem.ptr"(%{{.+}}, %{{.+}})
     // CHECK:         %c64_i64 = arith.constant 64 : i64
     // CHECK-COUNT-4: "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.device_barrier"
@@ -261,10 +286,12 @@ module attributes {gpu.container_module} {
     // CHECK-NEXT:    %[[E2:.+]] = "mori_comm.barrier_arrive"
     // CHECK:         "mori_comm.copy_bytes"
     // CHECK:         "mori_comm.barrier_wait"(%{{.+}}, %[[E2]])
-    // Each lane a peer's `reduced` (translated once), shuffled in the loop.
-    // CHECK:         "mori_shmem.ptr"(%[[RED2]], %{{.+}})
+    // Each lane a peer's `reduced` (its workspace, translated once at the start, + 1792), shuffled in the
+    // loop.
+    // CHECK-NOT:     mori_shmem.ptr
     // CHECK:         scf.for
     // CHECK-NOT:       mori_shmem.ptr
+    // CHECK:           llvm.getelementptr %[[THEIR_WS2]][%c1792_i64{{(_[0-9]+)?}}]
     // CHECK:           gpu.shuffle
     // CHECK:           "mori_comm.copy_bytes"
     // CHECK:         }
