@@ -54,6 +54,7 @@ Shared protocol (every collective is one or more rounds of it):
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 from mori_compiler._mlir import ir
 from mori_compiler.dialects import mori_comm, mori_shmem
@@ -140,11 +141,8 @@ class Collective:
                 off = b.muli(b.index_cast(b.i64, k), size)
                 body(off, b.minui(b.subi(n, off), size))
 
-        if when is None:
+        with b.if_(when) if when is not None else nullcontext():  # (the cut outside: equal cuts are one)
             loop()
-        else:  # (the cut computed outside: equal ranges' cuts are one computation)
-            with b.if_(when):
-                loop()
 
     def copy(self, dest: ir.Value, source: ir.Value, nbytes, half: int | None = None) -> None:
         """This unit's pieces (``each_piece``) of ``nbytes`` bytes (int or i64) from ``source`` to ``dest``
@@ -305,11 +303,8 @@ class Collective:
 
         def part(half: int) -> Callable[[], None]:
             def copy() -> None:
-                if when is None:
+                with b.if_(when) if when is not None else nullcontext():
                     self.copy(dest, source, nbytes, half)
-                else:
-                    with b.if_(when):
-                        self.copy(dest, source, nbytes, half)
 
             return copy
 
